@@ -1,0 +1,3 @@
+from passthrough.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,242 @@
+"""Readiness checks, in the spirit of virt-host-validate, each with a one-line fix."""
+
+from __future__ import annotations
+
+from passthrough.analysis.viability import kernel_version
+from passthrough.model import CheckResult, GpuVerdict, Host, Level
+
+INTEL = "GenuineIntel"
+AMD = "AuthenticAMD"
+
+
+def _cpu_virt(host: Host) -> CheckResult:
+    if host.cpu.virt_flag:
+        name = "VT-x" if host.cpu.virt_flag == "vmx" else "AMD-V"
+        return CheckResult(
+            "cpu-virtualization", Level.PASS, f"{name} ({host.cpu.virt_flag}) available"
+        )
+    return CheckResult(
+        "cpu-virtualization",
+        Level.FAIL,
+        "CPU shows neither vmx nor svm",
+        "enable Intel VT-x / AMD SVM in the firmware setup",
+    )
+
+
+def _kvm(host: Host) -> CheckResult:
+    if host.kvm:
+        return CheckResult("kvm-device", Level.PASS, "/dev/kvm present")
+    module = "kvm_amd" if host.cpu.vendor == AMD else "kvm_intel"
+    return CheckResult(
+        "kvm-device", Level.FAIL, "/dev/kvm missing", f"load {module} (modprobe {module})"
+    )
+
+
+def iommu_default_on(host: Host) -> tuple[bool | None, str]:
+    """Whether the IOMMU is asked for, from the command line or the kernel's default."""
+    k = host.kernel
+    if k.arg("iommu") == "off":
+        return False, "iommu=off on the command line"
+    if host.cpu.vendor == INTEL:
+        if k.config.get("CONFIG_INTEL_IOMMU") == "n":
+            return False, "kernel built without Intel IOMMU support (CONFIG_INTEL_IOMMU is not set)"
+        arg = k.arg("intel_iommu")
+        if arg is not None:
+            opts = arg.split(",")
+            if "off" in opts:
+                return False, "intel_iommu=off on the command line"
+            if "on" in opts:
+                return True, "intel_iommu=on on the command line"
+        default = k.config.get("CONFIG_INTEL_IOMMU_DEFAULT_ON")
+        if default == "y":
+            return True, "on by default in this kernel (CONFIG_INTEL_IOMMU_DEFAULT_ON=y)"
+        if default == "n":
+            return False, "off by default in this kernel (CONFIG_INTEL_IOMMU_DEFAULT_ON is not set)"
+        return None, "kernel default unknown (no kernel config found)"
+    if host.cpu.vendor == AMD:
+        if k.config.get("CONFIG_AMD_IOMMU") == "n":
+            return False, "kernel built without AMD IOMMU support (CONFIG_AMD_IOMMU is not set)"
+        arg = k.arg("amd_iommu")
+        if arg is not None and "off" in arg.split(","):
+            return False, "amd_iommu=off on the command line"
+        return True, "AMD IOMMU is on by default when the firmware enables it"
+    return None, f"CPU vendor {host.cpu.vendor or 'unknown'}"
+
+
+def _iommu_firmware(host: Host) -> CheckResult:
+    if host.iommu.acpi_tables or host.iommu.units:
+        what = ", ".join(host.iommu.acpi_tables) or ", ".join(host.iommu.units)
+        return CheckResult("iommu-firmware", Level.PASS, f"IOMMU described by firmware ({what})")
+    name = "AMD-Vi / IOMMU" if host.cpu.vendor == AMD else "VT-d"
+    return CheckResult(
+        "iommu-firmware",
+        Level.FAIL,
+        "no DMAR or IVRS ACPI table: the firmware does not expose an IOMMU",
+        f"enable {name} in the firmware setup",
+    )
+
+
+def _iommu_enabled(host: Host) -> CheckResult:
+    if host.iommu.groups:
+        return CheckResult(
+            "iommu-enabled", Level.PASS, f"IOMMU on: {host.iommu.groups} groups populated"
+        )
+    on, why = iommu_default_on(host)
+    if host.cpu.vendor == INTEL and on is not True:
+        fix = "add intel_iommu=on to the kernel command line (passthrough plan does it)"
+    elif on is False and "kernel built without" in why:
+        fix = "boot a kernel built with IOMMU support (the distro's stock kernel has it)"
+    elif on is False:
+        fix = "remove the argument that turns the IOMMU off (" + why.split(" on the")[0] + ")"
+    else:
+        fix = "enable the IOMMU in the firmware setup, then reboot"
+    return CheckResult("iommu-enabled", Level.FAIL, f"no IOMMU groups ({why})", fix)
+
+
+def _kernel_args(host: Host) -> CheckResult:
+    k = host.kernel
+    if host.cpu.vendor == AMD and k.arg("amd_iommu") == "on":
+        return CheckResult(
+            "kernel-iommu-args",
+            Level.WARN,
+            "amd_iommu=on is not a valid value (the AMD IOMMU is on by default)",
+            "remove amd_iommu=on from the kernel command line",
+        )
+    on, why = iommu_default_on(host)
+    if on is False:
+        return CheckResult(
+            "kernel-iommu-args", Level.FAIL, why, "passthrough plan sets the right arguments"
+        )
+    if on is None:
+        return CheckResult("kernel-iommu-args", Level.WARN, why, None)
+    pt = " with iommu=pt" if k.arg("iommu") == "pt" else ""
+    return CheckResult("kernel-iommu-args", Level.PASS, why + pt)
+
+
+def _interrupt_remapping(host: Host) -> CheckResult:
+    ir = host.iommu.interrupt_remapping
+    ev = host.iommu.interrupt_remapping_evidence
+    if ir:
+        return CheckResult("interrupt-remapping", Level.PASS, f"enabled ({ev})")
+    if host.iommu.allow_unsafe_interrupts:
+        return CheckResult(
+            "interrupt-remapping",
+            Level.WARN,
+            f"not enabled, and vfio_iommu_type1.allow_unsafe_interrupts=1 ({ev}): a guest can "
+            "inject interrupts into the host",
+            "enable interrupt remapping in firmware (x2APIC / VT-d IR) and drop the override",
+        )
+    if ir is None:
+        return CheckResult("interrupt-remapping", Level.WARN, f"cannot tell ({ev})", None)
+    return CheckResult(
+        "interrupt-remapping",
+        Level.FAIL,
+        f"not enabled ({ev}): VFIO refuses device assignment",
+        "enable interrupt remapping in firmware; last resort: "
+        "vfio_iommu_type1.allow_unsafe_interrupts=1 (a security trade-off)",
+    )
+
+
+def _acs(host: Host) -> CheckResult:
+    if host.acs_override is None:
+        return CheckResult(
+            "acs-override", Level.PASS, "no pcie_acs_override: groups reflect the hardware"
+        )
+    return CheckResult(
+        "acs-override",
+        Level.WARN,
+        f"pcie_acs_override={host.acs_override}: groups are synthetic, isolation is not real",
+        "move the card to a slot with its own group, or accept the risk knowingly",
+    )
+
+
+def _vfio(host: Host) -> CheckResult:
+    state = host.kernel.vfio_pci
+    if state:
+        return CheckResult("vfio-modules", Level.PASS, f"vfio-pci {state}")
+    cfg = host.kernel.config.get("CONFIG_VFIO_PCI")
+    if cfg in ("y", "m"):
+        return CheckResult(
+            "vfio-modules", Level.PASS, f"vfio-pci built for this kernel (CONFIG_VFIO_PCI={cfg})"
+        )
+    return CheckResult(
+        "vfio-modules",
+        Level.FAIL,
+        f"vfio-pci not found for kernel {host.kernel.release or '?'}",
+        "install the distro's full kernel modules package (CONFIG_VFIO_PCI)",
+    )
+
+
+def _boot(host: Host) -> CheckResult:
+    b = host.boot
+    if b.bootloader.value != "unknown":
+        return CheckResult(
+            "bootloader",
+            Level.PASS,
+            f"{b.bootloader.value} ({'; '.join(b.bootloader_evidence)}), initramfs: {b.initramfs.value}",
+        )
+    return CheckResult(
+        "bootloader",
+        Level.WARN,
+        "bootloader not recognised: apply will refuse to change kernel arguments",
+        "add the arguments from `passthrough plan` by hand",
+    )
+
+
+def _gpus(host: Host, verdicts: list[GpuVerdict]) -> CheckResult:
+    candidates = [
+        v for v in verdicts if not v.reasons or "server management VGA" not in v.reasons[0]
+    ]
+    viable = [v for v in verdicts if v.viable]
+    if viable:
+        return CheckResult(
+            "gpu-viable",
+            Level.PASS,
+            f"{len(viable)} of {len(verdicts)} GPUs can be passed through: "
+            + ", ".join(str(v.gpu.address) for v in viable),
+        )
+    if not candidates:
+        return CheckResult(
+            "gpu-viable",
+            Level.FAIL,
+            "no GPU that could be passed through",
+            "install a GPU in a slot with its own IOMMU group",
+        )
+    return CheckResult(
+        "gpu-viable",
+        Level.FAIL,
+        f"none of {len(verdicts)} GPUs can be passed through alone",
+        "see `passthrough scan` for the reasons; a slot with its own IOMMU group fixes most",
+    )
+
+
+def _kernel_reset(host: Host) -> CheckResult | None:
+    v = kernel_version(host.kernel.release)
+    reported = any(f.reset_methods is not None for f in host.functions)
+    if v is not None and v < (5, 15) and not reported:
+        return CheckResult(
+            "kernel-version",
+            Level.WARN,
+            f"kernel {host.kernel.release} predates 5.15: reset methods are not reported",
+            None,
+        )
+    return None
+
+
+def run_checks(host: Host, verdicts: list[GpuVerdict]) -> list[CheckResult]:
+    results = [
+        _cpu_virt(host),
+        _kvm(host),
+        _iommu_firmware(host),
+        _iommu_enabled(host),
+        _kernel_args(host),
+        _interrupt_remapping(host),
+        _acs(host),
+        _vfio(host),
+        _boot(host),
+        _gpus(host, verdicts),
+    ]
+    extra = _kernel_reset(host)
+    if extra:
+        results.append(extra)
+    return results

@@ -1,0 +1,344 @@
+"""Command line: parse, call the library, print. No logic of its own.
+
+Exit codes: 0 ok, 1 a check failed (check), 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from passthrough import __version__
+from passthrough.errors import (
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    PassthroughError,
+    UnknownPciDevice,
+)
+
+EPILOG = """\
+exit codes: 0 ok · 1 a check failed · 2 usage or input error
+docs: README.md (JSON schema: passthrough/schemas/scan-v1.schema.json)
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits 2 with one line, as every other input error does."""
+
+    def error(self, message: str) -> Any:
+        self.exit(EXIT_USAGE, f"passthrough: error: {message} (see --help)\n")
+
+
+def _common(p: argparse.ArgumentParser, root: bool = True) -> None:
+    if root:
+        p.add_argument(
+            "--root",
+            default="/",
+            metavar="DIR",
+            help="host root to read: / (live), an unpacked snapshot, a fixture, "
+            "or a snapshot .tar.gz (default: /)",
+        )
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout, for machines")
+    p.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="colour output (default: auto; NO_COLOR honoured)",
+    )
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="passthrough",
+        description="GPU passthrough for KVM hosts: discover a host honestly, then prepare it.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"passthrough {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    scan = sub.add_parser(
+        "scan",
+        help="IOMMU groups, GPUs and a verdict with reasons for each",
+        description="Read the host (never writes) and show its IOMMU groups as a tree, every GPU "
+        "with the other functions of its card, and whether each can be passed through safely.",
+        epilog="examples:\n  passthrough scan\n  passthrough scan --gpus-only --topology\n"
+        "  passthrough scan --root host.tar.gz --json | jq '.gpus[] | {address, viable, reasons}'\n"
+        "  passthrough scan 0000:01:00.0\n\n" + EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(scan)
+    scan.add_argument(
+        "addresses", nargs="*", metavar="ADDRESS", help="only these GPUs (e.g. 01:00.0)"
+    )
+    scan.add_argument(
+        "--gpus-only", action="store_true", help="list only the IOMMU groups that hold a GPU"
+    )
+    scan.add_argument(
+        "--topology", action="store_true", help="also show GPUs by NUMA node with their PCIe path"
+    )
+    scan.add_argument(
+        "--udev",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="enumerate PCI through pyudev (names from the hwdb); auto: on the live root only",
+    )
+
+    check = sub.add_parser(
+        "check",
+        help="readiness checks (PASS/WARN/FAIL, each with a fix)",
+        description="Checks in the spirit of virt-host-validate plus what it misses: IOMMU "
+        "enabled and grouped, interrupt remapping, kernel default vs arguments, ACS override, "
+        "vfio modules, /dev/kvm, bootloader, viable GPUs. Exits 1 when any check FAILs.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(check)
+
+    snap = sub.add_parser(
+        "snapshot",
+        help="capture what discovery reads into a .tar.gz",
+        description="Capture the attributes, links and the few proc/etc/boot files that discovery "
+        "reads (no binary config space) so that `scan --root FILE` elsewhere gives the same report. "
+        "Attach it to bug reports.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(snap)
+    snap.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write")
+
+    sample = sub.add_parser(
+        "sample",
+        help="bundled sample hosts (build one to try the toolkit)",
+        description="Sample hosts modelled on published layouts, built as real directory trees.",
+        epilog="examples:\n  passthrough sample list\n  passthrough sample build hgx-h100 /tmp/hgx\n"
+        "  passthrough scan --root /tmp/hgx\n\n" + EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sample_sub = sample.add_subparsers(
+        dest="sample_command", metavar="ACTION", parser_class=_Parser
+    )
+    s_list = sample_sub.add_parser("list", help="list the sample hosts")
+    _common(s_list, root=False)
+    s_build = sample_sub.add_parser("build", help="build a sample (or a description file) into DIR")
+    s_build.add_argument("name", metavar="NAME|FILE.yaml")
+    s_build.add_argument("dest", metavar="DIR")
+    _common(s_build, root=False)
+    s_udev = sample_sub.add_parser(
+        "umockdev", help="print a built sample's PCI devices as a umockdev record"
+    )
+    s_udev.add_argument("name", metavar="NAME|FILE.yaml")
+    s_udev.add_argument("root", metavar="BUILT_DIR")
+    _common(s_udev, root=False)
+
+    comp = sub.add_parser("completion", help="print a shell completion script (bash or zsh)")
+    comp.add_argument("shell", choices=("bash", "zsh"))
+    _common(comp, root=False)
+    return parser
+
+
+# -- commands ---------------------------------------------------------------------------
+
+
+def _open_root(path: str, stack: list[str]) -> str:
+    """A .tar.gz snapshot is unpacked to a temporary directory (removed on exit)."""
+    if os.path.isfile(path) and path.endswith((".tar.gz", ".tgz", ".tar")):
+        from passthrough.host.snapshot import unpack
+
+        tmp = tempfile.mkdtemp(prefix="passthrough-root-")
+        stack.append(tmp)
+        return unpack(path, tmp)
+    return path
+
+
+def _discover(args: argparse.Namespace, stack: list[str]) -> Any:
+    from passthrough.host.discover import discover
+
+    root = _open_root(args.root, stack)
+    use_udev = getattr(args, "udev", "auto")
+    source = None
+    if use_udev == "yes" or (use_udev == "auto" and os.path.abspath(root) == "/"):
+        try:
+            import pyudev  # noqa: F401
+
+            from passthrough.host.udev import udev_pci_source
+
+            source = udev_pci_source
+        except ImportError:
+            if use_udev == "yes":
+                raise
+    return discover(root, pci_source=source)
+
+
+def _dump(obj: object) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def cmd_scan(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.model import PciAddress
+    from passthrough.output import Painter, render_scan, wants_color, write
+    from passthrough.report import Scan, analyse, scan_json
+
+    wanted = [PciAddress.parse(a) for a in args.addresses]
+    scan = analyse(_discover(args, stack))
+    if wanted:
+        known = {f.address for f in scan.host.functions}
+        for a in wanted:
+            if a not in known:
+                raise UnknownPciDevice(str(a))
+        verdicts = [v for v in scan.verdicts if any(f.address in wanted for f in v.gpu.functions)]
+        for a in wanted:
+            if not any(a in {f.address for f in v.gpu.functions} for v in verdicts):
+                raise PassthroughError(f"{a} is not a function of a GPU (see `passthrough scan`)")
+        scan = Scan(host=scan.host, verdicts=verdicts, checks=scan.checks)
+    if args.json:
+        _dump(scan_json(scan))
+    else:
+        paint = Painter(wants_color(sys.stdout, args.color))
+        write(
+            render_scan(
+                scan, paint, gpus_only=args.gpus_only or bool(wanted), topology=args.topology
+            )
+        )
+    return EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.output import Painter, render_checks, wants_color, write
+    from passthrough.report import analyse, scan_json
+
+    scan = analyse(_discover(args, stack))
+    if args.json:
+        data = scan_json(scan)
+        _dump(
+            {
+                "schema": "passthrough.check/v1",
+                "root": data["root"],
+                "ok": not scan.failed,
+                "checks": data["checks"],
+            }
+        )
+    else:
+        write(render_checks(scan.checks, Painter(wants_color(sys.stdout, args.color))))
+    return EXIT_CHECK_FAILED if scan.failed else EXIT_OK
+
+
+def cmd_snapshot(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.host.discover import discover
+    from passthrough.host.snapshot import RecordingRoot, write_snapshot
+
+    root_path = _open_root(args.root, stack)
+    recorder: list[RecordingRoot] = []
+
+    def factory(path: str) -> RecordingRoot:
+        r = RecordingRoot(path)
+        recorder.append(r)
+        return r
+
+    source = None
+    if os.path.abspath(root_path) == "/":
+        try:
+            from passthrough.host.udev import udev_pci_source
+
+            source = udev_pci_source
+        except ImportError:
+            source = None
+    host = discover(root_path, pci_source=source, root_factory=factory)
+    if source is not None:
+        # pyudev read the PCI tree behind the recorder's back: read it again through it.
+        from passthrough.host.discover import root_pci_source
+
+        root_pci_source(recorder[0])
+    stats = write_snapshot(recorder[0], host, args.output)
+    if args.json:
+        _dump({"output": args.output, **stats})
+    else:
+        print(
+            f"wrote {args.output}: {stats['files']} files, {stats['links']} links "
+            f"({len(host.functions)} PCI functions)"
+        )
+    return EXIT_OK
+
+
+def cmd_sample(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough import fakehost
+
+    action = args.sample_command
+    if action in (None, "list"):
+        rows = []
+        for name in fakehost.sample_names():
+            desc = fakehost.load(name)
+            rows.append({"name": name, "description": str(desc.data.get("description", ""))})
+        if getattr(args, "json", False):
+            _dump(rows)
+        else:
+            width = max(len(r["name"]) for r in rows)
+            for r in rows:
+                print(f"{r['name']:<{width}}  {r['description']}")
+        return EXIT_OK
+    desc = fakehost.load(args.name)
+    if action == "build":
+        out = fakehost.build(desc, args.dest)
+        if args.json:
+            _dump({"name": desc.name, "root": str(out), "pci_functions": len(desc.nodes)})
+        else:
+            print(
+                f"built {desc.name} in {out} ({len(desc.nodes)} PCI functions); try: passthrough scan --root {out}"
+            )
+        return EXIT_OK
+    sys.stdout.write(fakehost.umockdev_record(desc, __import__("pathlib").Path(args.root)))
+    return EXIT_OK
+
+
+def cmd_completion(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.completion import script
+
+    sys.stdout.write(script(build_parser(), args.shell))
+    return EXIT_OK
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
+    "scan": cmd_scan,
+    "check": cmd_check,
+    "snapshot": cmd_snapshot,
+    "sample": cmd_sample,
+    "completion": cmd_completion,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    stack: list[str] = []
+    try:
+        return COMMANDS[args.command](args, stack)
+    except PassthroughError as exc:
+        if getattr(args, "debug", False):
+            raise
+        sys.stderr.write(f"passthrough: error: {exc}\n")
+        return exc.exit_code
+    except OSError as exc:
+        if getattr(args, "debug", False):
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        sys.stderr.write(f"passthrough: error: {where}{exc.strerror or exc}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write("passthrough: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    finally:
+        for tmp in stack:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,70 @@
+"""One error hierarchy for the whole toolkit.
+
+Every error carries its own data and renders a one-line message; the CLI prints that
+line and exits with ``exit_code``. Tracebacks are shown only with ``--debug``.
+"""
+
+from __future__ import annotations
+
+# Documented exit codes (README "Exit codes").
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+
+
+class PassthroughError(Exception):
+    """Base class: a problem the user can act on, told in one line."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidPciAddress(PassthroughError):
+    def __init__(self, text: str) -> None:
+        super().__init__(
+            f"malformed PCI address {text!r}: expected [DOMAIN:]BUS:DEVICE.FUNCTION in hex, "
+            "e.g. 0000:01:00.0"
+        )
+        self.text = text
+
+
+class UnknownPciDevice(PassthroughError):
+    def __init__(self, address: str) -> None:
+        super().__init__(f"no PCI function {address} on this host")
+        self.address = address
+
+
+class NotAHostRoot(PassthroughError):
+    def __init__(self, root: str, why: str) -> None:
+        super().__init__(f"--root {root}: {why}")
+        self.root = root
+        self.why = why
+
+
+class MalformedHostData(PassthroughError):
+    """A file under the root exists but its content cannot be what the kernel writes."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"{path}: {why}")
+        self.path = path
+        self.why = why
+
+
+class BadDescription(PassthroughError):
+    """A host description (fixture YAML) that cannot be built."""
+
+    def __init__(self, source: str, why: str) -> None:
+        super().__init__(f"{source}: {why}")
+        self.source = source
+        self.why = why
+
+
+class SnapshotError(PassthroughError):
+    def __init__(self, why: str) -> None:
+        super().__init__(f"snapshot: {why}")

@@ -1,0 +1,1 @@
+"""Reading hosts: a root directory (live, snapshot, fixture) or pyudev on a live host."""

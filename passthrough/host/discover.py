@@ -1,0 +1,65 @@
+"""Discovery: everything the toolkit knows about a host, read from a root."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from passthrough.errors import NotAHostRoot
+from passthrough.host import facts
+from passthrough.host.pci import read_functions, with_names
+from passthrough.host.pciids import find_pci_ids, lookup
+from passthrough.host.root import HostRoot
+from passthrough.model import Host, IommuGroup, PciFunction
+
+PciSource = Callable[[HostRoot], list[PciFunction]]
+
+
+def root_pci_source(root: HostRoot) -> list[PciFunction]:
+    """PCI functions from sysfs files, names from the root's pci.ids."""
+    functions = read_functions(root)
+    rel = find_pci_ids(root)
+    if rel is None:
+        return functions
+    data = root.read_bytes(rel)
+    if data is None:
+        return functions
+    return with_names(functions, lookup(data, {(f.vendor_id, f.device_id) for f in functions}))
+
+
+def group_functions(functions: list[PciFunction]) -> tuple[IommuGroup, ...]:
+    members: dict[int, list[PciFunction]] = {}
+    for f in functions:
+        if f.iommu_group is not None:
+            members.setdefault(f.iommu_group, []).append(f)
+    return tuple(
+        IommuGroup(number=n, members=tuple(sorted(f.address for f in fs)))
+        for n, fs in sorted(members.items())
+    )
+
+
+def discover(
+    root_path: str,
+    pci_source: PciSource | None = None,
+    root_factory: Callable[[str], HostRoot] = HostRoot,
+) -> Host:
+    """Read a host. ``pci_source`` replaces the sysfs reader (pyudev on a live host);
+    ``root_factory`` lets a snapshot record what is read."""
+    root = root_factory(root_path)
+    if not root.isdir("sys/bus/pci") and not root.isdir("proc"):
+        raise NotAHostRoot(root_path, "does not look like a host root (no sys/bus/pci, no proc)")
+    functions = (pci_source or root_pci_source)(root)
+    kernel = facts.read_kernel(root)
+    return Host(
+        root=root.path,
+        cpu=facts.read_cpu(root),
+        kvm=root.exists("dev/kvm"),
+        iommu=facts.read_iommu(root, kernel),
+        kernel=kernel,
+        distro=facts.read_distro(root),
+        boot=facts.read_boot(root, kernel),
+        critical=facts.read_critical(root),
+        dmi=facts.read_dmi(root),
+        functions=tuple(functions),
+        groups=group_functions(functions),
+        problems=tuple(root.problems),
+    )

@@ -1,0 +1,337 @@
+"""Host facts other than PCI functions: CPU, IOMMU, kernel, distro, boot, what the host
+cannot live without. Each reader takes the root and reads only below it."""
+
+from __future__ import annotations
+
+import gzip
+import posixpath
+import re
+
+from passthrough.host.root import HostRoot
+from passthrough.model import (
+    Boot,
+    BootloaderKind,
+    Cpu,
+    Critical,
+    Distro,
+    Dmi,
+    InitramfsKind,
+    Iommu,
+    Kernel,
+    PciAddress,
+)
+
+# Kernel options that change what passthrough needs.
+KERNEL_CONFIG_KEYS = (
+    "CONFIG_INTEL_IOMMU",
+    "CONFIG_INTEL_IOMMU_DEFAULT_ON",
+    "CONFIG_INTEL_IOMMU_SCALABLE_MODE_DEFAULT_ON",
+    "CONFIG_AMD_IOMMU",
+    "CONFIG_IOMMU_DEFAULT_PASSTHROUGH",
+    "CONFIG_IRQ_REMAP",
+    "CONFIG_VFIO",
+    "CONFIG_VFIO_PCI",
+    "CONFIG_SYSFB_SIMPLEFB",
+    "CONFIG_FB_EFI",
+)
+
+# systemd-boot announces itself to the OS through this EFI variable (Boot Loader Interface).
+LOADER_INFO_VAR = "LoaderInfo-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
+
+
+def read_cpu(root: HostRoot) -> Cpu:
+    text = root.read("proc/cpuinfo") or ""
+    vendor = model = None
+    flags: set[str] = set()
+    count = 0
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        value = value.strip()
+        if key == "processor":
+            count += 1
+        elif key == "vendor_id" and vendor is None:
+            vendor = value
+        elif key == "model name" and model is None:
+            model = value
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    virt = "vmx" if "vmx" in flags else "svm" if "svm" in flags else None
+    return Cpu(vendor=vendor, model=model, virt_flag=virt, logical_cpus=count)
+
+
+def read_kernel(root: HostRoot) -> Kernel:
+    release = root.read("proc/sys/kernel/osrelease")
+    cmdline = tuple((root.read("proc/cmdline") or "").split())
+    config: dict[str, str] = {}
+    source = None
+    text: str | None = None
+    if release and root.exists(f"boot/config-{release}"):
+        source = f"/boot/config-{release}"
+        text = root.read(f"boot/config-{release}")
+    elif root.exists("proc/config.gz"):
+        raw = root.read_bytes("proc/config.gz")
+        if raw is not None:
+            try:
+                text = gzip.decompress(raw).decode("utf-8", "replace")
+                source = "/proc/config.gz"
+            except (OSError, EOFError):
+                root.problems.append("proc/config.gz: not a gzip file")
+    if text is not None:
+        wanted = set(KERNEL_CONFIG_KEYS)
+        for line in text.splitlines():
+            if line.startswith("CONFIG_"):
+                key, _, value = line.partition("=")
+                if key in wanted:
+                    config[key] = value
+            elif line.startswith("# CONFIG_") and line.endswith(" is not set"):
+                key = line[2:-11]
+                if key in wanted:
+                    config[key] = "n"
+    return Kernel(
+        release=release,
+        cmdline=cmdline,
+        config=config,
+        config_source=source,
+        vfio_pci=_vfio_pci_state(root, release),
+    )
+
+
+def _vfio_pci_state(root: HostRoot, release: str | None) -> str | None:
+    if root.exists("sys/module/vfio_pci"):
+        return "loaded"
+    if not release:
+        return None
+    moddir = f"lib/modules/{release}"
+    builtin = root.read(f"{moddir}/modules.builtin") or ""
+    if re.search(r"(^|/)vfio-pci\.ko$", builtin, re.MULTILINE):
+        return "builtin"
+    dep = root.read(f"{moddir}/modules.dep") or ""
+    if re.search(r"(^|/)vfio-pci\.ko(\.[gx]?z|\.zst)?:", dep, re.MULTILINE):
+        return "module"
+    return None
+
+
+def read_iommu(root: HostRoot, kernel: Kernel) -> Iommu:
+    units = tuple(root.listdir("sys/class/iommu"))
+    tables = tuple(t for t in ("DMAR", "IVRS") if root.exists(f"sys/firmware/acpi/tables/{t}"))
+    groups = sum(
+        1
+        for g in root.listdir("sys/kernel/iommu_groups")
+        if root.listdir(f"sys/kernel/iommu_groups/{g}/devices")
+    )
+    ir, evidence = _interrupt_remapping(root, kernel, units)
+    unsafe_raw = root.read("sys/module/vfio_iommu_type1/parameters/allow_unsafe_interrupts")
+    unsafe = None if unsafe_raw is None else unsafe_raw in ("Y", "1")
+    if unsafe is None and kernel.arg("vfio_iommu_type1.allow_unsafe_interrupts") in ("1", "Y", "y"):
+        unsafe = True
+    return Iommu(
+        units=units,
+        acpi_tables=tables,
+        groups=groups,
+        interrupt_remapping=ir,
+        interrupt_remapping_evidence=evidence,
+        allow_unsafe_interrupts=unsafe,
+    )
+
+
+def _interrupt_remapping(
+    root: HostRoot, kernel: Kernel, units: tuple[str, ...]
+) -> tuple[bool | None, str]:
+    if kernel.arg("intremap") == "off" or kernel.arg("nointremap") is not None:
+        return False, "disabled on the kernel command line"
+    interrupts = root.read("proc/interrupts")
+    if interrupts:
+        # With remapping on, the kernel names its MSI/IO-APIC irq chips "IR-...".
+        if re.search(r"\bIR-(PCI-MSI|PCI-MSIX|IO-APIC|MSI)", interrupts):
+            return True, "/proc/interrupts shows IR- interrupt chips"
+        if re.search(r"\b(PCI-MSI|PCI-MSIX|IO-APIC)", interrupts):
+            return False, "/proc/interrupts shows no IR- interrupt chips"
+    for unit in units:
+        ecap = root.read(f"sys/class/iommu/{unit}/intel-iommu/ecap")
+        if ecap:
+            try:
+                supported = bool(int(ecap, 16) & (1 << 3))  # ECAP.IR (VT-d spec)
+            except ValueError:
+                continue
+            return (None if supported else False), (
+                f"{unit} ecap says the hardware {'supports' if supported else 'lacks'} it"
+            )
+    return None, "no evidence either way"
+
+
+def read_distro(root: HostRoot) -> Distro:
+    text = root.read("etc/os-release")
+    if text is None:
+        target = root.resolve("etc/os-release")
+        text = root.read(target) if target else root.read("usr/lib/os-release")
+    values: dict[str, str] = {}
+    for line in (text or "").splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip().strip('"').strip("'")
+    return Distro(
+        id=values.get("ID"),
+        id_like=tuple(values.get("ID_LIKE", "").split()),
+        version_id=values.get("VERSION_ID"),
+        pretty_name=values.get("PRETTY_NAME"),
+    )
+
+
+def _tool(root: HostRoot, name: str) -> str | None:
+    for d in ("usr/sbin", "usr/bin", "sbin", "bin", "usr/local/sbin", "usr/local/bin"):
+        if root.exists(f"{d}/{name}"):
+            return f"/{d}/{name}"
+    return None
+
+
+def read_boot(root: HostRoot, kernel: Kernel) -> Boot:
+    uefi = root.isdir("sys/firmware/efi")
+    evidence: list[str] = []
+    kind = BootloaderKind.UNKNOWN
+    sd_booted = any(n.startswith(LOADER_INFO_VAR) for n in root.listdir("sys/firmware/efi/efivars"))
+    bls_entries = [e for e in root.listdir("boot/loader/entries") if e.endswith(".conf")]
+
+    if root.exists("run/ostree-booted") or kernel.arg("ostree") is not None:
+        kind = BootloaderKind.RPM_OSTREE
+        evidence.append("/run/ostree-booted or ostree= on the command line")
+    elif (pbt := _tool(root, "proxmox-boot-tool")) and root.exists("etc/kernel/proxmox-boot-uuids"):
+        kind = BootloaderKind.PROXMOX
+        evidence.append(f"{pbt} with /etc/kernel/proxmox-boot-uuids")
+    elif (ks := _tool(root, "kernelstub")) and root.exists("etc/kernelstub/configuration"):
+        kind = BootloaderKind.KERNELSTUB
+        evidence.append(f"{ks} with /etc/kernelstub/configuration")
+    elif sd_booted:
+        kind = BootloaderKind.SYSTEMD_BOOT
+        evidence.append("systemd-boot's LoaderInfo EFI variable (it booted this kernel)")
+    elif (grubby := _tool(root, "grubby")) and bls_entries:
+        kind = BootloaderKind.GRUBBY
+        evidence.append(f"{grubby} with {len(bls_entries)} BLS entries in /boot/loader/entries")
+    elif root.exists("etc/default/grub") and (
+        (ug := _tool(root, "update-grub")) or _tool(root, "grub-mkconfig")
+    ):
+        kind = BootloaderKind.GRUB
+        evidence.append(f"/etc/default/grub with {ug or 'grub-mkconfig'}")
+    elif uefi and root.exists("etc/kernel/cmdline") and _tool(root, "bootctl"):
+        kind = BootloaderKind.SYSTEMD_BOOT
+        evidence.append("/etc/kernel/cmdline with bootctl")
+
+    init_evidence: list[str] = []
+    init = InitramfsKind.NONE_FOUND
+    if tool := _tool(root, "update-initramfs"):
+        init = InitramfsKind.INITRAMFS_TOOLS
+        init_evidence.append(tool)
+    elif tool := _tool(root, "dracut"):
+        init = InitramfsKind.DRACUT
+        init_evidence.append(tool)
+    elif tool := _tool(root, "mkinitcpio"):
+        init = InitramfsKind.MKINITCPIO
+        init_evidence.append(tool)
+    return Boot(
+        uefi=uefi,
+        bootloader=kind,
+        bootloader_evidence=tuple(evidence),
+        initramfs=init,
+        initramfs_evidence=tuple(init_evidence),
+    )
+
+
+def read_dmi(root: HostRoot) -> Dmi:
+    chassis = root.read("sys/class/dmi/id/chassis_type")
+    return Dmi(
+        chassis_type=int(chassis) if chassis and chassis.isdigit() else None,
+        sys_vendor=root.read("sys/class/dmi/id/sys_vendor"),
+        product_name=root.read("sys/class/dmi/id/product_name"),
+    )
+
+
+# -- what the host cannot live without --------------------------------------------------
+
+
+def _pci_of(real: str | None) -> PciAddress | None:
+    """The PCI function closest to a device path (a disk or a NIC)."""
+    if not real:
+        return None
+    found = None
+    for part in real.split("/"):
+        if PciAddress.looks_like(part):
+            found = PciAddress.parse(part)
+    return found
+
+
+def _block_pci(root: HostRoot, block_rel: str, seen: set[str]) -> list[PciAddress]:
+    """PCI functions under a block device, following dm/md/LVM ``slaves``."""
+    real = root.resolve(block_rel)
+    if real is None or real in seen:
+        return []
+    seen.add(real)
+    out: list[PciAddress] = []
+    slaves = root.listdir(f"{real}/slaves")
+    for slave in slaves:
+        out.extend(_block_pci(root, f"{real}/slaves/{slave}", seen))
+    if not slaves:
+        addr = _pci_of(real)
+        if addr is not None:
+            out.append(addr)
+    return out
+
+
+def _root_mount(root: HostRoot) -> tuple[str | None, str | None]:
+    """(major:minor, source) of the filesystem mounted on /."""
+    text = root.read("proc/self/mountinfo") or root.read("proc/1/mountinfo") or ""
+    found: tuple[str | None, str | None] = (None, None)
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 10 or fields[4] != "/":
+            continue
+        try:
+            sep = fields.index("-")
+        except ValueError:
+            continue
+        found = (fields[2], fields[sep + 2] if len(fields) > sep + 2 else None)
+    return found
+
+
+def _net_pci(root: HostRoot, iface: str, seen: set[str]) -> list[PciAddress]:
+    """PCI functions carrying an interface, through bridges, bonds and VLANs."""
+    if iface in seen:
+        return []
+    seen.add(iface)
+    base = f"sys/class/net/{iface}"
+    out: list[PciAddress] = []
+    for port in root.listdir(f"{base}/brif"):
+        out.extend(_net_pci(root, port, seen))
+    for entry in root.listdir(base):
+        if entry.startswith("lower_"):
+            out.extend(_net_pci(root, entry[len("lower_") :], seen))
+    slaves = root.read(f"{base}/bonding/slaves")
+    for slave in (slaves or "").split():
+        out.extend(_net_pci(root, slave, seen))
+    if not out:
+        addr = _pci_of(root.resolve(f"{base}/device"))
+        if addr is not None:
+            out.append(addr)
+    return out
+
+
+def read_critical(root: HostRoot) -> Critical:
+    devnum, source = _root_mount(root)
+    root_pci: list[PciAddress] = []
+    if devnum and not devnum.startswith("0:"):
+        root_pci = _block_pci(root, f"sys/dev/block/{devnum}", set())
+    if not root_pci and source and source.startswith("/dev/"):
+        # btrfs and friends report an anonymous device number: use the mount source.
+        root_pci = _block_pci(root, f"sys/class/block/{posixpath.basename(source)}", set())
+    iface = None
+    for line in (root.read("proc/net/route") or "").splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8 and fields[1] == "00000000" and fields[7] == "00000000":
+            iface = fields[0]
+            break
+    nic_pci = _net_pci(root, iface, set()) if iface else []
+    return Critical(
+        root_device=source,
+        root_pci=tuple(sorted(set(root_pci))),
+        default_nic=iface,
+        nic_pci=tuple(sorted(set(nic_pci))),
+    )

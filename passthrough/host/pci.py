@@ -1,0 +1,138 @@
+"""PCI functions as sysfs shows them under a root."""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+from collections.abc import Iterable
+
+from passthrough.errors import MalformedHostData
+from passthrough.host.root import HostRoot
+from passthrough.model import Bar, PciAddress, PciFunction
+
+PCI_DEVICES = "sys/bus/pci/devices"
+
+# include/linux/ioport.h
+IORESOURCE_IO = 0x00000100
+IORESOURCE_PREFETCH = 0x00002000
+IORESOURCE_MEM_64 = 0x00100000
+
+
+def parse_resource(text: str, where: str) -> tuple[Bar, ...]:
+    """BAR sizes from a ``resource`` file: one "start end flags" line per region."""
+    bars: list[Bar] = []
+    for index, line in enumerate(text.splitlines()[:6]):  # lines 0-5 are the BARs
+        fields = line.split()
+        if len(fields) != 3:
+            raise MalformedHostData(where, f"line {index + 1}: expected 'start end flags'")
+        try:
+            start, end, flags = (int(x, 16) for x in fields)
+        except ValueError:
+            raise MalformedHostData(where, f"line {index + 1}: expected hex numbers") from None
+        if start == 0 and end == 0:
+            continue
+        if end < start:
+            raise MalformedHostData(where, f"line {index + 1}: end before start")
+        bars.append(
+            Bar(
+                index=index,
+                size=end - start + 1,
+                is_io=bool(flags & IORESOURCE_IO),
+                is_64bit=bool(flags & IORESOURCE_MEM_64),
+                prefetchable=bool(flags & IORESOURCE_PREFETCH),
+            )
+        )
+    return tuple(bars)
+
+
+def parents_from_path(real: str) -> tuple[PciAddress, ...]:
+    """Upstream bridges, root port first, from a device path such as
+    ``sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0``."""
+    parts = [p for p in real.split("/") if PciAddress.looks_like(p)]
+    return tuple(PciAddress.parse(p) for p in parts[:-1])
+
+
+def _hex_attr(root: HostRoot, rel: str, required: bool) -> int | None:
+    value = root.read_int(rel, 16)
+    if value is None and required:
+        raise MalformedHostData(root.abs(rel), "missing or empty (every PCI function has it)")
+    return value
+
+
+def read_function(root: HostRoot, name: str) -> PciFunction | None:
+    """One function from ``sys/bus/pci/devices/NAME``; None (and a problem noted) when
+    the entry is a dangling link."""
+    address = PciAddress.parse(name)
+    link = f"{PCI_DEVICES}/{name}"
+    target = root.readlink(link)
+    if target is None:
+        real = link
+    elif target.startswith("/"):
+        real = root.resolve(link) or link
+    else:
+        real = posixpath.normpath(posixpath.join(PCI_DEVICES, target))
+    if not root.isdir(real):
+        root.problems.append(f"{link}: dangling link to {target}")
+        return None
+    vendor = _hex_attr(root, f"{real}/vendor", True)
+    device = _hex_attr(root, f"{real}/device", True)
+    class_code = _hex_attr(root, f"{real}/class", True)
+    assert vendor is not None and device is not None and class_code is not None
+    numa = root.read_int(f"{real}/numa_node")
+    boot_vga_raw = root.read(f"{real}/boot_vga")
+    reset = root.read(f"{real}/reset_method")
+    resource = root.read(f"{real}/resource")
+    group = root.link_name(f"{real}/iommu_group")
+    physfn = root.link_name(f"{real}/physfn")
+    try:
+        group_no = int(group) if group is not None else None
+    except ValueError:
+        raise MalformedHostData(
+            root.abs(f"{real}/iommu_group"), f"not a group number: {group!r}"
+        ) from None
+    return PciFunction(
+        address=address,
+        vendor_id=vendor,
+        device_id=device,
+        subsystem_vendor_id=_hex_attr(root, f"{real}/subsystem_vendor", False),
+        subsystem_device_id=_hex_attr(root, f"{real}/subsystem_device", False),
+        class_code=class_code,
+        revision=_hex_attr(root, f"{real}/revision", False),
+        driver=root.link_name(f"{real}/driver"),
+        iommu_group=group_no,
+        numa_node=numa if numa is not None and numa >= 0 else None,
+        boot_vga=None if boot_vga_raw in (None, "") else boot_vga_raw == "1",
+        reset_methods=tuple(reset.split()) if reset is not None else None,
+        bars=parse_resource(resource, root.abs(f"{real}/resource")) if resource else (),
+        parents=parents_from_path(real),
+        physfn=PciAddress.parse(physfn) if physfn and PciAddress.looks_like(physfn) else None,
+        sriov_totalvfs=root.read_int(f"{real}/sriov_totalvfs"),
+        modalias=root.read(f"{real}/modalias"),
+        sysfs_path=real,
+    )
+
+
+def read_functions(root: HostRoot) -> list[PciFunction]:
+    functions = []
+    for name in root.listdir(PCI_DEVICES):
+        if not PciAddress.looks_like(name):
+            root.problems.append(f"{PCI_DEVICES}/{name}: not a PCI address, ignored")
+            continue
+        fn = read_function(root, name)
+        if fn is not None:
+            functions.append(fn)
+    functions.sort(key=lambda f: f.address)
+    return functions
+
+
+def with_names(
+    functions: Iterable[PciFunction], names: dict[tuple[int, int | None], str]
+) -> list[PciFunction]:
+    return [
+        dataclasses.replace(
+            f,
+            vendor_name=f.vendor_name or names.get((f.vendor_id, None)),
+            device_name=f.device_name or names.get((f.vendor_id, f.device_id)),
+        )
+        for f in functions
+    ]

@@ -1,0 +1,347 @@
+"""Frozen, typed facts shared by every stage of the pipeline.
+
+Discovery produces these; analysis, planning and rendering only read them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import total_ordering
+
+from passthrough.errors import InvalidPciAddress
+
+_PCI_RE = re.compile(
+    r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):"
+    r"(?P<device>[0-9a-fA-F]{1,2})\.(?P<function>[0-7])$"
+)
+
+
+@total_ordering
+@dataclass(frozen=True, slots=True)
+class PciAddress:
+    """domain:bus:device.function, parsed once and formatted in one place."""
+
+    domain: int
+    bus: int
+    device: int
+    function: int
+
+    def __post_init__(self) -> None:
+        if not (
+            0 <= self.domain <= 0xFFFFFFFF
+            and 0 <= self.bus <= 0xFF
+            and 0 <= self.device <= 0x1F
+            and 0 <= self.function <= 7
+        ):
+            raise InvalidPciAddress(
+                f"{self.domain:x}:{self.bus:x}:{self.device:x}.{self.function:x}"
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> PciAddress:
+        m = _PCI_RE.match(text.strip())
+        if m is None:
+            raise InvalidPciAddress(text)
+        try:
+            return cls(
+                int(m["domain"] or "0", 16),
+                int(m["bus"], 16),
+                int(m["device"], 16),
+                int(m["function"], 16),
+            )
+        except InvalidPciAddress:
+            raise InvalidPciAddress(text) from None
+
+    @classmethod
+    def looks_like(cls, text: str) -> bool:
+        """True for a full sysfs-style name such as ``0000:01:00.0``."""
+        m = _PCI_RE.match(text)
+        return m is not None and m["domain"] is not None
+
+    @property
+    def slot(self) -> tuple[int, int, int]:
+        """The card a function belongs to: domain, bus and device."""
+        return (self.domain, self.bus, self.device)
+
+    def __str__(self) -> str:
+        return f"{self.domain:04x}:{self.bus:02x}:{self.device:02x}.{self.function:x}"
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, PciAddress):
+            return NotImplemented
+        return (self.domain, self.bus, self.device, self.function) < (
+            other.domain,
+            other.bus,
+            other.device,
+            other.function,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Bar:
+    """One memory or I/O region of a function, from the sysfs ``resource`` file."""
+
+    index: int
+    size: int
+    is_io: bool
+    is_64bit: bool
+    prefetchable: bool
+
+
+# Base classes and subclasses used for decisions (PCI Code and ID Assignment spec).
+CLASS_DISPLAY = 0x03
+CLASS_BRIDGE = 0x06
+SUBCLASS_HOST_BRIDGE = 0x0600
+SUBCLASS_PCI_BRIDGE = 0x0604
+SUBCLASS_PCI_BRIDGE_SEMI = 0x0609
+SUBCLASS_VGA = 0x0300
+SUBCLASS_3D = 0x0302
+SUBCLASS_AUDIO_HDA = 0x0403
+SUBCLASS_USB = 0x0C03
+SUBCLASS_STORAGE = 0x01
+
+# Server management controllers whose VGA is the host console (never a candidate).
+BMC_VGA_VENDORS = {0x1A03: "ASPEED", 0x102B: "Matrox"}
+NVIDIA = 0x10DE
+
+
+@dataclass(frozen=True, slots=True)
+class PciFunction:
+    address: PciAddress
+    vendor_id: int
+    device_id: int
+    subsystem_vendor_id: int | None
+    subsystem_device_id: int | None
+    class_code: int  # 24 bits: base class, subclass, programming interface
+    revision: int | None
+    driver: str | None
+    iommu_group: int | None
+    numa_node: int | None
+    boot_vga: bool | None
+    reset_methods: tuple[str, ...] | None  # None: the kernel does not report them (< 5.15)
+    bars: tuple[Bar, ...]
+    parents: tuple[PciAddress, ...]  # upstream bridges, root port first
+    physfn: PciAddress | None  # set on an SR-IOV virtual function
+    sriov_totalvfs: int | None
+    modalias: str | None
+    sysfs_path: str  # real device path relative to the root, e.g. sys/devices/pci0000:00/...
+    vendor_name: str | None = None
+    device_name: str | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.vendor_id:04x}:{self.device_id:04x}"
+
+    @property
+    def class_hex(self) -> str:
+        return f"0x{self.class_code:06x}"
+
+    @property
+    def subclass(self) -> int:
+        return self.class_code >> 8
+
+    @property
+    def base_class(self) -> int:
+        return self.class_code >> 16
+
+    @property
+    def is_display(self) -> bool:
+        return self.base_class == CLASS_DISPLAY
+
+    @property
+    def is_bridge_like(self) -> bool:
+        """Bridges that may share a group with a card without being assigned.
+
+        Host bridges and PCI-to-PCI bridges (root ports, switch ports) are never
+        handed to a guest; an ISA/LPC bridge or an "other" bridge (NVSwitch) is a
+        real device and counts as a group member.
+        """
+        return self.subclass in (
+            SUBCLASS_HOST_BRIDGE,
+            SUBCLASS_PCI_BRIDGE,
+            SUBCLASS_PCI_BRIDGE_SEMI,
+        )
+
+    @property
+    def name(self) -> str:
+        vendor = self.vendor_name or f"vendor {self.vendor_id:04x}"
+        device = self.device_name or f"device {self.device_id:04x}"
+        return f"{vendor} {device}"
+
+    @property
+    def max_bar(self) -> int:
+        return max((b.size for b in self.bars if not b.is_io), default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class IommuGroup:
+    number: int
+    members: tuple[PciAddress, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Cpu:
+    vendor: str | None  # GenuineIntel, AuthenticAMD, ...
+    model: str | None
+    virt_flag: str | None  # vmx, svm or None
+    logical_cpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class Iommu:
+    units: tuple[str, ...]  # sys/class/iommu entries: dmar0, ivhd0, ...
+    acpi_tables: tuple[str, ...]  # DMAR / IVRS present in firmware
+    groups: int  # populated groups in sys/kernel/iommu_groups
+    interrupt_remapping: bool | None  # None: cannot tell
+    interrupt_remapping_evidence: str
+    allow_unsafe_interrupts: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    release: str | None
+    cmdline: tuple[str, ...]
+    config: dict[str, str] = field(hash=False, compare=True)  # CONFIG_* of interest
+    config_source: str | None = None
+    vfio_pci: str | None = None  # "builtin", "module", "loaded" or None
+
+    def arg(self, key: str) -> str | None:
+        """Value of the last ``key=value`` (or ``key`` alone → "") on the command line."""
+        found: str | None = None
+        for token in self.cmdline:
+            name, sep, value = token.partition("=")
+            if name == key:
+                found = value if sep else ""
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class Distro:
+    id: str | None
+    id_like: tuple[str, ...]
+    version_id: str | None
+    pretty_name: str | None
+
+
+class BootloaderKind(StrEnum):
+    GRUB = "grub"
+    GRUBBY = "grubby"
+    SYSTEMD_BOOT = "systemd-boot"
+    PROXMOX = "proxmox-boot-tool"
+    KERNELSTUB = "kernelstub"
+    RPM_OSTREE = "rpm-ostree"
+    UNKNOWN = "unknown"
+
+
+class InitramfsKind(StrEnum):
+    INITRAMFS_TOOLS = "initramfs-tools"
+    DRACUT = "dracut"
+    MKINITCPIO = "mkinitcpio"
+    NONE_FOUND = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Boot:
+    uefi: bool
+    bootloader: BootloaderKind
+    bootloader_evidence: tuple[str, ...]
+    initramfs: InitramfsKind
+    initramfs_evidence: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Critical:
+    """PCI functions the host cannot live without."""
+
+    root_device: str | None  # /dev/nvme0n1p2
+    root_pci: tuple[PciAddress, ...]
+    default_nic: str | None  # interface name of the default route
+    nic_pci: tuple[PciAddress, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Dmi:
+    chassis_type: int | None
+    sys_vendor: str | None
+    product_name: str | None
+
+    @property
+    def is_portable(self) -> bool:
+        # SMBIOS chassis types: 8 portable, 9 laptop, 10 notebook, 14 sub notebook,
+        # 30 tablet, 31 convertible, 32 detachable.
+        return self.chassis_type in {8, 9, 10, 14, 30, 31, 32}
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    root: str
+    cpu: Cpu
+    kvm: bool
+    iommu: Iommu
+    kernel: Kernel
+    distro: Distro
+    boot: Boot
+    critical: Critical
+    dmi: Dmi
+    functions: tuple[PciFunction, ...]
+    groups: tuple[IommuGroup, ...]
+    problems: tuple[str, ...] = ()  # things discovery tolerated (dangling links, ...)
+
+    def function(self, address: PciAddress) -> PciFunction | None:
+        for f in self.functions:
+            if f.address == address:
+                return f
+        return None
+
+    @property
+    def acs_override(self) -> str | None:
+        return self.kernel.arg("pcie_acs_override")
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """A card: the display function and every other function on its slot."""
+
+    primary: PciFunction
+    functions: tuple[PciFunction, ...]
+
+    @property
+    def address(self) -> PciAddress:
+        return self.primary.address
+
+    @property
+    def groups(self) -> tuple[int, ...]:
+        return tuple(sorted({f.iommu_group for f in self.functions if f.iommu_group is not None}))
+
+    @property
+    def vfio_ids(self) -> tuple[str, ...]:
+        ids: list[str] = []
+        for f in self.functions:
+            if not f.is_bridge_like and f.id not in ids:
+                ids.append(f.id)
+        return tuple(ids)
+
+
+class Level(StrEnum):
+    PASS = "PASS"
+    WARN = "WARN"
+    FAIL = "FAIL"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    id: str
+    level: Level
+    summary: str
+    fix: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuVerdict:
+    gpu: Gpu
+    viable: bool
+    group_members: tuple[PciAddress, ...]
+    reasons: tuple[str, ...]
+    warnings: tuple[str, ...]
