@@ -295,6 +295,11 @@ class Description:
             physfn=PciAddress.parse(item["physfn"]) if "physfn" in item else None,
             sriov_totalvfs=item.get("sriov_totalvfs"),
         )
+        node.path = (
+            f"{parent.path}/{address}"
+            if parent is not None
+            else f"sys/devices/pci{address.domain:04x}:{address.bus:02x}/{address}"
+        )
         if any(n.address == address for n in self.nodes):
             raise BadDescription(where, "duplicate address")
         self.nodes.append(node)
@@ -448,8 +453,7 @@ def build(desc: Description, dest: str | Path) -> Path:
     for n in desc.nodes:
         slots[n.address.slot] = slots.get(n.address.slot, 0) + 1
 
-    def place(n: Node, parent_path: str) -> None:
-        n.path = f"{parent_path}/{n.address}"
+    def place(n: Node) -> None:
         secondary = min((c.address.bus for c in n.children), default=None)
         d = n.path
         w.file(f"{d}/vendor", f"0x{n.vendor:04x}\n")
@@ -480,10 +484,10 @@ def build(desc: Description, dest: str | Path) -> Path:
             w.link(f"{d}/iommu_group", f"sys/kernel/iommu_groups/{n.group}")
             w.link(f"sys/kernel/iommu_groups/{n.group}/devices/{n.address}", d)
         for child in n.children:
-            place(child, d)
+            place(child)
 
     for n in desc.top:
-        place(n, f"sys/devices/pci{n.address.domain:04x}:{n.address.bus:02x}")
+        place(n)
     by_addr = {n.address: n for n in desc.nodes}
     for n in desc.nodes:
         if n.physfn is not None:
