@@ -44,7 +44,9 @@ def test_scan_json_matches_golden(name: str, hosts: dict[str, Path], regenerate:
         diff = "".join(
             difflib.unified_diff(want.splitlines(True), got.splitlines(True), str(path), "scan")
         )
-        pytest.fail(f"scan differs from {path} (rerun with --regenerate-golden if intended):\n{diff}")
+        pytest.fail(
+            f"scan differs from {path} (rerun with --regenerate-golden if intended):\n{diff}"
+        )
 
 
 def test_every_sample_has_a_golden_file() -> None:

@@ -24,7 +24,8 @@ def test_parse_and_format_round_trip(text: str, expected: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "01:00", "0000:01:00.8", "0000:01:20.0", "0000:100:00.0", "zz:00.0", "0000-01-00.0"]
+    "text",
+    ["", "01:00", "0000:01:00.8", "0000:01:20.0", "0000:100:00.0", "zz:00.0", "0000-01-00.0"],
 )
 def test_malformed_addresses_are_refused_with_the_text(text: str) -> None:
     with pytest.raises(InvalidPciAddress) as info:
@@ -33,7 +34,10 @@ def test_malformed_addresses_are_refused_with_the_text(text: str) -> None:
 
 
 def test_ordering_is_numeric_not_textual() -> None:
-    addrs = [PciAddress.parse(a) for a in ("0000:0a:00.0", "0000:09:00.0", "0000:c1:00.0", "0000:1a:00.0")]
+    addrs = [
+        PciAddress.parse(a)
+        for a in ("0000:0a:00.0", "0000:09:00.0", "0000:c1:00.0", "0000:1a:00.0")
+    ]
     assert [str(a) for a in sorted(addrs)] == [
         "0000:09:00.0",
         "0000:0a:00.0",

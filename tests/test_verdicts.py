@@ -38,7 +38,9 @@ def test_consumer_intel_gpu_on_cpu_lanes_is_viable(hosts: dict[str, Path]) -> No
     assert _has(igpu["warnings"], "integrated GPU")
 
 
-def test_b550_chipset_gpu_shares_group_with_usb_sata_and_the_route_nic(hosts: dict[str, Path]) -> None:
+def test_b550_chipset_gpu_shares_group_with_usb_sata_and_the_route_nic(
+    hosts: dict[str, Path],
+) -> None:
     gpus = _gpus(hosts["amd-b550-chipset"])
     cpu_lanes = gpus["0000:2d:00.0"]
     assert cpu_lanes["viable"] is True

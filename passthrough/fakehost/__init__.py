@@ -381,6 +381,12 @@ class _Writer:
         p.symlink_to(target)
 
 
+def _subordinate(n: Node) -> int:
+    return max(
+        [c.address.bus for c in n.children] + [_subordinate(c) for c in n.children], default=0
+    )
+
+
 def _config_space(n: Node, multifunction: bool, secondary: int | None) -> bytes:
     header_type = (0x01 if n.is_bridge else 0x00) | (0x80 if multifunction else 0)
     cfg = bytearray(256)
@@ -393,7 +399,7 @@ def _config_space(n: Node, multifunction: bool, secondary: int | None) -> bytes:
     if n.is_bridge:
         cfg[0x18] = n.address.bus
         cfg[0x19] = secondary if secondary is not None else 0
-        cfg[0x1A] = secondary if secondary is not None else 0
+        cfg[0x1A] = _subordinate(n) if secondary is not None else 0
     elif n.subsystem:
         struct.pack_into("<HH", cfg, 0x2C, *n.subsystem)
     return bytes(cfg)
@@ -578,6 +584,12 @@ def _write_host_files(desc: Description, w: _Writer, by_addr: dict[PciAddress, N
         names[(vendor, None)] = vname
     for n in desc.nodes:
         if n.name:
+            known = names.get((n.vendor, n.device))
+            if known is not None and known != n.name:
+                raise BadDescription(
+                    desc.source,
+                    f"{n.address}: {n.vendor:04x}:{n.device:04x} named both {known!r} and {n.name!r}",
+                )
             names[(n.vendor, n.device)] = n.name
             names.setdefault((n.vendor, None), f"Vendor {n.vendor:04x}")
     w.file("usr/share/misc/pci.ids", render_subset(names))

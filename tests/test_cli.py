@@ -1,0 +1,201 @@
+"""The CLI as a user meets it: exit codes, one-line errors, JSON, help, completion."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from passthrough.cli import main
+
+PT = [sys.executable, "-m", "passthrough"]
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*PT, *args], capture_output=True, text=True, cwd=cwd, check=False)
+
+
+def test_scan_json_is_one_object_with_the_schema_tag(hosts: dict[str, Path]) -> None:
+    r = run("scan", "--root", str(hosts["consumer-intel"]), "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["schema"] == "passthrough.scan/v1"
+    assert [g["address"] for g in data["gpus"]] == ["0000:00:02.0", "0000:01:00.0"]
+
+
+def test_scan_for_people_shows_tree_and_verdicts(hosts: dict[str, Path]) -> None:
+    r = run("scan", "--root", str(hosts["amd-b550-chipset"]), "--color", "never", "--topology")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "IOMMU groups" in out and "├─ group 15  GPU 0000:2b:00.0 ✘ not viable" in out
+    assert "✔ 0000:2d:00.0" in out
+    assert "Topology" in out
+    assert "\033[" not in out
+
+
+def test_scan_filters_by_address_and_refuses_unknown(hosts: dict[str, Path]) -> None:
+    root = str(hosts["hgx-h100"])
+    r = run("scan", "--root", root, "--json", "9a:00.0")
+    assert r.returncode == 0, r.stderr
+    assert [g["address"] for g in json.loads(r.stdout)["gpus"]] == ["0000:9a:00.0"]
+    r = run("scan", "--root", root, "0000:99:1f.0")
+    assert r.returncode == 2
+    assert r.stderr.strip() == "passthrough: error: no PCI function 0000:99:1f.0 on this host"
+    r = run("scan", "--root", root, "0000:1a:00.0")  # a NIC, not a GPU
+    assert r.returncode == 2 and "not a function of a GPU" in r.stderr
+
+
+def test_malformed_address_is_a_usage_error(hosts: dict[str, Path]) -> None:
+    r = run("scan", "--root", str(hosts["hgx-h100"]), "01:00")
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "malformed PCI address '01:00'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_check_exit_codes(hosts: dict[str, Path]) -> None:
+    ok = run("check", "--root", str(hosts["consumer-intel"]))
+    assert ok.returncode == 0, ok.stdout
+    assert "10 passed, 0 warnings, 0 failed" in ok.stdout
+    bad = run("check", "--root", str(hosts["iommu-off"]), "--json")
+    assert bad.returncode == 1
+    data = json.loads(bad.stdout)
+    assert data["ok"] is False
+    failed = {c["id"]: c for c in data["checks"] if c["level"] == "FAIL"}
+    assert "iommu-enabled" in failed
+    assert "intel_iommu=on" in failed["iommu-enabled"]["fix"]
+
+
+@pytest.mark.parametrize(
+    ("setup", "needle"),
+    [
+        ("missing", "no such directory"),
+        ("file", "not a directory"),
+        ("empty", "does not look like a host root"),
+    ],
+)
+def test_bad_roots_get_one_line_and_exit_2(tmp_path: Path, setup: str, needle: str) -> None:
+    target = tmp_path / "r"
+    if setup == "file":
+        target.write_text("x")
+    elif setup == "empty":
+        target.mkdir()
+    r = run("scan", "--root", str(target))
+    assert r.returncode == 2
+    assert needle in r.stderr and r.stderr.count("\n") == 1
+    assert r.stdout == ""
+
+
+def _copy(src: Path, tmp_path: Path) -> Path:
+    dest = tmp_path / "copy"
+    shutil.copytree(src, dest, symlinks=True)
+    return dest
+
+
+def test_malformed_attribute_names_the_file(hosts: dict[str, Path], tmp_path: Path) -> None:
+    root = _copy(hosts["consumer-intel"], tmp_path)
+    vendor = next(root.glob("sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/vendor"))
+    vendor.write_text("nvidia?\n")
+    r = run("scan", "--root", str(root))
+    assert r.returncode == 2
+    assert "0000:01:00.0/vendor: expected a hex number, got 'nvidia?'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_malformed_resource_file_names_the_file(hosts: dict[str, Path], tmp_path: Path) -> None:
+    root = _copy(hosts["consumer-intel"], tmp_path)
+    res = root / "sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/resource"
+    res.write_text("0x1000 zz 0x0\n")
+    r = run("check", "--root", str(root))
+    assert r.returncode == 2 and "resource: line 1" in r.stderr
+
+
+def test_dangling_device_link_is_tolerated_and_reported(
+    hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    root = _copy(hosts["consumer-intel"], tmp_path)
+    (root / "sys/bus/pci/devices/0000:07:00.0").symlink_to(
+        "../../../devices/pci0000:00/gone/0000:07:00.0"
+    )
+    r = run("scan", "--root", str(root), "--json")
+    assert r.returncode == 0, r.stderr
+    problems = json.loads(r.stdout)["problems"]
+    assert any("0000:07:00.0" in p and "dangling" in p for p in problems)
+
+
+def test_dangling_driver_and_missing_optional_attributes_are_fine(
+    hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    root = _copy(hosts["consumer-intel"], tmp_path)
+    dev = root / "sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0"
+    for optional in (
+        "numa_node",
+        "boot_vga",
+        "reset_method",
+        "resource",
+        "revision",
+        "subsystem_vendor",
+    ):
+        (dev / optional).unlink()
+    shutil.rmtree(root / "sys/bus/pci/drivers/nvidia")  # driver link now dangles
+    r = run("scan", "--root", str(root), "--json")
+    assert r.returncode == 0, r.stderr
+    gpu = next(g for g in json.loads(r.stdout)["gpus"] if g["address"] == "0000:01:00.0")
+    assert gpu["driver"] == "nvidia" and gpu["bars"] == [] and gpu["numa_node"] is None
+
+
+def test_discovery_writes_nothing(hosts: dict[str, Path], tmp_path: Path) -> None:
+    root = _copy(hosts["hgx-h100"], tmp_path)
+
+    def state() -> dict[str, tuple[int, float]]:
+        out = {}
+        for dirpath, dirnames, filenames in os.walk(root):
+            for n in dirnames + filenames:
+                p = os.path.join(dirpath, n)
+                st = os.lstat(p)
+                out[p] = (st.st_size, st.st_mtime)
+        return out
+
+    before = state()
+    for cmd in (["scan"], ["scan", "--json"], ["check"], ["scan", "--topology"]):
+        assert main([*cmd, "--root", str(root)]) in (0, 1)
+    assert state() == before
+
+
+def test_help_teaches_and_completion_lists_commands() -> None:
+    r = run("scan", "--help")
+    assert r.returncode == 0 and "examples:" in r.stdout and "exit codes" in r.stdout
+    r = run("completion", "bash")
+    assert r.returncode == 0 and "complete -F _passthrough passthrough" in r.stdout
+    assert "snapshot" in r.stdout and "--gpus-only" in r.stdout
+    bash = shutil.which("bash")
+    assert bash is not None
+    # the script loads in a real bash and completes a subcommand
+    probe = (
+        r.stdout
+        + '\nCOMP_WORDS=(passthrough sc); COMP_CWORD=1; _passthrough; echo "${COMPREPLY[@]}"\n'
+    )
+    out = subprocess.run([bash, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["scan"]
+
+
+def test_unknown_option_is_usage_error() -> None:
+    r = run("scan", "--bogus")
+    assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr
+
+
+def test_sample_list_and_bad_description(tmp_path: Path) -> None:
+    r = run("sample", "list")
+    assert r.returncode == 0 and "hgx-h100" in r.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pci:\n  - {addr: '01:00', id: '10de:2684'}\n")
+    r = run("sample", "build", str(bad), str(tmp_path / "out"))
+    assert r.returncode == 2 and "malformed PCI address" in r.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("pci: [\n")
+    r = run("sample", "build", str(broken), str(tmp_path / "out2"))
+    assert r.returncode == 2 and "not valid YAML" in r.stderr
