@@ -179,7 +179,9 @@ def _discover(args: argparse.Namespace, stack: list[str]) -> Any:
 
 
 def _dump(obj: object) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    # Pretty for a person at a terminal; compact (and much faster) into a pipe or file.
+    indent = 2 if sys.stdout.isatty() else None
+    sys.stdout.write(json.dumps(obj, indent=indent) + "\n")
 
 
 def cmd_scan(args: argparse.Namespace, stack: list[str]) -> int:

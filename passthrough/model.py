@@ -115,7 +115,6 @@ class PciFunction:
     subsystem_vendor_id: int | None
     subsystem_device_id: int | None
     class_code: int  # 24 bits: base class, subclass, programming interface
-    revision: int | None
     driver: str | None
     iommu_group: int | None
     numa_node: int | None
@@ -288,6 +287,10 @@ class Host:
     functions: tuple[PciFunction, ...]
     groups: tuple[IommuGroup, ...]
     problems: tuple[str, ...] = ()  # things discovery tolerated (dangling links, ...)
+
+    @property
+    def group_index(self) -> dict[int, IommuGroup]:
+        return {g.number: g for g in self.groups}
 
     def function(self, address: PciAddress) -> PciFunction | None:
         for f in self.functions:

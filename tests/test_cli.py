@@ -98,12 +98,30 @@ def _copy(src: Path, tmp_path: Path) -> Path:
 
 def test_malformed_attribute_names_the_file(hosts: dict[str, Path], tmp_path: Path) -> None:
     root = _copy(hosts["consumer-intel"], tmp_path)
-    vendor = next(root.glob("sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/vendor"))
-    vendor.write_text("nvidia?\n")
+    dev = root / "sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0"
+    (dev / "uevent").write_text("DRIVER=nvidia\nPCI_CLASS=30000\nPCI_ID=10DE:GPU!\n")
+    r = run("scan", "--root", str(root))
+    assert r.returncode == 2
+    assert "0000:01:00.0/uevent: expected a hex number, got 'GPU!'" in r.stderr
+    assert "Traceback" not in r.stderr
+    # without uevent the attribute files are read, and named when broken
+    (dev / "uevent").unlink()
+    (dev / "vendor").write_text("nvidia?\n")
     r = run("scan", "--root", str(root))
     assert r.returncode == 2
     assert "0000:01:00.0/vendor: expected a hex number, got 'nvidia?'" in r.stderr
-    assert "Traceback" not in r.stderr
+
+
+def test_without_uevent_attribute_files_give_the_same_report(
+    hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    root = _copy(hosts["two-gpus-one-group"], tmp_path)
+    before = run("scan", "--root", str(root), "--json")
+    for uevent in root.glob("sys/devices/**/uevent"):
+        uevent.unlink()
+    after = run("scan", "--root", str(root), "--json")
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout)["gpus"] == json.loads(before.stdout)["gpus"]
 
 
 def test_malformed_resource_file_names_the_file(hosts: dict[str, Path], tmp_path: Path) -> None:

@@ -86,10 +86,17 @@ def mmio_window(gpu: Gpu) -> int:
     return window
 
 
-def judge(host: Host, gpu: Gpu, all_gpus: list[Gpu]) -> GpuVerdict:
+def judge(
+    host: Host,
+    gpu: Gpu,
+    all_gpus: list[Gpu],
+    by_addr: dict[PciAddress, PciFunction] | None = None,
+    nvswitches: list[PciFunction] | None = None,
+) -> GpuVerdict:
     reasons: list[str] = []
     warnings: list[str] = []
-    by_addr = {f.address: f for f in host.functions}
+    if by_addr is None:
+        by_addr = {f.address: f for f in host.functions}
     card = {f.address for f in gpu.functions}
     primary = gpu.primary
 
@@ -100,7 +107,7 @@ def judge(host: Host, gpu: Gpu, all_gpus: list[Gpu]) -> GpuVerdict:
         )
 
     members: list[PciAddress] = []
-    groups = {g.number: g for g in host.groups}
+    groups = host.group_index
     missing = [f for f in gpu.functions if f.iommu_group is None]
     if missing:
         if not host.groups:
@@ -159,8 +166,7 @@ def judge(host: Host, gpu: Gpu, all_gpus: list[Gpu]) -> GpuVerdict:
             "boot VGA: firmware and the host console draw on it; handing it over needs the "
             f"console moved off it ({arg}) and may need the card's ROM for the guest"
         )
-    other_displays = [g for g in all_gpus if g.address != gpu.address]
-    if not other_displays:
+    if len(all_gpus) == 1:
         warnings.append("the host's only display controller: the host keeps no local display")
     if host.acs_override is not None:
         warnings.append(
@@ -188,7 +194,8 @@ def judge(host: Host, gpu: Gpu, all_gpus: list[Gpu]) -> GpuVerdict:
             "integrated GPU: assigning an Intel iGPU (GVT-d) needs its legacy IGD setup and "
             "OpRegion; this toolkit targets discrete cards"
         )
-    nvswitches = [f for f in host.functions if f.vendor_id == NVIDIA and f.subclass == 0x0680]
+    if nvswitches is None:
+        nvswitches = _nvswitches(host)
     if nvswitches and primary.vendor_id == NVIDIA:
         warnings.append(
             f"NVSwitch system ({len(nvswitches)} NVSwitches): NVLink needs either every GPU and "
@@ -220,6 +227,12 @@ def judge(host: Host, gpu: Gpu, all_gpus: list[Gpu]) -> GpuVerdict:
     )
 
 
+def _nvswitches(host: Host) -> list[PciFunction]:
+    return [f for f in host.functions if f.vendor_id == NVIDIA and f.subclass == 0x0680]
+
+
 def judge_all(host: Host) -> list[GpuVerdict]:
     gpus = find_gpus(host)
-    return [judge(host, gpu, gpus) for gpu in gpus]
+    by_addr = {f.address: f for f in host.functions}
+    nvswitches = _nvswitches(host)
+    return [judge(host, gpu, gpus, by_addr, nvswitches) for gpu in gpus]

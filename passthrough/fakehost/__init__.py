@@ -448,6 +448,22 @@ def modalias(n: Node) -> str:
     )
 
 
+def uevent(n: Node) -> dict[str, str]:
+    """The kernel's uevent variables for a PCI function (drivers/pci/pci-driver.c)."""
+    sv, sd = n.subsystem or (0, 0)
+    env = {"DRIVER": n.driver} if n.driver else {}
+    env.update(
+        {
+            "PCI_CLASS": f"{n.class_code:X}",
+            "PCI_ID": f"{n.vendor:04X}:{n.device:04X}",
+            "PCI_SUBSYS_ID": f"{sv:04X}:{sd:04X}",
+            "PCI_SLOT_NAME": str(n.address),
+            "MODALIAS": modalias(n),
+        }
+    )
+    return env
+
+
 def build(desc: Description, dest: str | Path) -> Path:
     """Write the host root for ``desc`` into ``dest`` (created; must be empty or absent)."""
     out = Path(dest)
@@ -471,6 +487,7 @@ def build(desc: Description, dest: str | Path) -> Path:
         w.file(f"{d}/subsystem_device", f"0x{sd:04x}\n")
         w.file(f"{d}/numa_node", f"{n.numa}\n")
         w.file(f"{d}/modalias", modalias(n) + "\n")
+        w.file(f"{d}/uevent", "".join(f"{k}={v}\n" for k, v in uevent(n).items()))
         w.file(f"{d}/resource", _resource(n, alloc))
         w.file(f"{d}/config", _config_space(n, slots[n.address.slot] > 1, secondary))
         w.file(f"{d}/enable", "1\n")
@@ -720,18 +737,8 @@ def umockdev_record(desc: Description, root: Path) -> str:
 
     def emit(n: Node) -> None:
         path = "/" + n.path
-        sv, sd = n.subsystem or (0, 0)
         lines = [f"P: {path[len('/sys') :]}"]
-        env = {
-            "SUBSYSTEM": "pci",
-            "PCI_CLASS": f"{n.class_code:X}",
-            "PCI_ID": f"{n.vendor:04X}:{n.device:04X}",
-            "PCI_SUBSYS_ID": f"{sv:04X}:{sd:04X}",
-            "PCI_SLOT_NAME": str(n.address),
-            "MODALIAS": modalias(n),
-        }
-        if n.driver:
-            env["DRIVER"] = n.driver
+        env = {"SUBSYSTEM": "pci", **uevent(n)}
         vname = desc.vendors.get(n.vendor)
         if vname:
             env["ID_VENDOR_FROM_DATABASE"] = vname

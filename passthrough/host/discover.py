@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from passthrough.errors import NotAHostRoot
 from passthrough.host import facts
-from passthrough.host.pci import read_functions, with_names
+from passthrough.host.pci import Namer, read_functions, with_names
 from passthrough.host.pciids import find_pci_ids, lookup
 from passthrough.host.root import HostRoot
 from passthrough.model import Host, IommuGroup, PciFunction
@@ -15,15 +15,27 @@ PciSource = Callable[[HostRoot], list[PciFunction]]
 
 
 def root_pci_source(root: HostRoot) -> list[PciFunction]:
-    """PCI functions from sysfs files, names from the root's pci.ids."""
-    functions = read_functions(root)
+    """PCI functions from sysfs files, names from the root's pci.ids.
+
+    The IDs come from one pass over the ``uevent`` files, so the database is read once
+    for just those IDs and names go straight into the frozen records.
+    """
     rel = find_pci_ids(root)
-    if rel is None:
-        return functions
-    data = root.read_bytes(rel)
+    data = root.read_bytes(rel) if rel else None
     if data is None:
-        return functions
-    return with_names(functions, lookup(data, {(f.vendor_id, f.device_id) for f in functions}))
+        return read_functions(root)
+    db: dict[tuple[int, int | None], str] = {}
+
+    def namer_factory(ids: set[tuple[int, int]]) -> Namer:
+        db.update(lookup(data, ids))
+        return lambda v, d: (db.get((v, None)), db.get((v, d)))
+
+    functions = read_functions(root, namer_factory)
+    missing = {(f.vendor_id, f.device_id) for f in functions if f.device_name is None}
+    missing = {i for i in missing if i not in db}
+    if missing:  # a root without uevent files: names in a second pass
+        functions = with_names(functions, lookup(data, missing))
+    return functions
 
 
 def group_functions(functions: list[PciFunction]) -> tuple[IommuGroup, ...]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from passthrough.errors import MalformedHostData
 from passthrough.host.root import HostRoot
@@ -18,10 +18,15 @@ IORESOURCE_PREFETCH = 0x00002000
 IORESOURCE_MEM_64 = 0x00100000
 
 
+_UNUSED = "0x0000000000000000 0x0000000000000000 "
+
+
 def parse_resource(text: str, where: str) -> tuple[Bar, ...]:
     """BAR sizes from a ``resource`` file: one "start end flags" line per region."""
     bars: list[Bar] = []
     for index, line in enumerate(text.splitlines()[:6]):  # lines 0-5 are the BARs
+        if line.startswith(_UNUSED):
+            continue
         fields = line.split()
         if len(fields) != 3:
             raise MalformedHostData(where, f"line {index + 1}: expected 'start end flags'")
@@ -59,10 +64,30 @@ def _hex_attr(root: HostRoot, rel: str, required: bool) -> int | None:
     return value
 
 
-def read_function(root: HostRoot, name: str) -> PciFunction | None:
-    """One function from ``sys/bus/pci/devices/NAME``; None (and a problem noted) when
-    the entry is a dangling link."""
-    address = PciAddress.parse(name)
+def _uevent(text: str | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in (text or "").splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key] = value
+    return out
+
+
+def _hex_field(value: str | None, where: str) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        return int(value, 16)
+    except ValueError:
+        raise MalformedHostData(where, f"expected a hex number, got {value[:40]!r}") from None
+
+
+Namer = Callable[[int, int], tuple[str | None, str | None]]
+NamerFactory = Callable[[set[tuple[int, int]]], Namer]
+
+
+def _locate(root: HostRoot, name: str) -> tuple[str, dict[str, str]] | None:
+    """Real device path and uevent variables of one ``sys/bus/pci/devices`` entry."""
     link = f"{PCI_DEVICES}/{name}"
     target = root.readlink(link)
     if target is None:
@@ -74,12 +99,60 @@ def read_function(root: HostRoot, name: str) -> PciFunction | None:
     if not root.isdir(real):
         root.problems.append(f"{link}: dangling link to {target}")
         return None
-    vendor = _hex_attr(root, f"{real}/vendor", True)
-    device = _hex_attr(root, f"{real}/device", True)
-    class_code = _hex_attr(root, f"{real}/class", True)
+    return real, _uevent(root.read(f"{real}/uevent"))
+
+
+def _event_id(event: dict[str, str]) -> tuple[int, int] | None:
+    v, sep, d = event.get("PCI_ID", "").partition(":")
+    try:
+        return (int(v, 16), int(d, 16)) if sep else None
+    except ValueError:
+        return None
+
+
+def read_function(
+    root: HostRoot,
+    name: str,
+    names: Namer | None = None,
+    located: tuple[str, dict[str, str]] | None = None,
+) -> PciFunction | None:
+    """One function from ``sys/bus/pci/devices/NAME``; None (and a problem noted) when
+    the entry is a dangling link.
+
+    The kernel's ``uevent`` file carries IDs, class, driver and modalias in one read; the
+    individual attribute files are the fallback (and the authority when they disagree
+    would be a kernel bug, not ours to arbitrate).
+    """
+    address = PciAddress.parse(name)
+    if located is None:
+        located = _locate(root, name)
+        if located is None:
+            return None
+    real, event = located
+    where = root.abs(f"{real}/uevent")
+    pci_id = event.get("PCI_ID", "")
+    subsys = event.get("PCI_SUBSYS_ID", "")
+    if pci_id.count(":") == 1:
+        v, d = pci_id.split(":")
+        vendor, device = _hex_field(v, where), _hex_field(d, where)
+    else:
+        vendor = _hex_attr(root, f"{real}/vendor", True)
+        device = _hex_attr(root, f"{real}/device", True)
+    class_code = _hex_field(event.get("PCI_CLASS"), where)
+    if class_code is None:
+        class_code = _hex_attr(root, f"{real}/class", True)
+    if subsys.count(":") == 1:
+        a, b = subsys.split(":")
+        sub_vendor, sub_device = _hex_field(a, where), _hex_field(b, where)
+    else:
+        sub_vendor = _hex_attr(root, f"{real}/subsystem_vendor", False)
+        sub_device = _hex_attr(root, f"{real}/subsystem_device", False)
     assert vendor is not None and device is not None and class_code is not None
+    vendor_name, device_name = names(vendor, device) if names else (None, None)
+    driver = event.get("DRIVER") if event else root.link_name(f"{real}/driver")
     numa = root.read_int(f"{real}/numa_node")
-    boot_vga_raw = root.read(f"{real}/boot_vga")
+    # boot_vga exists on VGA-class functions only
+    boot_vga_raw = root.read(f"{real}/boot_vga") if class_code >> 8 == 0x0300 else None
     reset = root.read(f"{real}/reset_method")
     resource = root.read(f"{real}/resource")
     group = root.link_name(f"{real}/iommu_group")
@@ -94,11 +167,10 @@ def read_function(root: HostRoot, name: str) -> PciFunction | None:
         address=address,
         vendor_id=vendor,
         device_id=device,
-        subsystem_vendor_id=_hex_attr(root, f"{real}/subsystem_vendor", False),
-        subsystem_device_id=_hex_attr(root, f"{real}/subsystem_device", False),
+        subsystem_vendor_id=sub_vendor,
+        subsystem_device_id=sub_device,
         class_code=class_code,
-        revision=_hex_attr(root, f"{real}/revision", False),
-        driver=root.link_name(f"{real}/driver"),
+        driver=driver,
         iommu_group=group_no,
         numa_node=numa if numa is not None and numa >= 0 else None,
         boot_vga=None if boot_vga_raw in (None, "") else boot_vga_raw == "1",
@@ -107,18 +179,31 @@ def read_function(root: HostRoot, name: str) -> PciFunction | None:
         parents=parents_from_path(real),
         physfn=PciAddress.parse(physfn) if physfn and PciAddress.looks_like(physfn) else None,
         sriov_totalvfs=root.read_int(f"{real}/sriov_totalvfs"),
-        modalias=root.read(f"{real}/modalias"),
+        modalias=event.get("MODALIAS") or root.read(f"{real}/modalias"),
         sysfs_path=real,
+        vendor_name=vendor_name,
+        device_name=device_name,
     )
 
 
-def read_functions(root: HostRoot) -> list[PciFunction]:
-    functions = []
+def read_functions(root: HostRoot, namer_factory: NamerFactory | None = None) -> list[PciFunction]:
+    """Every PCI function under the root. ``namer_factory`` receives the IDs seen in the
+    uevent files (one pass) and returns the name lookup used while building records."""
+    located: dict[str, tuple[str, dict[str, str]]] = {}
     for name in root.listdir(PCI_DEVICES):
         if not PciAddress.looks_like(name):
             root.problems.append(f"{PCI_DEVICES}/{name}: not a PCI address, ignored")
             continue
-        fn = read_function(root, name)
+        found = _locate(root, name)
+        if found is not None:
+            located[name] = found
+    namer = None
+    if namer_factory is not None:
+        ids = {i for _, event in located.values() if (i := _event_id(event)) is not None}
+        namer = namer_factory(ids)
+    functions = []
+    for name, found in located.items():
+        fn = read_function(root, name, namer, found)
         if fn is not None:
             functions.append(fn)
     functions.sort(key=lambda f: f.address)

@@ -64,8 +64,11 @@ class HostRoot:
             self.problems.append(f"{rel}: {exc.strerror}")
             return None
         try:
-            chunks = []
-            total = 0
+            first = os.read(fd, 1 << 16)  # sysfs attributes fit in one page
+            if len(first) < 1 << 16:
+                return first
+            chunks = [first]
+            total = len(first)
             while total < limit:
                 chunk = os.read(fd, min(1 << 20, limit - total))
                 if not chunk:

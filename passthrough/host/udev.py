@@ -90,7 +90,6 @@ def _function(device: Any) -> PciFunction | None:
     group = _link_name(f"{device.sys_path}/iommu_group")
     physfn = _link_name(f"{device.sys_path}/physfn")
     totalvfs = _attr(device, "sriov_totalvfs")
-    revision = _attr(device, "revision")
     return PciFunction(
         address=PciAddress.parse(name),
         vendor_id=vendor,
@@ -102,7 +101,6 @@ def _function(device: Any) -> PciFunction | None:
         if sd is not None
         else _hex(_attr(device, "subsystem_device"), where),
         class_code=cls,
-        revision=_hex(revision, where),
         driver=device.driver,
         iommu_group=int(group) if group is not None and group.isdigit() else None,
         numa_node=numa if numa is not None and numa >= 0 else None,
