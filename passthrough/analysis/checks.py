@@ -82,15 +82,17 @@ def _iommu_enabled(host: Host) -> CheckResult:
             "iommu-enabled", Level.PASS, f"IOMMU on: {host.iommu.groups} groups populated"
         )
     on, why = iommu_default_on(host)
+    return CheckResult("iommu-enabled", Level.FAIL, f"no IOMMU groups: {why}", _iommu_fix(host, on, why))
+
+
+def _iommu_fix(host: Host, on: bool | None, why: str) -> str:
+    if on is False and "kernel built without" in why:
+        return "boot a kernel built with IOMMU support (distro stock kernels have it)"
+    if on is False and " on the command line" in why:
+        return f"remove {why.split(' on the')[0]} from the kernel command line"
     if host.cpu.vendor == INTEL and on is not True:
-        fix = "add intel_iommu=on to the kernel command line (passthrough plan does it)"
-    elif on is False and "kernel built without" in why:
-        fix = "boot a kernel built with IOMMU support (the distro's stock kernel has it)"
-    elif on is False:
-        fix = "remove the argument that turns the IOMMU off (" + why.split(" on the")[0] + ")"
-    else:
-        fix = "enable the IOMMU in the firmware setup, then reboot"
-    return CheckResult("iommu-enabled", Level.FAIL, f"no IOMMU groups ({why})", fix)
+        return "add intel_iommu=on to the kernel command line, then reboot"
+    return "enable the IOMMU (VT-d / AMD-Vi) in the firmware setup, then reboot"
 
 
 def _kernel_args(host: Host) -> CheckResult:
@@ -105,7 +107,7 @@ def _kernel_args(host: Host) -> CheckResult:
     on, why = iommu_default_on(host)
     if on is False:
         return CheckResult(
-            "kernel-iommu-args", Level.FAIL, why, "passthrough plan sets the right arguments"
+            "kernel-iommu-args", Level.FAIL, why, _iommu_fix(host, on, why)
         )
     if on is None:
         return CheckResult("kernel-iommu-args", Level.WARN, why, None)
@@ -178,8 +180,9 @@ def _boot(host: Host) -> CheckResult:
     return CheckResult(
         "bootloader",
         Level.WARN,
-        "bootloader not recognised: apply will refuse to change kernel arguments",
-        "add the arguments from `passthrough plan` by hand",
+        "bootloader not recognised (none of GRUB, grubby/BLS, systemd-boot, proxmox-boot-tool, "
+        "kernelstub, rpm-ostree found)",
+        "kernel arguments will have to be added by hand with your bootloader's own tool",
     )
 
 

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One command per job on a fresh Debian 12 machine (README "Quick start"):
+#   bash scripts/setup.sh demo   install what passthrough needs, then run the main job
+#                                 (check + scan) on a bundled sample host
+#   bash scripts/setup.sh test   install what the test suite needs, then run all of it
+# Safe to re-run: apt and pip skip what is already there.
+set -euo pipefail
+
+mode="${1:-demo}"
+case "$mode" in demo|test) ;; *) echo "usage: $0 demo|test" >&2; exit 2 ;; esac
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+# System packages: a compiler, pkg-config and libvirt's headers build libvirt-python
+# (PyPI ships no wheels for it); libudev is what pyudev loads.
+packages=(python3 python3-venv python3-dev gcc pkg-config libvirt-dev libudev1)
+if [ "$mode" = test ]; then
+    # umockdev: recorded devices for the pyudev tests; pciutils: lspci cross-checks
+    # fixtures and is the benchmark's reference.
+    packages+=(umockdev pciutils bash)
+fi
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "==> installing system packages: ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    echo "==> creating .venv"
+    python3 -m venv .venv
+fi
+extra=""
+[ "$mode" = test ] && extra="[test]"
+echo "==> installing passthrough${extra} into .venv"
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e ".${extra}"
+
+if [ "$mode" = demo ]; then
+    sample="${PASSTHROUGH_SAMPLE:-hgx-h100}"
+    root="$(mktemp -d)/$sample"
+    trap 'rm -rf "$(dirname "$root")"' EXIT
+    .venv/bin/passthrough sample build "$sample" "$root"
+    echo
+    echo "==> passthrough check --root <$sample>"
+    .venv/bin/passthrough check --root "$root" || true
+    echo
+    echo "==> passthrough scan --root <$sample> --gpus-only --topology"
+    .venv/bin/passthrough scan --root "$root" --gpus-only --topology
+    echo
+    echo "==> on your own host:  .venv/bin/passthrough check && .venv/bin/passthrough scan"
+    echo "    machine-readable:  .venv/bin/passthrough scan --json"
+    echo "    for a bug report:  .venv/bin/passthrough snapshot -o host.tar.gz"
+    exit 0
+fi
+
+echo "==> ruff"
+.venv/bin/ruff check passthrough tests benchmarks
+.venv/bin/ruff format --check passthrough tests benchmarks
+echo "==> mypy (strict)"
+.venv/bin/mypy
+echo "==> pytest"
+.venv/bin/python -m pytest -q
