@@ -82,7 +82,9 @@ def _iommu_enabled(host: Host) -> CheckResult:
             "iommu-enabled", Level.PASS, f"IOMMU on: {host.iommu.groups} groups populated"
         )
     on, why = iommu_default_on(host)
-    return CheckResult("iommu-enabled", Level.FAIL, f"no IOMMU groups: {why}", _iommu_fix(host, on, why))
+    return CheckResult(
+        "iommu-enabled", Level.FAIL, f"no IOMMU groups: {why}", _iommu_fix(host, on, why)
+    )
 
 
 def _iommu_fix(host: Host, on: bool | None, why: str) -> str:
@@ -106,9 +108,7 @@ def _kernel_args(host: Host) -> CheckResult:
         )
     on, why = iommu_default_on(host)
     if on is False:
-        return CheckResult(
-            "kernel-iommu-args", Level.FAIL, why, _iommu_fix(host, on, why)
-        )
+        return CheckResult("kernel-iommu-args", Level.FAIL, why, _iommu_fix(host, on, why))
     if on is None:
         return CheckResult("kernel-iommu-args", Level.WARN, why, None)
     pt = " with iommu=pt" if k.arg("iommu") == "pt" else ""

@@ -73,13 +73,22 @@ def _uevent(text: str | None) -> dict[str, str]:
     return out
 
 
-def _hex_field(value: str | None, where: str) -> int | None:
+def hex_field(value: str | None, where: str) -> int | None:
     if value is None or value == "":
         return None
     try:
         return int(value, 16)
     except ValueError:
         raise MalformedHostData(where, f"expected a hex number, got {value[:40]!r}") from None
+
+
+def hex_pair(text: str | None, where: str) -> tuple[int, int] | None:
+    """``10DE:2684`` → (0x10de, 0x2684); None when the text is not a pair."""
+    if text is None or text.count(":") != 1:
+        return None
+    a, b = text.split(":")
+    first, second = hex_field(a, where), hex_field(b, where)
+    return None if first is None or second is None else (first, second)
 
 
 Namer = Callable[[int, int], tuple[str | None, str | None]]
@@ -103,11 +112,10 @@ def _locate(root: HostRoot, name: str) -> tuple[str, dict[str, str]] | None:
 
 
 def _event_id(event: dict[str, str]) -> tuple[int, int] | None:
-    v, sep, d = event.get("PCI_ID", "").partition(":")
     try:
-        return (int(v, 16), int(d, 16)) if sep else None
-    except ValueError:
-        return None
+        return hex_pair(event.get("PCI_ID"), "uevent")
+    except MalformedHostData:
+        return None  # reported with its path when the record is built
 
 
 def read_function(
@@ -130,23 +138,20 @@ def read_function(
             return None
     real, event = located
     where = root.abs(f"{real}/uevent")
-    pci_id = event.get("PCI_ID", "")
-    subsys = event.get("PCI_SUBSYS_ID", "")
-    if pci_id.count(":") == 1:
-        v, d = pci_id.split(":")
-        vendor, device = _hex_field(v, where), _hex_field(d, where)
-    else:
-        vendor = _hex_attr(root, f"{real}/vendor", True)
-        device = _hex_attr(root, f"{real}/device", True)
-    class_code = _hex_field(event.get("PCI_CLASS"), where)
+    ids: tuple[int | None, int | None] | None = hex_pair(event.get("PCI_ID"), where)
+    subsys: tuple[int | None, int | None] | None = hex_pair(event.get("PCI_SUBSYS_ID"), where)
+    if ids is None:
+        ids = (_hex_attr(root, f"{real}/vendor", True), _hex_attr(root, f"{real}/device", True))
+    vendor, device = ids
+    class_code = hex_field(event.get("PCI_CLASS"), where)
     if class_code is None:
         class_code = _hex_attr(root, f"{real}/class", True)
-    if subsys.count(":") == 1:
-        a, b = subsys.split(":")
-        sub_vendor, sub_device = _hex_field(a, where), _hex_field(b, where)
-    else:
-        sub_vendor = _hex_attr(root, f"{real}/subsystem_vendor", False)
-        sub_device = _hex_attr(root, f"{real}/subsystem_device", False)
+    if subsys is None:
+        subsys = (
+            _hex_attr(root, f"{real}/subsystem_vendor", False),
+            _hex_attr(root, f"{real}/subsystem_device", False),
+        )
+    sub_vendor, sub_device = subsys
     assert vendor is not None and device is not None and class_code is not None
     vendor_name, device_name = names(vendor, device) if names else (None, None)
     driver = event.get("DRIVER") if event else root.link_name(f"{real}/driver")

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from passthrough.errors import MalformedHostData, PassthroughError
-from passthrough.host.pci import parse_resource, with_names
+from passthrough.host.pci import hex_field, hex_pair, parse_resource, with_names
 from passthrough.host.pciids import find_pci_ids, lookup
 from passthrough.host.root import HostRoot
 from passthrough.model import PciAddress, PciFunction
@@ -33,15 +33,6 @@ def _attr(device: Any, name: str) -> str | None:
     return value.decode("utf-8", "replace").strip()
 
 
-def _hex(text: str | None, where: str) -> int | None:
-    if text is None or text == "":
-        return None
-    try:
-        return int(text, 16)
-    except ValueError:
-        raise MalformedHostData(where, f"expected a hex number, got {text[:40]!r}") from None
-
-
 def _link_name(path: str) -> str | None:
     try:
         return os.path.basename(os.readlink(path).rstrip("/"))
@@ -55,22 +46,17 @@ def _function(device: Any) -> PciFunction | None:
     if not PciAddress.looks_like(name):
         return None
     where = device.sys_path
-    pci_id = props.get("PCI_ID")
-    if pci_id and ":" in pci_id:
-        v, d = pci_id.split(":", 1)
-        vendor, dev_id = _hex(v, where), _hex(d, where)
-    else:
-        vendor, dev_id = _hex(_attr(device, "vendor"), where), _hex(_attr(device, "device"), where)
-    cls = _hex(props.get("PCI_CLASS"), where)
+    ids: tuple[int | None, int | None] | None = hex_pair(props.get("PCI_ID"), where)
+    if ids is None:
+        ids = (hex_field(_attr(device, "vendor"), where), hex_field(_attr(device, "device"), where))
+    vendor, dev_id = ids
+    cls = hex_field(props.get("PCI_CLASS"), where)
     if cls is None:
-        cls = _hex(_attr(device, "class"), where)
+        cls = hex_field(_attr(device, "class"), where)
     if vendor is None or dev_id is None or cls is None:
         raise MalformedHostData(where, "udev reports no vendor, device or class")
-    subsys = props.get("PCI_SUBSYS_ID")
-    sv = sd = None
-    if subsys and ":" in subsys:
-        a, b = subsys.split(":", 1)
-        sv, sd = _hex(a, where), _hex(b, where)
+    subsys = hex_pair(props.get("PCI_SUBSYS_ID"), where)
+    sv, sd = subsys if subsys is not None else (None, None)
     parents: list[PciAddress] = []
     parent = device.parent
     while parent is not None and parent.subsystem == "pci":
@@ -96,10 +82,10 @@ def _function(device: Any) -> PciFunction | None:
         device_id=dev_id,
         subsystem_vendor_id=sv
         if sv is not None
-        else _hex(_attr(device, "subsystem_vendor"), where),
+        else hex_field(_attr(device, "subsystem_vendor"), where),
         subsystem_device_id=sd
         if sd is not None
-        else _hex(_attr(device, "subsystem_device"), where),
+        else hex_field(_attr(device, "subsystem_device"), where),
         class_code=cls,
         driver=device.driver,
         iommu_group=int(group) if group is not None and group.isdigit() else None,
