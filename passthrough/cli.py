@@ -139,6 +139,77 @@ def build_parser() -> argparse.ArgumentParser:
     s_udev.add_argument("root", metavar="BUILT_DIR")
     _common(s_udev, root=False)
 
+    def _plan_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--gpu",
+            action="append",
+            default=[],
+            metavar="ADDRESS|VENDOR:DEVICE",
+            help="a card to hand over (repeatable); default: every viable NVIDIA GPU",
+        )
+        p.add_argument(
+            "--include-group",
+            action="store_true",
+            help="take every device of the cards' IOMMU groups, knowingly",
+        )
+        p.add_argument(
+            "--allow-boot-gpu",
+            action="store_true",
+            help="allow the boot VGA (the host loses its console)",
+        )
+        p.add_argument("--no-iommu-pt", action="store_true", help="do not add iommu=pt")
+        p.add_argument(
+            "--hugepages",
+            type=int,
+            default=0,
+            metavar="N",
+            help="reserve N x 1 GiB huge pages at boot",
+        )
+
+    plan_p = sub.add_parser(
+        "plan",
+        help="show the host changes (diffs, commands, reboot) without making them",
+        description="Compute what preparing this host for GPU passthrough changes: kernel "
+        "arguments through the bootloader in use, vfio-pci binding (modprobe.d softdeps, "
+        "initramfs, per-device overrides). Writes nothing.",
+        epilog="examples:\n  passthrough plan\n  passthrough plan --gpu 0000:01:00.0 --json\n"
+        "  passthrough plan --root /mnt/image --gpu 10de:2684\n\n" + EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(plan_p)
+    _plan_opts(plan_p)
+    apply_p = sub.add_parser(
+        "apply",
+        help="make the planned changes (atomic, backed up, journaled)",
+        description="Execute the plan: lock, back up each file, journal each step before it, write "
+        "atomically, run the regeneration commands. Stops at the first failure; `undo` restores. "
+        "Re-running on an applied host changes nothing. Under --root, commands run through chroot "
+        "when DIR is a full OS tree (and you are root), and are listed otherwise.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(apply_p)
+    _plan_opts(apply_p)
+    undo_p = sub.add_parser(
+        "undo",
+        help="restore every file changed by apply, byte for byte",
+        description="Restore the original bytes of every file apply changed (all transactions, newest "
+        "first) and rerun the regeneration commands.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(undo_p)
+    verify_p = sub.add_parser(
+        "verify",
+        help="after the reboot: arguments live, IOMMU on, cards on vfio-pci",
+        description="Check the running host against the last apply: kernel arguments in /proc/cmdline, "
+        "IOMMU on, every function of the handed-over cards bound to vfio-pci, nothing the host "
+        "needs taken. Exits 1 when a check fails.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(verify_p)
+
     comp = sub.add_parser("completion", help="print a shell completion script (bash or zsh)")
     comp.add_argument("shell", choices=("bash", "zsh"))
     _common(comp, root=False)
@@ -307,10 +378,126 @@ def cmd_completion(args: argparse.Namespace, stack: list[str]) -> int:
     return EXIT_OK
 
 
+def _plan(args: argparse.Namespace, stack: list[str]) -> tuple[Any, Any, Any]:
+    from passthrough.host.discover import discover
+    from passthrough.host.root import HostRoot
+    from passthrough.plan.build import PlanOptions, make_plan
+
+    root_path = _open_root(args.root, stack)
+    host = discover(root_path)
+    root = HostRoot(root_path)
+    opts = PlanOptions(
+        gpus=tuple(args.gpu),
+        include_group=args.include_group,
+        allow_boot_gpu=args.allow_boot_gpu,
+        iommu_pt=not args.no_iommu_pt,
+        hugepages_1g=args.hugepages,
+    )
+    plan, _sel = make_plan(root, host, opts)
+    return root, host, plan
+
+
+def cmd_plan(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.plan.actions import plan_json, plan_text
+
+    root, _host, plan = _plan(args, stack)
+    if args.json:
+        _dump(plan_json(plan, root))
+    else:
+        print(plan_text(plan, root))
+    return EXIT_OK
+
+
+def _progress(args: argparse.Namespace) -> Callable[[str], None]:
+    def say(message: str) -> None:
+        if not args.json:
+            sys.stderr.write(f"  · {message}\n")
+
+    return say
+
+
+def cmd_apply(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.apply import apply, command_mode
+
+    root, _host, plan = _plan(args, stack)
+    tx = apply(root, plan, plan.record(), progress=_progress(args))
+    listed = [s for s in tx["steps"] if s["state"] == "listed"]
+    if args.json:
+        _dump(
+            {
+                "changed": not plan.empty,
+                "reboot_required": plan.reboot,
+                "transaction": tx["id"],
+                "steps": tx["steps"],
+                "commands_not_run": [s["argv"] for s in listed],
+            }
+        )
+        return EXIT_OK
+    if plan.empty:
+        print("Nothing to do: the host already matches the plan.")
+        return EXIT_OK
+    print(f"Applied {len(tx['steps'])} steps (transaction {tx['id']}).")
+    if listed:
+        print(
+            f"Not run ({command_mode(root)} mode: --root is not a full OS tree, or not root): run them inside it:"
+        )
+        for s in listed:
+            print("  " + " ".join(s["argv"]))
+    print("Reboot, then run `passthrough verify`." if plan.reboot else "No reboot required.")
+    return EXIT_OK
+
+
+def cmd_undo(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.apply import undo
+    from passthrough.host.root import HostRoot
+
+    root = HostRoot(_open_root(args.root, stack))
+    restored = undo(root, progress=_progress(args))
+    if args.json:
+        _dump({"restored": ["/" + p for p in restored]})
+    elif restored:
+        print(
+            f"Restored {len(restored)} files. Reboot to return to the original kernel arguments and drivers."
+        )
+    else:
+        print("Nothing to undo.")
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.host.discover import discover
+    from passthrough.host.root import HostRoot
+    from passthrough.model import Level
+    from passthrough.output import Painter, render_checks, wants_color
+    from passthrough.verify import verify
+
+    root_path = _open_root(args.root, stack)
+    results = verify(HostRoot(root_path), discover(root_path))
+    failed = any(r.level is Level.FAIL for r in results)
+    if args.json:
+        _dump(
+            {
+                "schema": "passthrough.verify/v1",
+                "ok": not failed,
+                "checks": [
+                    {"id": r.id, "level": r.level.value, "summary": r.summary, "fix": r.fix}
+                    for r in results
+                ],
+            }
+        )
+    else:
+        print(render_checks(results, Painter(wants_color(sys.stdout, args.color))))
+    return EXIT_CHECK_FAILED if failed else EXIT_OK
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
     "scan": cmd_scan,
     "check": cmd_check,
     "snapshot": cmd_snapshot,
+    "plan": cmd_plan,
+    "apply": cmd_apply,
+    "undo": cmd_undo,
+    "verify": cmd_verify,
     "sample": cmd_sample,
     "completion": cmd_completion,
 }

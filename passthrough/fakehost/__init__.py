@@ -9,6 +9,7 @@ reads. :func:`umockdev_record` writes the same PCI devices as a umockdev record.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import struct
@@ -140,6 +141,36 @@ BASE_CONFIG = {
     "CONFIG_FB_EFI": "y",
     "CONFIG_IOMMU_DEFAULT_PASSTHROUGH": "n",
 }
+
+# Driver name → module (the kernel's sys/bus/pci/drivers/X/module link); "" = built in.
+DRIVER_MODULES = {
+    "xhci_hcd": "xhci_pci",
+    "nvidia-gpu": "i2c_nvidia_gpu",
+    "pcieport": "",
+    "ahci": "ahci",
+}
+
+# A few real modules.alias lines (the kernel's and the NVIDIA driver's patterns) for
+# the classes the sample hosts carry.
+MODULES_ALIAS = """\
+# Aliases extracted from modules themselves.
+alias pci:v000010DEd*sv*sd*bc03sc00i00* nouveau
+alias pci:v000012D2d*sv*sd*bc03sc*i* nouveau
+alias pci:v000010DEd*sv*sd*bc03sc02i00* nouveau
+alias pci:v000010DEd*sv*sd*bc03sc00i00* nvidia
+alias pci:v000010DEd*sv*sd*bc03sc02i00* nvidia
+alias pci:v000010DEd*sv*sd*bc06sc80i00* nvidia
+alias pci:v000010DEd*sv*sd*bc04sc03i00* snd_hda_intel
+alias pci:v00008086d00007AD0sv*sd*bc*sc*i* snd_hda_intel
+alias pci:v00001002d*sv*sd*bc04sc03i00* snd_hda_intel
+alias pci:v*d*sv*sd*bc0Csc03i30* xhci_pci
+alias pci:v000010DEd*sv*sd*bc0Csc80i00* i2c_nvidia_gpu
+alias pci:v00001002d00001638sv*sd*bc*sc*i* amdgpu
+alias pci:v*d*sv*sd*bc01sc08i02* nvme
+alias pci:v*d*sv*sd*bc01sc06i01* ahci
+alias pci:v00001A03d00002000sv*sd*bc*sc*i* ast
+alias pci:v000015B3d00001021sv*sd*bc*sc*i* mlx5_core
+"""
 
 CPU_FLAGS = (
     "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr "
@@ -503,6 +534,10 @@ def build(desc: Description, dest: str | Path) -> Path:
         if n.driver:
             w.link(f"{d}/driver", f"sys/bus/pci/drivers/{n.driver}")
             w.link(f"sys/bus/pci/drivers/{n.driver}/{n.address}", d)
+            module = DRIVER_MODULES.get(n.driver, n.driver.replace("-", "_"))
+            if module:
+                w.link(f"sys/bus/pci/drivers/{n.driver}/module", f"sys/module/{module}")
+                w.dir(f"sys/module/{module}")
         if n.group is not None:
             w.link(f"{d}/iommu_group", f"sys/kernel/iommu_groups/{n.group}")
             w.link(f"sys/kernel/iommu_groups/{n.group}/devices/{n.address}", d)
@@ -557,6 +592,7 @@ def _write_host_files(desc: Description, w: _Writer, by_addr: dict[PciAddress, N
     if desc.vfio == "module":
         dep += "kernel/drivers/vfio/pci/vfio-pci.ko: kernel/drivers/vfio/pci/vfio-pci-core.ko kernel/drivers/vfio/vfio.ko\n"
     w.file(f"{moddir}/modules.dep", dep)
+    w.file(f"{moddir}/modules.alias", MODULES_ALIAS)
     w.file(
         f"{moddir}/modules.builtin",
         "kernel/drivers/vfio/pci/vfio-pci.ko\n" if desc.vfio == "builtin" else "",
@@ -613,13 +649,29 @@ def _write_host_files(desc: Description, w: _Writer, by_addr: dict[PciAddress, N
     _storage_and_net(desc, w, by_addr)
 
 
+def _boot_args(desc: Description) -> tuple[list[str], list[str]]:
+    """(root/ro arguments, the rest) of the running command line, as the bootloader holds them."""
+    base: list[str] = []
+    rest: list[str] = []
+    for arg in desc.cmdline.split():
+        if arg.startswith(("BOOT_IMAGE=", "initrd=")):
+            continue
+        (base if arg.startswith(("root=", "rootflags=")) or arg in ("ro", "rw") else rest).append(
+            arg
+        )
+    return base, rest
+
+
 def _boot_files(desc: Description, w: _Writer) -> None:
     bl, init = desc.bootloader, desc.initramfs
     exe = 0o755
+    base, rest = _boot_args(desc)
     if bl in ("grub", "grubby", "proxmox-boot-tool") or desc.distro["bootloader"] == "grub":
         w.file(
             "etc/default/grub",
-            'GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\nGRUB_DISTRIBUTOR=`lsb_release -i -s 2> /dev/null || echo Debian`\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n',
+            "GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\n"
+            "GRUB_DISTRIBUTOR=`lsb_release -i -s 2> /dev/null || echo Debian`\n"
+            f'GRUB_CMDLINE_LINUX_DEFAULT="{" ".join(rest)}"\nGRUB_CMDLINE_LINUX=""\n',
         )
     if bl == "grub":
         w.file("usr/sbin/update-grub", "#!/bin/sh\n", exe)
@@ -631,21 +683,22 @@ def _boot_files(desc: Description, w: _Writer) -> None:
             f"boot/loader/entries/3f1e2a7c5b104c358d1c1b0e4a9f4c35-{desc.release}.conf",
             f"title {desc.distro['os_release']['PRETTY_NAME']}\nversion {desc.release}\n"
             f"linux /vmlinuz-{desc.release}\ninitrd /initramfs-{desc.release}.img\n"
-            "options root=/dev/mapper/rhel-root ro crashkernel=1G-4G:192M\n",
+            f"options {' '.join(base + rest)}\n",
         )
     elif bl == "systemd-boot":
         w.file("usr/bin/bootctl", "#!/bin/sh\n", exe)
         w.file("usr/bin/kernel-install", "#!/bin/sh\n", exe)
-        w.file("etc/kernel/cmdline", "root=UUID=8d1c1b0e-4a9f-4c35-9d2b-3f1e2a7c5b10 rw quiet\n")
+        w.file("etc/kernel/cmdline", " ".join(base + rest) + "\n")
     elif bl == "proxmox-boot-tool":
         w.file("usr/sbin/proxmox-boot-tool", "#!/bin/sh\n", exe)
         w.file("usr/sbin/update-grub", "#!/bin/sh\n", exe)
         w.file("etc/kernel/proxmox-boot-uuids", "5B2C-1A7E\n")
-        w.file("etc/kernel/cmdline", "root=ZFS=rpool/ROOT/pve-1 boot=zfs\n")
+        w.file("etc/kernel/cmdline", " ".join(base + rest) + "\n")
     elif bl == "kernelstub":
         w.file("usr/bin/kernelstub", "#!/bin/sh\n", exe)
         w.file(
-            "etc/kernelstub/configuration", '{"user": {"kernel_options": ["quiet", "splash"]}}\n'
+            "etc/kernelstub/configuration",
+            json.dumps({"user": {"kernel_options": rest}}, indent=2) + "\n",
         )
     elif bl == "rpm-ostree":
         w.file("usr/bin/rpm-ostree", "#!/bin/sh\n", exe)

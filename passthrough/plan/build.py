@@ -1,0 +1,102 @@
+"""From discovery to a Plan: selection, kernel arguments, vfio binding, initramfs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from passthrough.host.root import HostRoot
+from passthrough.model import Host
+from passthrough.plan import vfio
+from passthrough.plan.actions import Action, Plan, RemoveFile, WriteFile
+from passthrough.plan.bootloaders import UnknownBootloader, for_host
+from passthrough.plan.kargs import ArgChange, KargOptions, desired, needed
+from passthrough.plan.select import Selection, select
+from passthrough.report import analyse
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    gpus: tuple[str, ...] = ()
+    include_group: bool = False
+    allow_boot_gpu: bool = False
+    iommu_pt: bool = True
+    hugepages_1g: int = 0
+
+
+def _write_if_changed(root: HostRoot, action: WriteFile) -> list[Action]:
+    current = root.read_bytes(action.path)
+    return [] if current == action.content else [action]
+
+
+def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Selection]:
+    scan = analyse(host)
+    sel = select(host, scan.verdicts, list(opts.gpus), opts.include_group, opts.allow_boot_gpu)
+    loader = for_host(root, host)
+    kopts = KargOptions(
+        iommu_pt=opts.iommu_pt,
+        vfio_ids=() if sel.ids_ambiguous else tuple(sel.vfio_ids),
+        boot_gpu=sel.boot_gpu,
+        hugepages_1g=opts.hugepages_1g,
+    )
+    target = desired(host, kopts)
+    notes = list(sel.notes)
+    actions: list[Action] = []
+    # Files first, commands after them (the initramfs reads modprobe.d).
+    deps = vfio.softdeps(root, host, sel.functions)
+    conf = vfio.modprobe_conf([] if sel.ids_ambiguous else sel.vfio_ids, deps)
+    actions += _write_if_changed(
+        root, WriteFile(vfio.MODPROBE, conf.encode(), "vfio-pci options and softdeps")
+    )
+    if sel.ids_ambiguous:
+        actions += _write_if_changed(
+            root,
+            WriteFile(
+                vfio.UDEV_RULE,
+                vfio.udev_rule(sel.functions).encode(),
+                "driver_override per device at boot",
+            ),
+        )
+    elif root.exists(vfio.UDEV_RULE):
+        actions.append(
+            RemoveFile(vfio.UDEV_RULE, "IDs are unambiguous now; per-device overrides not needed")
+        )
+    init_actions, init_notes = vfio.initramfs_actions(root, host)
+    notes += init_notes
+    files_changed = bool(actions) or any(isinstance(a, WriteFile) for a in init_actions)
+    if files_changed:
+        actions += [a for a in init_actions if isinstance(a, WriteFile)]
+        actions += [a for a in init_actions if not isinstance(a, WriteFile)]
+    change = ArgChange()
+    if loader is None:
+        missing = needed(list(host.kernel.cmdline), target)
+        if not missing.is_empty():
+            raise UnknownBootloader(
+                list(missing.set.values()) + [f"(remove {k})" for k in sorted(missing.drop)]
+            )
+    else:
+        configured = loader.configured()
+        change = needed(configured, target)
+        if not change.is_empty():
+            actions += loader.actions(change)
+    cards = [
+        {
+            "address": str(v.gpu.address),
+            "name": v.gpu.primary.name,
+            "functions": [str(f.address) for f in v.gpu.functions],
+        }
+        for v in sel.cards
+    ]
+    plan = Plan(
+        root=root.path,
+        actions=actions,
+        reboot=bool(actions),
+        kernel_args=change,
+        cards=cards,
+        bootloader=loader.name if loader else "unknown",
+        initramfs=host.boot.initramfs.value,
+        binding="driver_override" if sel.ids_ambiguous else "ids",
+        target_args=target,
+        functions=[str(f.address) for f in sel.functions],
+        notes=notes,
+    )
+    return plan, sel

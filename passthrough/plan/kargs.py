@@ -1,0 +1,169 @@
+"""Kernel command-line arguments: what this host needs, and editing a list of them.
+
+Editing keeps every unrelated argument where it was, is idempotent, and adding then
+removing the same arguments gives the original list back (property-tested).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from passthrough.errors import PassthroughError
+from passthrough.model import Host
+
+
+class UnsafeCmdline(PassthroughError):
+    def __init__(self, where: str, why: str) -> None:
+        super().__init__(f"{where}: {why}; edit it by hand or fix the file, then re-run")
+
+
+def key_of(arg: str) -> str:
+    """``vfio-pci.ids=10de:2684`` → ``vfio-pci.ids``; module names compare with - and _ alike."""
+    name = arg.split("=", 1)[0]
+    if "." in name:
+        module, _, param = name.partition(".")
+        return module.replace("_", "-") + "." + param
+    return name
+
+
+@dataclass(frozen=True)
+class ArgChange:
+    """Arguments to set (key → full ``key=value`` or bare ``key``) and keys to drop."""
+
+    set: dict[str, str] = field(default_factory=dict)
+    drop: frozenset[str] = frozenset()
+    why: dict[str, str] = field(default_factory=dict)  # key → reason, for the plan's text
+
+    def is_empty(self) -> bool:
+        return not self.set and not self.drop
+
+
+def edit(args: Sequence[str], change: ArgChange) -> list[str]:
+    """Apply ``change`` to ``args``.
+
+    A key being set replaces its first occurrence in place (later duplicates go, since
+    the kernel would let the last one win); a new key is appended; dropped keys go.
+    """
+    out: list[str] = []
+    placed: set[str] = set()
+    for arg in args:
+        key = key_of(arg)
+        if key in change.drop:
+            continue
+        if key in change.set:
+            if key not in placed:
+                out.append(change.set[key])
+                placed.add(key)
+            continue
+        out.append(arg)
+    for key, arg in change.set.items():
+        if key not in placed:
+            out.append(arg)
+    return out
+
+
+def needed(args: Sequence[str], change: ArgChange) -> ArgChange:
+    """The part of ``change`` that ``args`` does not already satisfy."""
+    present: dict[str, list[str]] = {}
+    for arg in args:
+        present.setdefault(key_of(arg), []).append(arg)
+    to_set = {k: v for k, v in change.set.items() if present.get(k) != [v]}
+    to_drop = frozenset(k for k in change.drop if k in present)
+    return ArgChange(
+        set=to_set,
+        drop=to_drop,
+        why={k: change.why[k] for k in change.why if k in to_set or k in to_drop},
+    )
+
+
+def invert(before: Sequence[str], change: ArgChange) -> ArgChange:
+    """The change that turns ``edit(before, change)`` back into ``before`` (same keys)."""
+    present: dict[str, str] = {}
+    for arg in before:
+        present.setdefault(key_of(arg), arg)
+    keys = set(change.set) | set(change.drop)
+    return ArgChange(
+        set={k: present[k] for k in keys if k in present},
+        drop=frozenset(k for k in keys if k not in present),
+    )
+
+
+@dataclass(frozen=True)
+class KargOptions:
+    iommu_pt: bool = True
+    vfio_ids: tuple[str, ...] = ()  # empty: bind per device instead
+    boot_gpu: bool = False
+    hugepages_1g: int = 0
+
+
+def desired(host: Host, opts: KargOptions) -> ArgChange:
+    """Arguments this host needs for passthrough, with a reason for each."""
+    to_set: dict[str, str] = {}
+    drop: set[str] = set()
+    why: dict[str, str] = {}
+    k = host.kernel
+    if host.cpu.vendor == "GenuineIntel":
+        default_on = k.config.get("CONFIG_INTEL_IOMMU_DEFAULT_ON") == "y"
+        arg = k.arg("intel_iommu")
+        if not default_on or (arg is not None and "off" in arg.split(",")):
+            to_set["intel_iommu"] = "intel_iommu=on"
+            why["intel_iommu"] = (
+                "replaces intel_iommu=off"
+                if arg is not None and "off" in arg.split(",")
+                else "this kernel does not enable the Intel IOMMU by default"
+            )
+    elif host.cpu.vendor == "AuthenticAMD":
+        arg = k.arg("amd_iommu")
+        if arg is not None and ("on" in arg.split(",") or "off" in arg.split(",")):
+            drop.add("amd_iommu")
+            why["amd_iommu"] = (
+                "amd_iommu=on is not a valid value (the AMD IOMMU is on by default)"
+                if "on" in arg.split(",")
+                else "amd_iommu=off turns the IOMMU off"
+            )
+    if k.arg("iommu") == "off":
+        drop.add("iommu")
+        why["iommu"] = "iommu=off turns the IOMMU off"
+    if opts.iommu_pt:
+        to_set["iommu"] = "iommu=pt"
+        why["iommu"] = "identity-maps host devices (usually faster for the host)"
+    if opts.vfio_ids:
+        to_set["vfio-pci.ids"] = "vfio-pci.ids=" + ",".join(opts.vfio_ids)
+        why["vfio-pci.ids"] = "binds the cards' functions to vfio-pci at boot"
+    elif k.arg("vfio-pci.ids") is not None or k.arg("vfio_pci.ids") is not None:
+        drop.add("vfio-pci.ids")
+        why["vfio-pci.ids"] = "stale: the cards are bound per device (driver_override) instead"
+    if host.boot.initramfs.value == "dracut":
+        to_set["rd.driver.pre"] = "rd.driver.pre=vfio-pci"
+        why["rd.driver.pre"] = "dracut loads vfio-pci before the GPU drivers"
+    if opts.boot_gpu:
+        if k.config.get("CONFIG_SYSFB_SIMPLEFB") == "y":
+            to_set["initcall_blacklist"] = "initcall_blacklist=sysfb_init"
+            why["initcall_blacklist"] = (
+                "keeps the firmware framebuffer off the boot GPU (simplefb kernel)"
+            )
+        else:
+            to_set["video"] = "video=efifb:off"
+            why["video"] = "keeps the EFI framebuffer off the boot GPU"
+    if opts.hugepages_1g:
+        to_set["default_hugepagesz"] = "default_hugepagesz=1G"
+        to_set["hugepagesz"] = "hugepagesz=1G"
+        to_set["hugepages"] = f"hugepages={opts.hugepages_1g}"
+        for key in ("default_hugepagesz", "hugepagesz", "hugepages"):
+            why[key] = f"{opts.hugepages_1g} x 1 GiB huge pages reserved at boot for guest memory"
+    return ArgChange(set=to_set, drop=frozenset(drop), why=why)
+
+
+def describe(change: ArgChange) -> list[str]:
+    def line(sign: str, text: str, key: str) -> str:
+        why = change.why.get(key)
+        return f"{sign} {text}  ({why})" if why else f"{sign} {text}"
+
+    lines = [line("+", arg, key) for key, arg in change.set.items()]
+    lines += [line("-", key, key) for key in sorted(change.drop)]
+    return lines
+
+
+def args_of(values: Iterable[str]) -> list[str]:
+    return [a for v in values for a in v.split()]

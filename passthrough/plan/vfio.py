@@ -1,0 +1,190 @@
+"""Binding the selected cards to vfio-pci at boot: modprobe.d, initramfs, per-device overrides.
+
+Softdeps are derived, not listed: every module bound to a card's function now, and every
+module whose ``modules.alias`` patterns match a function's modalias, must load after
+vfio-pci. Derived from the host's own module database, so a new driver is covered too.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+
+from passthrough.analysis.viability import kernel_version
+from passthrough.host.root import HostRoot
+from passthrough.model import Host, InitramfsKind, PciFunction
+from passthrough.plan.actions import Action, Run, WriteFile
+
+MODPROBE = "etc/modprobe.d/passthrough-vfio.conf"
+UDEV_RULE = "etc/udev/rules.d/40-passthrough-vfio.rules"
+DRACUT = "etc/dracut.conf.d/10-passthrough-vfio.conf"
+MKINITCPIO_DROPIN = "etc/mkinitcpio.conf.d/passthrough-vfio.conf"
+INITRAMFS_TOOLS = "etc/initramfs-tools/modules"
+MARK = "# passthrough: load vfio-pci early (removed by `passthrough undo`)"
+HEADER = "# Written by passthrough: binds the selected GPUs to vfio-pci. `passthrough undo` removes it.\n"
+VFIO_SELF = {"vfio_pci", "vfio_pci_core", "vfio"}
+# Modules that sit on top of a matching driver without PCI aliases of their own.
+COMPANIONS = {"nvidia": ("nvidia_drm", "nvidia_modeset"), "nouveau": ()}
+
+
+def early_modules(host: Host) -> list[str]:
+    mods = ["vfio_pci", "vfio", "vfio_iommu_type1"]
+    version = kernel_version(host.kernel.release)
+    if version is not None and version < (6, 2):
+        mods.append("vfio_virqfd")  # merged into vfio in 6.2
+    return mods
+
+
+def _norm(module: str) -> str:
+    return module.replace("-", "_")
+
+
+def module_of_driver(root: HostRoot, driver: str) -> str | None:
+    """The module behind a bound driver (``xhci_hcd`` is provided by ``xhci_pci``)."""
+    name = root.link_name(f"sys/bus/pci/drivers/{driver}/module")
+    if name:
+        return _norm(name)
+    return None
+
+
+def alias_modules(root: HostRoot, host: Host, functions: list[PciFunction]) -> dict[str, set[str]]:
+    """module → the functions' addresses whose modalias its aliases match."""
+    release = host.kernel.release
+    out: dict[str, set[str]] = {}
+    if not release:
+        return out
+    text = root.read(f"lib/modules/{release}/modules.alias") or ""
+    patterns: list[tuple[str, str]] = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "alias" and parts[1].startswith("pci:"):
+            patterns.append((parts[1], _norm(parts[2])))
+    for f in functions:
+        if not f.modalias:
+            continue
+        for pattern, module in patterns:
+            if fnmatch.fnmatchcase(f.modalias, pattern):
+                out.setdefault(module, set()).add(str(f.address))
+    return out
+
+
+def softdeps(root: HostRoot, host: Host, functions: list[PciFunction]) -> dict[str, str]:
+    """module → why it needs ``softdep … pre: vfio-pci``."""
+    why: dict[str, str] = {}
+    for f in functions:
+        if f.driver and f.driver != "vfio-pci":
+            module = module_of_driver(root, f.driver) or _norm(f.driver)
+            why.setdefault(module, f"bound to {f.address} now")
+    for module, addrs in alias_modules(root, host, functions).items():
+        why.setdefault(module, "its aliases match " + ", ".join(sorted(addrs)))
+    for module in list(why):
+        for companion in COMPANIONS.get(module, ()):
+            why.setdefault(companion, f"loads {module}")
+    builtin = root.read(f"lib/modules/{host.kernel.release}/modules.builtin") or ""
+    builtins = {_norm(m.rsplit("/", 1)[-1].split(".ko")[0]) for m in builtin.split()}
+    return {
+        m: w
+        for m, w in sorted(why.items())
+        if m not in VFIO_SELF and m not in builtins and m != "pcieport"
+    }
+
+
+def modprobe_conf(ids: list[str], deps: dict[str, str]) -> str:
+    lines = [HEADER]
+    if ids:
+        lines.append(f"options vfio-pci ids={','.join(ids)}\n")
+    for module, why in deps.items():
+        lines.append(f"# {module}: {why}\n")
+        lines.append(f"softdep {module} pre: vfio-pci\n")
+    return "".join(lines)
+
+
+def udev_rule(functions: list[PciFunction]) -> str:
+    """driver_override per device, set when the device appears, before drivers probe it."""
+    lines = [HEADER, "# Identical cards are kept by the host, so IDs cannot tell them apart.\n"]
+    for f in functions:
+        lines.append(
+            f'ACTION=="add", SUBSYSTEM=="pci", KERNEL=="{f.address}", ATTR{{driver_override}}="vfio-pci"\n'
+        )
+    return "".join(lines)
+
+
+def initramfs_actions(root: HostRoot, host: Host) -> tuple[list[Action], list[str]]:
+    mods = early_modules(host)
+    notes: list[str] = []
+    kind = host.boot.initramfs
+    if kind is InitramfsKind.INITRAMFS_TOOLS:
+        text = root.read(INITRAMFS_TOOLS)
+        existing = text.splitlines() if text is not None else []
+        have = {line.split("#", 1)[0].strip() for line in existing}
+        missing = [m for m in mods if m not in have]
+        if not missing:
+            return [], notes
+        body = (
+            (text + "\n" if text and not text.endswith("\n") else text or "")
+            + MARK
+            + "\n"
+            + "".join(f"{m}\n" for m in missing)
+        )
+        return [
+            WriteFile(
+                INITRAMFS_TOOLS, body.encode(), "vfio modules in the initramfs, before GPU drivers"
+            ),
+            Run(
+                ("update-initramfs", "-u", "-k", "all"),
+                "rebuild every initramfs",
+                touches=("boot/initrd.img-*",),
+                regenerate=True,
+            ),
+        ], notes
+    if kind is InitramfsKind.DRACUT:
+        body = (
+            HEADER + f'force_drivers+=" {" ".join(mods)} "\n' + f'install_items+=" /{MODPROBE} "\n'
+        )
+        return [
+            WriteFile(
+                DRACUT, body.encode(), "vfio modules in the initramfs (dracut reads only *.conf)"
+            ),
+            Run(
+                ("dracut", "-f", "--regenerate-all"),
+                "rebuild every initramfs",
+                touches=("boot/initramfs-*.img",),
+                regenerate=True,
+            ),
+        ], notes
+    if kind is InitramfsKind.MKINITCPIO:
+        regen = Run(
+            ("mkinitcpio", "-P"),
+            "rebuild every preset's initramfs",
+            touches=("boot/initramfs-*.img",),
+            regenerate=True,
+        )
+        conf = root.read("etc/mkinitcpio.conf") or ""
+        if "modconf" not in conf:
+            notes.append(
+                "mkinitcpio.conf has no modconf hook: modprobe.d softdeps will not reach the initramfs"
+            )
+        if root.isdir("etc/mkinitcpio.conf.d"):
+            body = HEADER + f"MODULES+=({' '.join(mods)})\n"
+            return [
+                WriteFile(MKINITCPIO_DROPIN, body.encode(), "vfio modules in the initramfs"),
+                regen,
+            ], notes
+        m = re.search(r"^MODULES=\(([^)]*)\)", conf, re.MULTILINE)
+        if m is None:
+            from passthrough.plan.kargs import UnsafeCmdline
+
+            raise UnsafeCmdline(
+                "/etc/mkinitcpio.conf", "has no MODULES=(...) line the planner can edit"
+            )
+        present = m[1].split()
+        missing = [x for x in mods if x not in present]
+        if not missing:
+            return [], notes
+        new = conf[: m.start()] + "MODULES=(" + " ".join(missing + present) + ")" + conf[m.end() :]
+        return [
+            WriteFile("etc/mkinitcpio.conf", new.encode(), "vfio modules first in the initramfs"),
+            regen,
+        ], notes
+    notes.append("no initramfs tool recognised: vfio-pci binds once the root filesystem is up")
+    return [], notes

@@ -1,0 +1,103 @@
+"""After the reboot: did the host come back the way the last apply meant it to?"""
+
+from __future__ import annotations
+
+from passthrough.apply import last_applied
+from passthrough.errors import PassthroughError
+from passthrough.host.root import HostRoot
+from passthrough.model import CheckResult, Host, Level
+from passthrough.plan.kargs import key_of
+
+
+class NothingApplied(PassthroughError):
+    def __init__(self, root: str) -> None:
+        super().__init__(
+            f"nothing has been applied to {root} (no complete transaction in the journal)"
+        )
+
+
+def verify(root: HostRoot, host: Host) -> list[CheckResult]:
+    tx = last_applied(root)
+    if tx is None:
+        raise NothingApplied(root.path)
+    results: list[CheckResult] = []
+    running = list(host.kernel.cmdline)
+    running_keys = {key_of(a) for a in running}
+    missing = [a for a in tx["kernel_args"]["set"] if a not in running]
+    stale = [k for k in tx["kernel_args"]["remove"] if k in running_keys]
+    if missing or stale:
+        results.append(
+            CheckResult(
+                "kernel-args",
+                Level.FAIL,
+                "the running kernel lacks "
+                + " ".join(missing)
+                + (f"; still has {' '.join(stale)}" if stale else ""),
+                "reboot into the updated boot entry (passthrough apply changed it); check the bootloader's default entry",
+            )
+        )
+    else:
+        results.append(
+            CheckResult(
+                "kernel-args",
+                Level.PASS,
+                "running kernel has "
+                + (" ".join(tx["kernel_args"]["set"]) or "the planned arguments"),
+            )
+        )
+    if host.iommu.groups:
+        results.append(
+            CheckResult("iommu-enabled", Level.PASS, f"IOMMU on: {host.iommu.groups} groups")
+        )
+    else:
+        results.append(
+            CheckResult(
+                "iommu-enabled",
+                Level.FAIL,
+                "no IOMMU groups after the reboot",
+                "enable VT-d/AMD-Vi in the firmware setup",
+            )
+        )
+    by_addr = {str(f.address): f for f in host.functions}
+    for addr in tx["functions"]:
+        f = by_addr.get(addr)
+        if f is None:
+            results.append(
+                CheckResult(
+                    f"vfio {addr}",
+                    Level.FAIL,
+                    "function is gone from the PCI bus",
+                    "check the card is seated and powered",
+                )
+            )
+        elif f.driver == "vfio-pci":
+            results.append(CheckResult(f"vfio {addr}", Level.PASS, f"{f.id} bound to vfio-pci"))
+        else:
+            results.append(
+                CheckResult(
+                    f"vfio {addr}",
+                    Level.FAIL,
+                    f"{f.id} bound to {f.driver or 'no driver'}, not vfio-pci",
+                    "a host driver claimed it first: check the softdeps in /etc/modprobe.d/passthrough-vfio.conf reached the initramfs",
+                )
+            )
+    critical = set(host.critical.root_pci) | set(host.critical.nic_pci)
+    taken = [
+        a for a in critical if (fn := host.function(a)) is not None and fn.driver == "vfio-pci"
+    ]
+    if taken:
+        results.append(
+            CheckResult(
+                "host-devices",
+                Level.FAIL,
+                "vfio-pci took " + ", ".join(map(str, taken)),
+                "run `passthrough undo` and reboot",
+            )
+        )
+    else:
+        results.append(
+            CheckResult(
+                "host-devices", Level.PASS, "root disk and default-route NIC stay with the host"
+            )
+        )
+    return results
