@@ -75,8 +75,8 @@ def atomic_write(path: str, data: bytes, mode: int | None = None) -> None:
 def _remove(path: str) -> None:
     try:
         os.unlink(path)
-    except FileNotFoundError:
-        return
+    except (FileNotFoundError, NotADirectoryError):
+        return  # already absent
     _fsync_dir(os.path.dirname(path))
 
 

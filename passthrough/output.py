@@ -202,5 +202,5 @@ def render_scan(scan: Scan, paint: Painter, gpus_only: bool = False, topology: b
     return "\n\n".join(parts)
 
 
-def write(text: str, stream: TextIO = sys.stdout) -> None:
-    stream.write(text + "\n")
+def write(text: str, stream: TextIO | None = None) -> None:
+    (stream or sys.stdout).write(text + "\n")

@@ -38,7 +38,8 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
         boot_gpu=sel.boot_gpu,
         hugepages_1g=opts.hugepages_1g,
     )
-    target = desired(host, kopts)
+    configured = loader.configured() if loader else list(host.kernel.cmdline)
+    target = desired(host, kopts, configured)
     notes = list(sel.notes)
     actions: list[Action] = []
     # Files first, commands after them (the initramfs reads modprobe.d).
@@ -74,7 +75,6 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
                 list(missing.set.values()) + [f"(remove {k})" for k in sorted(missing.drop)]
             )
     else:
-        configured = loader.configured()
         change = needed(configured, target)
         if not change.is_empty():
             actions += loader.actions(change)

@@ -35,6 +35,12 @@ class ArgChange:
     drop: frozenset[str] = frozenset()
     why: dict[str, str] = field(default_factory=dict)  # key → reason, for the plan's text
 
+    def __post_init__(self) -> None:
+        # One spelling per key: vfio_pci.ids and vfio-pci.ids are the same parameter.
+        object.__setattr__(self, "set", {key_of(k): v for k, v in self.set.items()})
+        object.__setattr__(self, "drop", frozenset(key_of(k) for k in self.drop))
+        object.__setattr__(self, "why", {key_of(k): v for k, v in self.why.items()})
+
     def is_empty(self) -> bool:
         return not self.set and not self.drop
 
@@ -97,14 +103,38 @@ class KargOptions:
     hugepages_1g: int = 0
 
 
-def desired(host: Host, opts: KargOptions) -> ArgChange:
-    """Arguments this host needs for passthrough, with a reason for each."""
+def _last(args: Sequence[str], key: str) -> str | None:
+    found: str | None = None
+    for arg in args:
+        if key_of(arg) == key_of(key):
+            found = arg.partition("=")[2]
+    return found
+
+
+class _Args:
+    """Arguments as the running kernel and the bootloader configuration hold them."""
+
+    def __init__(self, running: Sequence[str], configured: Sequence[str]) -> None:
+        self.sources = (list(configured), list(running))
+
+    def arg(self, key: str) -> str | None:
+        for source in self.sources:
+            value = _last(source, key)
+            if value is not None:
+                return value
+        return None
+
+
+def desired(host: Host, opts: KargOptions, configured: Sequence[str] = ()) -> ArgChange:
+    """Arguments this host needs for passthrough, with a reason for each. Values in the
+    bootloader's configuration (``configured``) count before the running command line."""
     to_set: dict[str, str] = {}
     drop: set[str] = set()
     why: dict[str, str] = {}
-    k = host.kernel
+    k = _Args(host.kernel.cmdline, configured)
+    config = host.kernel.config
     if host.cpu.vendor == "GenuineIntel":
-        default_on = k.config.get("CONFIG_INTEL_IOMMU_DEFAULT_ON") == "y"
+        default_on = config.get("CONFIG_INTEL_IOMMU_DEFAULT_ON") == "y"
         arg = k.arg("intel_iommu")
         if not default_on or (arg is not None and "off" in arg.split(",")):
             to_set["intel_iommu"] = "intel_iommu=on"
@@ -138,7 +168,7 @@ def desired(host: Host, opts: KargOptions) -> ArgChange:
         to_set["rd.driver.pre"] = "rd.driver.pre=vfio-pci"
         why["rd.driver.pre"] = "dracut loads vfio-pci before the GPU drivers"
     if opts.boot_gpu:
-        if k.config.get("CONFIG_SYSFB_SIMPLEFB") == "y":
+        if config.get("CONFIG_SYSFB_SIMPLEFB") == "y":
             to_set["initcall_blacklist"] = "initcall_blacklist=sysfb_init"
             why["initcall_blacklist"] = (
                 "keeps the firmware framebuffer off the boot GPU (simplefb kernel)"

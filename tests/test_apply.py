@@ -1,0 +1,286 @@
+"""apply / undo / verify on host trees: atomic, journaled, idempotent, undoable after a kill."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from passthrough import apply as apply_mod
+from passthrough import fakehost
+from passthrough.apply import ApplyError, Busy, apply, locked, undo
+from passthrough.cli import main
+from passthrough.host.discover import discover
+from passthrough.host.root import HostRoot
+from passthrough.plan.build import PlanOptions, make_plan
+
+from .test_plan import build
+
+
+def snapshot_tree(root: Path) -> dict[str, bytes | str]:
+    """Every file (bytes) and link (target) outside our own state directory."""
+    out: dict[str, bytes | str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        if rel_dir.startswith("var/lib/passthrough"):
+            continue
+        for name in filenames + dirnames:
+            p = os.path.join(dirpath, name)
+            rel = os.path.relpath(p, root)
+            if os.path.islink(p):
+                out[rel] = "-> " + os.readlink(p)
+            elif os.path.isfile(p):
+                out[rel] = Path(p).read_bytes()
+    return out
+
+
+def changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+
+
+def _apply(path: Path, opts: PlanOptions | None = None, runner: Any = None) -> dict[str, Any]:
+    root = HostRoot(str(path))
+    plan, _ = make_plan(root, discover(str(path)), opts or PlanOptions())
+    if runner is None:
+        return apply(root, plan, plan.record())
+    return apply(root, plan, plan.record(), runner=runner)
+
+
+def test_apply_then_plan_is_empty_then_undo_restores_every_byte(tmp_path: Path) -> None:
+    path = build(tmp_path, "consumer-intel", {})
+    before = snapshot_tree(path)
+    tx = _apply(path)
+    assert tx["state"] == "complete"
+    after = snapshot_tree(path)
+    assert changed(before, after) == [
+        "etc/default/grub.d/99-passthrough.cfg",
+        "etc/initramfs-tools/modules",
+        "etc/modprobe.d/passthrough-vfio.conf",
+    ]
+    # commands were listed, not run: this tree is not a full OS
+    assert [s["state"] for s in tx["steps"] if s["kind"] == "run"] == ["listed", "listed"]
+    root = HostRoot(str(path))
+    replan, _ = make_plan(root, discover(str(path)), PlanOptions())
+    assert replan.empty
+    assert _apply(path)["state"] == "nothing-to-do"
+    restored = undo(root)
+    assert "etc/initramfs-tools/modules" in restored
+    assert changed(before, snapshot_tree(path)) == []
+    assert not (path / "etc/default/grub.d/99-passthrough.cfg").exists()
+    assert undo(root) == []  # nothing left to undo
+
+
+def test_two_applies_then_undo_returns_to_the_original(tmp_path: Path) -> None:
+    path = build(tmp_path, "hgx-h100", {})
+    before = snapshot_tree(path)
+    _apply(path, PlanOptions(gpus=("18:00.0",)))
+    _apply(path, PlanOptions(gpus=("18:00.0", "19:00.0"), hugepages_1g=8))
+    # six identical H100s stay with the host: IDs cannot tell them apart
+    conf = (path / "etc/modprobe.d/passthrough-vfio.conf").read_text()
+    assert "options vfio-pci ids=" not in conf
+    rule = (path / "etc/udev/rules.d/40-passthrough-vfio.rules").read_text()
+    assert 'KERNEL=="0000:18:00.0"' in rule and 'KERNEL=="0000:19:00.0"' in rule
+    assert "hugepages=8" in (path / "etc/default/grub.d/99-passthrough.cfg").read_text()
+    undo(HostRoot(str(path)))
+    assert changed(before, snapshot_tree(path)) == []
+
+
+def _count_calls(path: Path) -> int:
+    calls = 0
+    real = apply_mod.atomic_write
+
+    def counting(*args: Any, **kwargs: Any) -> None:
+        nonlocal calls
+        calls += 1
+        real(*args, **kwargs)
+
+    apply_mod.atomic_write = counting  # type: ignore[assignment]
+    try:
+        _apply(path)
+    finally:
+        apply_mod.atomic_write = real  # type: ignore[assignment]
+    return calls
+
+
+def _killed_apply(path: str, kill_at: int) -> None:
+    """Runs in a forked child: SIGKILL-like exit (no cleanup) at the kill_at-th write."""
+    calls = 0
+    real = apply_mod.atomic_write
+
+    def dying(*args: Any, **kwargs: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == kill_at:
+            os._exit(9)
+        real(*args, **kwargs)
+
+    apply_mod.atomic_write = dying  # type: ignore[assignment]
+    _apply(Path(path))
+    os._exit(0)
+
+
+def test_killing_apply_at_every_write_leaves_a_tree_undo_restores(tmp_path: Path) -> None:
+    probe = build(tmp_path / "probe", "consumer-intel", {})
+    total = _count_calls(probe)
+    assert total >= 10  # backups, journal saves and the writes themselves
+    ctx = multiprocessing.get_context("fork")
+    for kill_at in range(1, total + 1):
+        path = build(tmp_path / f"k{kill_at}", "consumer-intel", {})
+        original = snapshot_tree(path)
+        child = ctx.Process(target=_killed_apply, args=(str(path), kill_at))
+        child.start()
+        child.join(30)
+        assert child.exitcode == 9, f"kill point {kill_at} not reached"
+        # every file is entirely old or entirely new, never a torn write
+        now = snapshot_tree(path)
+        for rel in changed(original, now):
+            assert not rel.endswith(".passthrough-tmp"), rel
+        undo(HostRoot(str(path)))
+        assert changed(original, snapshot_tree(path)) == [], kill_at
+
+
+def test_failed_regeneration_stops_and_undo_restores(tmp_path: Path) -> None:
+    path = build(tmp_path, "consumer-intel", {})
+    before = snapshot_tree(path)
+    root = HostRoot(str(path))
+    plan, _ = make_plan(root, discover(str(path)), PlanOptions())
+
+    def failing(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(argv, 1, "", "update-initramfs: failed to write /boot\n")
+
+    apply_mod_mode = apply_mod.command_mode
+    apply_mod.command_mode = lambda _root: "host"  # type: ignore[assignment]
+    try:
+        with pytest.raises(ApplyError) as info:
+            apply(root, plan, plan.record(), runner=failing)
+    finally:
+        apply_mod.command_mode = apply_mod_mode  # type: ignore[assignment]
+    assert "update-initramfs -u -k all` failed with exit 1" in str(info.value)
+    assert "passthrough undo" in str(info.value)
+    journal = json.loads((path / "var/lib/passthrough/journal.json").read_text())
+    assert journal["transactions"][-1]["state"] == "failed"
+    assert not (path / "etc/default/grub.d/99-passthrough.cfg").exists()  # stopped before it
+    undo(root)
+    assert changed(before, snapshot_tree(path)) == []
+
+
+def test_second_apply_while_one_runs_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = build(tmp_path, "consumer-intel", {})
+    root = HostRoot(str(path))
+    with locked(root):
+        with pytest.raises(Busy):
+            _apply(path)
+        assert main(["apply", "--root", str(path)]) == 2
+        assert "another apply or undo is running" in capsys.readouterr().err
+    assert not (path / "etc/modprobe.d/passthrough-vfio.conf").exists()
+
+
+def test_unwritable_target_gives_one_line_and_undo_restores(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = build(tmp_path, "consumer-intel", {})
+    # a file where a directory should be: the write cannot happen, whoever runs it
+    (path / "etc/default/grub.d").write_text("not a directory\n")
+    before = snapshot_tree(path)
+    assert main(["apply", "--root", str(path)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    errors = [line for line in err if line.startswith("passthrough: error:")]
+    assert len(errors) == 1 and "grub.d" in errors[0] and "run `passthrough undo`" in errors[0]
+    assert all(line.startswith("  · ") for line in err if line not in errors)  # progress lines
+    assert main(["undo", "--root", str(path)]) == 0
+    assert changed(before, snapshot_tree(path)) == []
+
+
+def test_verify_after_a_simulated_reboot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = build(tmp_path, "consumer-intel", {})
+    assert main(["verify", "--root", str(path)]) == 2  # nothing applied yet
+    assert main(["apply", "--root", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["verify", "--root", str(path), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    failing = {c["id"] for c in report["checks"] if c["level"] == "FAIL"}
+    assert failing == {"kernel-args", "vfio 0000:01:00.0", "vfio 0000:01:00.1"}
+    # what the reboot does on this host: the new command line, the cards on vfio-pci
+    # (written by the test in place of the kernel — a stand-in named as such)
+    cmdline = path / "proc/cmdline"
+    cmdline.write_text(cmdline.read_text().strip() + " vfio-pci.ids=10de:2684,10de:22ba\n")
+    for addr in ("0000:01:00.0", "0000:01:00.1"):
+        dev = path / "sys/bus/pci/devices" / addr
+        real = dev.resolve()
+        (real / "driver").unlink()
+        (real / "driver").symlink_to(os.path.relpath(path / "sys/bus/pci/drivers/vfio-pci", real))
+        uevent = real / "uevent"
+        uevent.write_text(
+            "".join(
+                "DRIVER=vfio-pci\n" if line.startswith("DRIVER=") else line + "\n"
+                for line in uevent.read_text().splitlines()
+            )
+        )
+    assert main(["verify", "--root", str(path)]) == 0
+    assert "0 failed" in capsys.readouterr().out
+
+
+def test_cli_plan_json_and_apply_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = build(tmp_path, "two-gpus-one-group", {})
+    assert (
+        main(
+            [
+                "plan",
+                "--root",
+                str(path),
+                "--gpu",
+                "01:00.0",
+                "--gpu",
+                "02:00.0",
+                "--allow-boot-gpu",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["schema"] == "passthrough.plan/v1" and plan["reboot_required"] is True
+    assert (
+        main(
+            [
+                "apply",
+                "--root",
+                str(path),
+                "--gpu",
+                "01:00.0",
+                "--gpu",
+                "02:00.0",
+                "--allow-boot-gpu",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    result = json.loads(capsys.readouterr().out)
+    assert result["changed"] is True
+    grubby = [c for c in result["commands_not_run"] if c[0] == "grubby"]
+    assert grubby == [
+        [
+            "grubby",
+            "--update-kernel=ALL",
+            "--args=iommu=pt vfio-pci.ids=10de:2204,10de:1aef,10de:1e84,10de:10f8,10de:1ad8,10de:1ad9 "
+            "rd.driver.pre=vfio-pci initcall_blacklist=sysfb_init",
+        ]
+    ]
+
+
+def test_fakehost_describes_what_we_edit(tmp_path: Path) -> None:
+    """The sample's bootloader files agree with its running command line (no phantom diff)."""
+    path = build(tmp_path, "consumer-intel", {})
+    grub = (path / "etc/default/grub").read_text()
+    assert 'GRUB_CMDLINE_LINUX_DEFAULT="quiet intel_iommu=on iommu=pt"' in grub
+    assert fakehost.load("consumer-intel").cmdline.endswith("intel_iommu=on iommu=pt")

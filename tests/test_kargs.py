@@ -1,0 +1,135 @@
+"""Kernel-argument and GRUB-file editing: properties (hypothesis) and odd real-world files."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from passthrough.plan.kargs import ArgChange, UnsafeCmdline, edit, invert, key_of, needed
+from passthrough.plan.shellvars import parse_value, quote, read_assignments
+
+KEYS = [
+    "quiet",
+    "splash",
+    "ro",
+    "root",
+    "intel_iommu",
+    "iommu",
+    "vfio-pci.ids",
+    "console",
+    "nomodeset",
+    "mitigations",
+]
+VALUE = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789:,./-", min_size=1, max_size=12)
+ARG = st.builds(
+    lambda k, v: k if v is None else f"{k}={v}", st.sampled_from(KEYS), st.none() | VALUE
+)
+NEW_KEYS = ["pt_a", "pt_b", "vfio_pci.disable_vga", "hugepages"]
+
+
+@st.composite
+def changes(draw: st.DrawFn) -> ArgChange:
+    to_set = draw(st.dictionaries(st.sampled_from(KEYS + NEW_KEYS), VALUE, max_size=4))
+    drop = draw(st.frozensets(st.sampled_from(KEYS), max_size=3)) - set(to_set)
+    return ArgChange(set={k: f"{k}={v}" for k, v in to_set.items()}, drop=drop)
+
+
+@given(st.lists(ARG, max_size=12), changes())
+def test_unrelated_arguments_keep_their_order(args: list[str], change: ArgChange) -> None:
+    touched = set(change.set) | set(change.drop)
+    before = [a for a in args if key_of(a) not in touched]
+    after = [a for a in edit(args, change) if key_of(a) not in touched]
+    assert after == before
+
+
+@given(st.lists(ARG, max_size=12), changes())
+def test_editing_is_idempotent_and_leaves_nothing_needed(
+    args: list[str], change: ArgChange
+) -> None:
+    once = edit(args, change)
+    assert edit(once, change) == once
+    assert needed(once, change).is_empty()
+    for key, arg in change.set.items():
+        assert [a for a in once if key_of(a) == key] == [arg]
+    assert not any(key_of(a) in change.drop for a in once)
+
+
+@given(st.lists(ARG, max_size=12, unique_by=key_of), changes())
+def test_add_then_remove_is_the_identity(args: list[str], change: ArgChange) -> None:
+    fresh = {k: v for k, v in change.set.items() if k not in {key_of(a) for a in args}}
+    added = edit(args, ArgChange(set=fresh))
+    assert edit(added, ArgChange(drop=frozenset(fresh))) == args
+    # and the inverse of any change restores an argument list without duplicate keys
+    changed = edit(args, change)
+    assert sorted(edit(changed, invert(args, change))) == sorted(args)
+
+
+def test_module_parameters_compare_with_dash_and_underscore() -> None:
+    assert key_of("vfio_pci.ids=10de:2684") == key_of("vfio-pci.ids=1")
+    out = edit(
+        ["quiet", "vfio_pci.ids=10de:1b80"],
+        ArgChange(set={"vfio-pci.ids": "vfio-pci.ids=10de:2684"}),
+    )
+    assert out == ["quiet", "vfio-pci.ids=10de:2684"]
+
+
+VALUE_TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=40)
+
+
+@settings(max_examples=200)
+@given(VALUE_TEXT)
+def test_quote_round_trips_through_the_parser(value: str) -> None:
+    assert parse_value(quote(value), {}, "test") == value
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('GRUB_CMDLINE_LINUX_DEFAULT="quiet splash"\n', "quiet splash"),
+        ("GRUB_CMDLINE_LINUX_DEFAULT='quiet splash'\n", "quiet splash"),
+        ("GRUB_CMDLINE_LINUX_DEFAULT=quiet\n", "quiet"),
+        ('GRUB_CMDLINE_LINUX_DEFAULT="quiet"  # a comment\n', "quiet"),
+        ('  export GRUB_CMDLINE_LINUX_DEFAULT="a"\n', "a"),
+        ('GRUB_CMDLINE_LINUX_DEFAULT="a"\nGRUB_CMDLINE_LINUX_DEFAULT="b"\n', "b"),  # last wins
+        (
+            'GRUB_CMDLINE_LINUX_DEFAULT="a"\nGRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT b"\n',
+            "a b",
+        ),
+        ('GRUB_CMDLINE_LINUX_DEFAULT="${GRUB_CMDLINE_LINUX_DEFAULT:+}"\n', None),
+        ('# GRUB_CMDLINE_LINUX_DEFAULT="commented"\nGRUB_CMDLINE_LINUX_DEFAULT="x"\n', "x"),
+        ('GRUB_CMDLINE_LINUX_DEFAULT="quiet \\"q\\" \\$HOME"\n', 'quiet "q" $HOME'),
+        ('GRUB_CMDLINE_LINUX_DEFAULT="a \\\nb"\n', "a b"),
+    ],
+)
+def test_grub_assignments(text: str, expected: str | None) -> None:
+    known = {"GRUB_CMDLINE_LINUX_DEFAULT": ""}
+    if expected is None:
+        with pytest.raises(UnsafeCmdline):
+            read_assignments(text, "/etc/default/grub", {"GRUB_CMDLINE_LINUX_DEFAULT"}, known)
+        return
+    read_assignments(text, "/etc/default/grub", {"GRUB_CMDLINE_LINUX_DEFAULT"}, known)
+    assert known["GRUB_CMDLINE_LINUX_DEFAULT"] == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('GRUB_CMDLINE_LINUX_DEFAULT="quiet"\r\n', "CRLF"),
+        ('GRUB_CMDLINE_LINUX_DEFAULT="$(cat /proc/cmdline)"\n', "command substitution"),
+        ("GRUB_CMDLINE_LINUX_DEFAULT=`id`\n", "command substitution"),
+        ('GRUB_CMDLINE_LINUX_DEFAULT="$OTHER quiet"\n', "$OTHER"),
+        ('GRUB_CMDLINE_LINUX_DEFAULT="unterminated\n', "unterminated"),
+        ("GRUB_CMDLINE_LINUX_DEFAULT=a b\n", "unquoted space"),
+        ('[ -n "$X" ] && GRUB_CMDLINE_LINUX_DEFAULT="a"\n', "does not parse"),
+    ],
+)
+def test_grub_files_the_planner_refuses_name_file_and_line(text: str, needle: str) -> None:
+    with pytest.raises(UnsafeCmdline) as info:
+        read_assignments(
+            text,
+            "/etc/default/grub",
+            {"GRUB_CMDLINE_LINUX_DEFAULT"},
+            {"GRUB_CMDLINE_LINUX_DEFAULT": ""},
+        )
+    assert needle in str(info.value) and "/etc/default/grub" in str(info.value)

@@ -1,0 +1,248 @@
+"""Plans for each distro family, as golden files (diffs and commands), and the refusals."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from passthrough import fakehost
+from passthrough.cli import main
+from passthrough.host.discover import discover
+from passthrough.host.root import HostRoot
+from passthrough.plan.actions import plan_json
+from passthrough.plan.build import PlanOptions, make_plan
+
+from .conftest import GOLDEN
+
+
+def cloud_dropin(root: Path) -> None:
+    d = root / "etc/default/grub.d"
+    d.mkdir(parents=True, exist_ok=True)
+    # Ubuntu cloud images override the main file from a drop-in
+    (d / "50-cloudimg-settings.cfg").write_text(
+        '# Cloud Image specific Grub settings\nGRUB_CMDLINE_LINUX_DEFAULT="console=tty1 console=ttyS0 amd_iommu=on"\n'
+        "GRUB_TIMEOUT=0\n"
+    )
+
+
+def nothing(root: Path) -> None:
+    del root
+
+
+CASES: dict[str, tuple[str, dict[str, Any], PlanOptions, Callable[[Path], None]]] = {
+    "debian12-grub-intel": ("consumer-intel", {}, PlanOptions(), nothing),
+    "ubuntu2404-grub.d-amd": (
+        "amd-b550-chipset",
+        {},
+        PlanOptions(gpus=("0000:2d:00.0",), allow_boot_gpu=True),
+        cloud_dropin,
+    ),
+    "rhel9-grubby-dracut-amd-override": (
+        "epyc-v100",
+        {},
+        PlanOptions(gpus=("03:00.0", "04:00.0")),
+        nothing,
+    ),
+    "silverblue-rpm-ostree-intel": (
+        "optimus-laptop",
+        {"boot": {"bootloader": "rpm-ostree", "initramfs": "dracut"}},
+        PlanOptions(),
+        nothing,
+    ),
+    "proxmox8-systemd-boot-amd": ("acs-override-proxmox", {}, PlanOptions(), nothing),
+    "arch-mkinitcpio-systemd-boot-amd": (
+        "root-nvme-in-group",
+        {},
+        PlanOptions(gpus=("0a:00.0",), allow_boot_gpu=True),
+        nothing,
+    ),
+    "popos-kernelstub-intel": ("consumer-intel", {"distro": "popos-22.04"}, PlanOptions(), nothing),
+    "ubuntu2404-hgx-default-on-hugepages": ("hgx-h100", {}, PlanOptions(hugepages_1g=64), nothing),
+    "debian12-iommu-off": (
+        "iommu-off",
+        {},
+        PlanOptions(gpus=("01:00.0",), allow_boot_gpu=True),
+        nothing,
+    ),
+}
+
+
+def build(tmp_path: Path, name: str, overrides: dict[str, Any]) -> Path:
+    desc = fakehost.load(name)
+    return fakehost.build(fakehost.Description({**desc.data, **overrides}, name), tmp_path / "root")
+
+
+def tree_hash(root: Path) -> str:
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in sorted(os.walk(root)):
+        dirnames.sort()
+        for name in sorted(filenames + dirnames):
+            p = os.path.join(dirpath, name)
+            h.update(p.encode())
+            if os.path.islink(p):
+                h.update(os.readlink(p).encode())
+            elif os.path.isfile(p):
+                with open(p, "rb") as f:
+                    h.update(f.read())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_plan_matches_golden(case: str, tmp_path: Path, regenerate: bool) -> None:
+    name, overrides, opts, tweak = CASES[case]
+    path = build(tmp_path, name, overrides)
+    tweak(path)
+    root = HostRoot(str(path))
+    plan, _ = make_plan(root, discover(str(path)), opts)
+    data = plan_json(plan, root)
+    data["root"] = "<root>"
+    got = json.dumps(data, indent=2) + "\n"
+    golden = GOLDEN / "plan" / f"{case}.json"
+    if regenerate or not golden.exists():
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(got)
+        if not regenerate:
+            pytest.fail(f"golden file {golden} was missing; written now, review and commit it")
+    want = golden.read_text()
+    if got != want:
+        diff = "".join(
+            difflib.unified_diff(want.splitlines(True), got.splitlines(True), str(golden), "plan")
+        )
+        pytest.fail(
+            f"plan differs from {golden} (rerun with --regenerate-golden if intended):\n{diff}"
+        )
+
+
+def _plan(path: Path, opts: PlanOptions) -> dict[str, Any]:
+    root = HostRoot(str(path))
+    plan, _ = make_plan(root, discover(str(path)), opts)
+    return plan_json(plan, root)
+
+
+def test_intel_default_on_kernel_gets_no_intel_iommu(tmp_path: Path) -> None:
+    data = _plan(build(tmp_path, "hgx-h100", {}), PlanOptions())
+    assert not any(a.startswith("intel_iommu") for a in data["kernel_args"]["set"])
+    debian = _plan(
+        build(
+            tmp_path / "d",
+            "consumer-intel",
+            {"kernel": {"cmdline": "root=/dev/nvme0n1p2 ro quiet"}},
+        ),
+        PlanOptions(),
+    )
+    assert "intel_iommu=on" in debian["kernel_args"]["set"]
+
+
+def test_amd_never_gets_amd_iommu_on(tmp_path: Path) -> None:
+    path = build(tmp_path, "amd-b550-chipset", {})
+    cloud_dropin(path)
+    data = _plan(path, PlanOptions(gpus=("2d:00.0",), allow_boot_gpu=True))
+    assert "amd_iommu" in data["kernel_args"]["remove"]
+    assert not any("amd_iommu" in a for a in data["kernel_args"]["set"])
+    dropin = next(a for a in data["actions"] if a.get("path", "").endswith("99-passthrough.cfg"))
+    assert "amd_iommu" not in dropin["diff"].split("+GRUB_CMDLINE_LINUX_DEFAULT=")[1]
+
+
+def test_softdeps_are_derived_for_a_turing_card(tmp_path: Path) -> None:
+    path = build(tmp_path, "two-gpus-one-group", {})
+    data = _plan(path, PlanOptions(gpus=("01:00.0", "02:00.0"), allow_boot_gpu=True))
+    conf = next(
+        a for a in data["actions"] if a.get("path") == "/etc/modprobe.d/passthrough-vfio.conf"
+    )["diff"]
+    for module in (
+        "nvidia",
+        "nouveau",
+        "nvidia_drm",
+        "snd_hda_intel",
+        "xhci_pci",
+        "i2c_nvidia_gpu",
+    ):
+        assert f"+softdep {module} pre: vfio-pci" in conf, module
+    assert "vfio_pci pre" not in conf
+    assert (
+        "+options vfio-pci ids=10de:2204,10de:1aef,10de:1e84,10de:10f8,10de:1ad8,10de:1ad9" in conf
+    )
+    # dracut host: rd.driver.pre and a *.conf drop-in
+    assert "rd.driver.pre=vfio-pci" in data["kernel_args"]["set"]
+    assert any(
+        a.get("path") == "/etc/dracut.conf.d/10-passthrough-vfio.conf" for a in data["actions"]
+    )
+
+
+def test_identical_kept_cards_switch_to_driver_override(tmp_path: Path) -> None:
+    data = _plan(build(tmp_path, "epyc-v100", {}), PlanOptions(gpus=("03:00.0", "04:00.0")))
+    assert data["binding"] == "driver_override"
+    assert not any(a.startswith("vfio-pci.ids") for a in data["kernel_args"]["set"])
+    rule = next(a for a in data["actions"] if a.get("path", "").startswith("/etc/udev/rules.d/"))[
+        "diff"
+    ]
+    assert 'KERNEL=="0000:03:00.0", ATTR{driver_override}="vfio-pci"' in rule
+    assert "0000:07:00.0" not in rule
+    assert any("keeps 0000:07:00.0" in n for n in data["notes"])
+
+
+REFUSALS = [
+    ("bmc-only-server", ["--gpu", "03:00.0"], "server management VGA"),
+    (
+        "root-nvme-in-group",
+        ["--gpu", "05:00.0", "--include-group"],
+        "root-disk controller 0000:04:00.0",
+    ),
+    ("amd-b550-chipset", ["--gpu", "2b:00.0", "--include-group"], "default-route NIC 0000:2a:00.0"),
+    ("epyc-v100", ["--gpu", "03:00.0"], "also holds the GPU 0000:04:00.0"),
+    ("consumer-intel", ["--gpu", "00:02.0"], "boot VGA"),
+    ("consumer-intel", ["--gpu", "0000:99:00.0"], "matches no GPU"),
+    ("consumer-intel", ["--gpu", "01:00"], "malformed PCI address"),
+    ("bmc-only-server", [], "no viable NVIDIA GPU"),
+    ("consumer-intel", ["--gpu", "10de:9999"], "matches no GPU"),
+]
+
+
+@pytest.mark.parametrize(("name", "args", "needle"), REFUSALS)
+def test_refusals_exit_2_and_write_nothing(
+    name: str, args: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = build(tmp_path, name, {})
+    before = tree_hash(path)
+    for command in ("plan", "apply"):
+        assert main([command, "--root", str(path), *args]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1, err
+    assert tree_hash(path) == before
+
+
+def test_unknown_bootloader_refuses_and_prints_the_arguments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = build(tmp_path, "consumer-intel", {"boot": {"bootloader": "none"}})
+    before = tree_hash(path)
+    assert main(["apply", "--root", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot tell which bootloader" in err and "vfio-pci.ids=10de:2684,10de:22ba" in err
+    assert tree_hash(path) == before
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ('GRUB_CMDLINE_LINUX_DEFAULT="quiet"\r\n', "CRLF"),
+        ('GRUB_CMDLINE_LINUX_DEFAULT="$(cat /etc/cmdline)"\n', "command substitution"),
+    ],
+)
+def test_unparseable_grub_file_refuses(
+    content: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = build(tmp_path, "consumer-intel", {})
+    (path / "etc/default/grub").write_text(content)
+    before = tree_hash(path)
+    assert main(["apply", "--root", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "/etc/default/grub" in err
+    assert tree_hash(path) == before
