@@ -210,6 +210,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(verify_p)
 
+    bind_p = sub.add_parser(
+        "bind",
+        help="bind idle cards to vfio-pci now, without a reboot (live host)",
+        description="Unbind each function of the selected cards, set driver_override=vfio-pci and "
+        "re-probe, waiting for the kernel's bind event (pyudev). Refuses cards whose GPU driver is in "
+        "use or that carry the host console. Not persistent: `apply` makes it stick across reboots.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(bind_p)
+    _plan_opts(bind_p)
+    bind_p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="wait this long for bind events",
+    )
+
     comp = sub.add_parser("completion", help="print a shell completion script (bash or zsh)")
     comp.add_argument("shell", choices=("bash", "zsh"))
     _common(comp, root=False)
@@ -490,6 +509,30 @@ def cmd_verify(args: argparse.Namespace, stack: list[str]) -> int:
     return EXIT_CHECK_FAILED if failed else EXIT_OK
 
 
+def cmd_bind(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.analysis.viability import judge_all
+    from passthrough.bind import bind_now
+    from passthrough.host.discover import discover
+    from passthrough.host.root import HostRoot
+    from passthrough.plan.select import select
+
+    root_path = _open_root(args.root, stack)
+    host = discover(root_path)
+    sel = select(host, judge_all(host), list(args.gpu), args.include_group, args.allow_boot_gpu)
+    bound = bind_now(
+        HostRoot(root_path), host, sel.functions, args.timeout, progress=_progress(args)
+    )
+    if args.json:
+        _dump({"bound": bound, "functions": [str(f.address) for f in sel.functions]})
+    elif bound:
+        print(
+            f"Bound to vfio-pci: {', '.join(bound)} (until reboot; `passthrough apply` makes it persistent)"
+        )
+    else:
+        print("Already on vfio-pci: nothing to do.")
+    return EXIT_OK
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
     "scan": cmd_scan,
     "check": cmd_check,
@@ -498,6 +541,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
     "apply": cmd_apply,
     "undo": cmd_undo,
     "verify": cmd_verify,
+    "bind": cmd_bind,
     "sample": cmd_sample,
     "completion": cmd_completion,
 }

@@ -19,7 +19,9 @@ packages=(python3 python3-venv python3-dev gcc pkg-config libvirt-dev libudev1)
 if [ "$mode" = test ]; then
     # umockdev: recorded devices for the pyudev tests; pciutils: lspci cross-checks
     # fixtures and is the benchmark's reference.
-    packages+=(umockdev pciutils bash)
+    # gir1.2-umockdev-1.0 + the headers PyGObject builds against: a UMockdev test bed
+    # that emits bind/unbind uevents; debootstrap: the chroot apply/undo test.
+    packages+=(umockdev gir1.2-umockdev-1.0 libgirepository1.0-dev libcairo2-dev pciutils bash debootstrap)
 fi
 missing=()
 for p in "${packages[@]}"; do
