@@ -26,15 +26,25 @@ from passthrough.host.root import HostRoot  # noqa: E402
 from passthrough.plan.select import select  # noqa: E402
 
 
+def _read(path: str) -> str:
+    with open(path) as fh:
+        return fh.read().strip()
+
+
+def _clear(path: str) -> None:
+    with open(path, "w"):
+        pass
+
+
 def main() -> None:
     record, mode = sys.argv[1], sys.argv[2]
     tb = UMockdev.Testbed.new()
-    tb.add_from_string(open(record).read())
+    tb.add_from_string(_read(record) + "\n")
     sysdir = tb.get_sys_dir()
     for drv in ("nvidia", "snd_hda_intel", "vfio-pci"):
         os.makedirs(f"{sysdir}/bus/pci/drivers/{drv}", exist_ok=True)
-        open(f"{sysdir}/bus/pci/drivers/{drv}/unbind", "w").close()
-    open(f"{sysdir}/bus/pci/drivers_probe", "w").close()
+        _clear(f"{sysdir}/bus/pci/drivers/{drv}/unbind")
+    _clear(f"{sysdir}/bus/pci/drivers_probe")
     if mode == "in-use":
         os.makedirs(f"{sysdir}/module/nvidia", exist_ok=True)
         with open(f"{sysdir}/module/nvidia/refcnt", "w") as fh:
@@ -50,9 +60,9 @@ def main() -> None:
         while not stop.is_set():
             for drv in ("nvidia", "snd_hda_intel"):
                 path = f"{sysdir}/bus/pci/drivers/{drv}/unbind"
-                text = open(path).read().strip()
+                text = _read(path)
                 if text:
-                    open(path, "w").close()
+                    _clear(path)
                     dev = by_name[text]
                     os.unlink(
                         f"{sysdir}{dev[4:]}/driver"
@@ -60,11 +70,11 @@ def main() -> None:
                     tb.uevent(dev, "unbind")
                     seen.append(f"unbind {text}")
             probe = f"{sysdir}/bus/pci/drivers_probe"
-            text = open(probe).read().strip()
+            text = _read(probe)
             if text:
-                open(probe, "w").close()
+                _clear(probe)
                 dev = by_name[text]
-                override = open(f"{sysdir}{dev[4:]}/driver_override").read().strip()
+                override = _read(f"{sysdir}{dev[4:]}/driver_override")
                 seen.append(f"probe {text} override={override}")
                 if override == "vfio-pci" and mode != "no-bind":
                     depth = dev.count("/") - 1
