@@ -147,11 +147,33 @@ def _default_runner(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, check=False)
 
 
+# A private mount namespace: the kernel's /proc, /sys and /dev are visible inside the
+# tree while the command runs (grub-probe and mkinitramfs need them), and the mounts
+# vanish with the process, even if it is killed.
+CHROOT_SCRIPT = (
+    'for d in proc sys dev; do mount --rbind "/$d" "$0/$d" || exit 125; done; exec chroot "$0" "$@"'
+)
+
+
+def chroot_argv(root_path: str, argv: tuple[str, ...]) -> list[str]:
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        CHROOT_SCRIPT,
+        root_path,
+        *argv,
+    ]
+
+
 def _execute(root: HostRoot, argv: tuple[str, ...], runner: Runner) -> str:
     mode = command_mode(root)
     if mode == "list":
         return "listed"
-    full = list(argv) if mode == "host" else ["chroot", root.path, *argv]
+    full = list(argv) if mode == "host" else chroot_argv(root.path, argv)
     try:
         result = runner(full)
     except FileNotFoundError:
@@ -175,6 +197,15 @@ def _backup(root: HostRoot, tx_dir: str, n: int, rel: str) -> dict[str, Any]:
         entry["backup"] = backup
         entry["mode"] = os.stat(path).st_mode & 0o7777
     return entry
+
+
+def _read_backup(root: HostRoot, rel: str) -> bytes | None:
+    """A backup's bytes, whatever its size (an initramfs is tens of MiB)."""
+    try:
+        with open(root.abs(rel), "rb") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
 
 
 def _touched(root: HostRoot, patterns: tuple[str, ...]) -> list[str]:
@@ -225,6 +256,8 @@ def apply(
                     regenerate=action.regenerate,
                     undo_argv=list(action.undo_argv) if action.undo_argv else None,
                     files=[_backup(root, tx_dir, n, f) for f in files],
+                    # its outputs are backed up: undo restores them instead of rerunning it
+                    outputs_backed_up=bool(action.touches) and bool(files),
                 )
             tx["steps"].append(step)
             journal.save()  # the backup exists and the step is recorded before anything changes
@@ -282,7 +315,7 @@ def undo(
                 for entry in step["files"]:
                     path = root.abs(entry["path"])
                     if entry["existed"]:
-                        data = root.read_bytes(entry["backup"])
+                        data = _read_backup(root, entry["backup"])
                         if data is None:
                             raise ApplyError(
                                 f"backup {root.abs(entry['backup'])} is missing; cannot restore /{entry['path']}"
@@ -293,7 +326,11 @@ def undo(
                     if entry["path"] not in restored:
                         restored.append(entry["path"])
                         say(f"restore /{entry['path']}")
-                if step.get("regenerate") and step["argv"] not in regenerate:
+                if (
+                    step.get("regenerate")
+                    and not step.get("outputs_backed_up")
+                    and step["argv"] not in regenerate
+                ):
                     regenerate.append(step["argv"])
             tx["state"] = "undoing"
         journal.save()
