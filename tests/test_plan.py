@@ -199,7 +199,8 @@ REFUSALS = [
     ("epyc-v100", ["--gpu", "03:00.0"], "also holds the GPU 0000:04:00.0"),
     ("consumer-intel", ["--gpu", "00:02.0"], "boot VGA"),
     ("consumer-intel", ["--gpu", "0000:99:00.0"], "matches no GPU"),
-    ("consumer-intel", ["--gpu", "01:00"], "malformed PCI address"),
+    ("consumer-intel", ["--gpu", "01:00"], "neither a PCI address"),
+    ("consumer-intel", ["--gpu", "10de:zzzz"], "neither a PCI address"),
     ("bmc-only-server", [], "no viable NVIDIA GPU"),
     ("consumer-intel", ["--gpu", "10de:9999"], "matches no GPU"),
 ]

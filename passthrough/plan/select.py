@@ -28,7 +28,12 @@ class Selection:
 def _match(verdicts: list[GpuVerdict], token: str) -> list[GpuVerdict]:
     if ID_RE.match(token):
         return [v for v in verdicts if token.lower() in {f.id for f in v.gpu.functions}]
-    address = PciAddress.parse(token)
+    try:
+        address = PciAddress.parse(token)
+    except PassthroughError:
+        raise SelectionRefused(
+            f"--gpu {token!r}: neither a PCI address (0000:01:00.0) nor a vendor:device ID (10de:2684)"
+        ) from None
     return [v for v in verdicts if address in {f.address for f in v.gpu.functions}]
 
 
