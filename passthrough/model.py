@@ -287,6 +287,7 @@ class Host:
     functions: tuple[PciFunction, ...]
     groups: tuple[IommuGroup, ...]
     problems: tuple[str, ...] = ()  # things discovery tolerated (dangling links, ...)
+    numa_cpus: dict[int, tuple[int, ...]] = field(default_factory=dict, hash=False)  # node → CPUs
 
     @property
     def group_index(self) -> dict[int, IommuGroup]:

@@ -134,6 +134,7 @@ def host_json(h: Host) -> dict[str, Any]:
             "product_name": h.dmi.product_name,
         },
         "pci_functions": len(h.functions),
+        "numa_nodes": {str(n): list(cpus) for n, cpus in sorted(h.numa_cpus.items())},
     }
 
 

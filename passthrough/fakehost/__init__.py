@@ -570,6 +570,11 @@ def _write_host_files(desc: Description, w: _Writer, by_addr: dict[PciAddress, N
         )
     w.file("proc/cpuinfo", "\n".join(blocks) + "\n")
     w.file("proc/cmdline", desc.cmdline + "\n")
+    nodes = sorted({n.numa for n in desc.nodes if n.numa >= 0}) or [0]
+    per = max(1, desc.cpus // len(nodes))
+    for i, node in enumerate(nodes):
+        first = i * per
+        w.file(f"sys/devices/system/node/node{node}/cpulist", f"{first}-{first + per - 1}\n")
     w.file("proc/sys/kernel/osrelease", desc.release + "\n")
     ir = desc.firmware_iommu and desc.intremap  # IR stays on even when DMA remapping is off
     prefix = "IR-" if ir else ""

@@ -74,4 +74,5 @@ def discover(
         functions=tuple(functions),
         groups=group_functions(functions),
         problems=tuple(root.problems),
+        numa_cpus=facts.read_numa(root),
     )

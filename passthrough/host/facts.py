@@ -236,6 +236,36 @@ def read_boot(root: HostRoot, kernel: Kernel) -> Boot:
     )
 
 
+def parse_cpulist(text: str) -> tuple[int, ...]:
+    """``0-3,8-11`` → (0, 1, 2, 3, 8, 9, 10, 11)."""
+    cpus: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        first, sep, last = part.partition("-")
+        if not (first.isdigit() and (not sep or last.isdigit())):
+            raise ValueError(part)
+        cpus.extend(range(int(first), int(last) + 1) if sep else [int(first)])
+    return tuple(cpus)
+
+
+def read_numa(root: HostRoot) -> dict[int, tuple[int, ...]]:
+    nodes: dict[int, tuple[int, ...]] = {}
+    for name in root.listdir("sys/devices/system/node"):
+        if name.startswith("node") and name[4:].isdigit():
+            text = root.read(f"sys/devices/system/node/{name}/cpulist")
+            if text is None:
+                continue
+            try:
+                nodes[int(name[4:])] = parse_cpulist(text)
+            except ValueError:
+                from passthrough.errors import MalformedHostData
+
+                raise MalformedHostData(root.abs(f"sys/devices/system/node/{name}/cpulist"), f"not a CPU list: {text!r}") from None
+    return nodes
+
+
 def read_dmi(root: HostRoot) -> Dmi:
     chassis = root.read("sys/class/dmi/id/chassis_type")
     return Dmi(
