@@ -229,6 +229,135 @@ def build_parser() -> argparse.ArgumentParser:
         help="wait this long for bind events",
     )
 
+    render_p = sub.add_parser(
+        "render",
+        help="domain XML for a guest with the whole card(s) and the hypervisor hidden",
+        description="Render libvirt domain XML (q35 + OVMF) from the host's facts: every function "
+        "of each card on one guest slot behind its own pcie-root-port, KVM hidden and a Hyper-V "
+        "vendor_id (on by default), a 64-bit MMIO window sized from the real BARs, vCPUs and memory "
+        "on the GPUs' NUMA node. Options may come from --spec FILE.yaml (same names as the flags).",
+        epilog="examples:\n  passthrough render --name gpu1 --gpu 01:00.0 -o gpu1.xml\n"
+        "  passthrough render --spec vm.yaml --root snapshot.tar.gz\n"
+        "  passthrough render --name win --profile windows --no-hide\n\n" + EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(render_p)
+    render_p.add_argument(
+        "--spec", metavar="FILE.yaml", help="VM options as YAML (flags given too win)"
+    )
+    render_p.add_argument("--name", help="domain name")
+    render_p.add_argument(
+        "--gpu",
+        action="append",
+        default=None,
+        metavar="ADDRESS",
+        help="a card (repeatable); default: every viable NVIDIA GPU",
+    )
+    render_p.add_argument("--vcpus", type=int)
+    render_p.add_argument(
+        "--memory", metavar="SIZE", help="guest memory: MiB, or with a G/M suffix (16G)"
+    )
+    render_p.add_argument("--disk", metavar="PATH", help="an existing disk image or volume")
+    render_p.add_argument(
+        "--base-image",
+        metavar="PATH",
+        help="a cloud image; `vm define` makes a qcow2 overlay on it",
+    )
+    render_p.add_argument(
+        "--image-dir",
+        metavar="DIR",
+        help="where the overlay goes (default /var/lib/libvirt/images)",
+    )
+    render_p.add_argument("--bridge", metavar="BRIDGE", help="attach to a host bridge")
+    render_p.add_argument(
+        "--network", metavar="NAME", help="attach to a libvirt network (default: default)"
+    )
+    render_p.add_argument("--seed", metavar="ISO", help="cloud-init seed ISO (user, SSH key)")
+    render_p.add_argument("--profile", choices=("linux", "windows"))
+    render_p.add_argument(
+        "--no-hide",
+        action="store_true",
+        default=None,
+        help="do not hide the hypervisor (drivers from R465 on do not need it)",
+    )
+    render_p.add_argument(
+        "--vendor-id", metavar="TEXT", help="Hyper-V vendor_id (1-12 characters, no commas)"
+    )
+    render_p.add_argument(
+        "--hide-hypervisor-cpuid",
+        action="store_true",
+        default=None,
+        help="also clear the CPUID hypervisor bit: costs Windows every Hyper-V enlightenment (timers, TLB flush)",
+    )
+    render_p.add_argument(
+        "--rom",
+        metavar="on|off|FILE",
+        help="the cards' option ROM: on (default), off (ROM BAR off) or a ROM file",
+    )
+    render_p.add_argument(
+        "--hugepages", action="store_true", default=None, help="back memory with huge pages, locked"
+    )
+    render_p.add_argument(
+        "--no-numa-pin", action="store_true", default=None, help="do not pin to the GPUs' NUMA node"
+    )
+    render_p.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+
+    validate_p = sub.add_parser(
+        "validate",
+        help="check domain XML: libvirt schema, passthrough policy, optionally libvirt",
+        description="Validate any domain XML, ours or hand-written: libvirt's RelaxNG schema (loaded "
+        "once), our policy (hypervisor hidden unless <passthrough:policy hide='off'/>, whole cards, "
+        "multifunction on function 0, one guest slot per card, vendor_id, MMIO window for large BARs "
+        "with --host-root), and with --libvirt URI a define/read-back/undefine. Exits 1 when a file fails.",
+        epilog="examples:\n  passthrough validate vms/*.xml\n"
+        "  passthrough validate --host-root host.tar.gz --junit report.xml vms/*.xml\n"
+        "  passthrough validate --libvirt test:///default gpu1.xml\n\n" + EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    validate_p.add_argument("files", nargs="+", metavar="FILE")
+    validate_p.add_argument(
+        "--host-root",
+        metavar="DIR",
+        help="host facts (root dir or snapshot) for whole-card and MMIO checks",
+    )
+    validate_p.add_argument(
+        "--libvirt", metavar="URI", help="also define, read back and undefine on this connection"
+    )
+    validate_p.add_argument(
+        "--junit", metavar="FILE", help="write a JUnit XML report for CI systems"
+    )
+    _common(validate_p, root=False)
+
+    vm_p = sub.add_parser("vm", help="define, start, stop, undefine and inspect guests (libvirt)")
+    vm_sub = vm_p.add_subparsers(dest="vm_command", metavar="ACTION", parser_class=_Parser)
+    for action, text in (
+        ("define", "define a domain from an XML file"),
+        ("start", "start a defined domain"),
+        ("stop", "shut a domain down (--force: destroy)"),
+        ("undefine", "undefine a stopped domain, with its NVRAM"),
+        ("status", "state and live hostdevs"),
+    ):
+        a = vm_sub.add_parser(action, help=text)
+        a.add_argument("target", metavar="FILE.xml" if action == "define" else "NAME")
+        a.add_argument(
+            "--connect",
+            default="qemu:///system",
+            metavar="URI",
+            help="libvirt URI (default qemu:///system)",
+        )
+        if action == "define":
+            a.add_argument("--start", action="store_true", help="start it too")
+            a.add_argument(
+                "--base-image",
+                metavar="PATH",
+                help="make the qcow2 overlay the XML points at on this image",
+            )
+        if action == "stop":
+            a.add_argument(
+                "--force", action="store_true", help="destroy instead of a clean shutdown"
+            )
+        _common(a, root=False)
+
     comp = sub.add_parser("completion", help="print a shell completion script (bash or zsh)")
     comp.add_argument("shell", choices=("bash", "zsh"))
     _common(comp, root=False)
@@ -533,6 +662,201 @@ def cmd_bind(args: argparse.Namespace, stack: list[str]) -> int:
     return EXIT_OK
 
 
+def _size_mib(text: str) -> int:
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    factor = 1
+    if t.endswith("G"):
+        factor, t = 1024, t[:-1]
+    elif t.endswith("M"):
+        t = t[:-1]
+    if not t.isdigit():
+        raise PassthroughError(f"--memory {text!r}: expected MiB or a size such as 16G")
+    return int(t) * factor
+
+
+def _vm_options(args: argparse.Namespace) -> Any:
+    import yaml
+
+    from passthrough.vm.spec import VmOptions
+
+    values: dict[str, Any] = {}
+    if args.spec:
+        try:
+            with open(args.spec) as fh:
+                loaded = yaml.safe_load(fh) or {}
+        except OSError as exc:
+            raise PassthroughError(f"--spec {args.spec}: {exc.strerror}") from None
+        except yaml.YAMLError:
+            raise PassthroughError(f"--spec {args.spec}: not valid YAML") from None
+        if not isinstance(loaded, dict):
+            raise PassthroughError(f"--spec {args.spec}: expected a mapping of VM options")
+        known = set(VmOptions.__dataclass_fields__)
+        for key, value in loaded.items():
+            k = str(key).replace("-", "_")
+            if k == "memory":
+                values["memory_mib"] = _size_mib(str(value))
+            elif k == "gpus" or k == "gpu":
+                values["gpus"] = tuple(
+                    str(g) for g in (value if isinstance(value, list) else [value])
+                )
+            elif k in known:
+                values[k] = value
+            else:
+                raise PassthroughError(f"--spec {args.spec}: unknown option {key!r}")
+    flags = {
+        "name": args.name,
+        "vcpus": args.vcpus,
+        "disk": args.disk,
+        "base_image": args.base_image,
+        "image_dir": args.image_dir,
+        "bridge": args.bridge,
+        "network": args.network,
+        "seed": args.seed,
+        "profile": args.profile,
+        "vendor_id": args.vendor_id,
+        "rom": args.rom,
+    }
+    values.update({k: v for k, v in flags.items() if v is not None})
+    if args.memory:
+        values["memory_mib"] = _size_mib(args.memory)
+    if args.gpu:
+        values["gpus"] = tuple(args.gpu)
+    if args.no_hide:
+        values["hide"] = False
+    if args.hide_hypervisor_cpuid:
+        values["hide_hypervisor_cpuid"] = True
+    if args.hugepages:
+        values["hugepages"] = True
+    if args.no_numa_pin:
+        values["numa_pin"] = False
+    if "name" not in values:
+        raise PassthroughError("render: a domain name is needed (--name, or name: in --spec)")
+    return VmOptions(**values)
+
+
+def cmd_render(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.host.discover import discover
+    from passthrough.vm.render import render
+    from passthrough.vm.spec import build_spec
+
+    opts = _vm_options(args)
+    spec = build_spec(discover(_open_root(args.root, stack)), opts)
+    xml = render(spec)
+    for w in spec.warnings:
+        sys.stderr.write(f"passthrough: warning: {w}\n")
+    if args.output:
+        from passthrough.apply import atomic_write
+
+        atomic_write(os.path.abspath(args.output), xml.encode())
+        if not args.json:
+            print(
+                f"wrote {args.output} ({spec.name}: {sum(len(c.functions) for c in spec.cards)} hostdevs)"
+            )
+    if args.json:
+        _dump(
+            {"name": spec.name, "xml": xml, "warnings": list(spec.warnings), "output": args.output}
+        )
+    elif not args.output:
+        sys.stdout.write(xml)
+    return EXIT_OK
+
+
+def cmd_validate(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.vm.validate import junit, libvirt_check, validate_text
+
+    host = None
+    if args.host_root:
+        from passthrough.host.discover import discover
+
+        host = discover(_open_root(args.host_root, stack))
+    results: dict[str, list[Any]] = {}
+    for name in args.files:
+        try:
+            with open(name, "rb") as fh:
+                data = fh.read()
+        except OSError as exc:
+            raise PassthroughError(f"{name}: {exc.strerror}") from None
+        findings = validate_text(data, name, host)
+        if args.libvirt and not any(f.rule in ("xml", "schema") for f in findings):
+            findings += libvirt_check(data.decode("utf-8", "replace"), name, args.libvirt)
+        results[name] = findings
+    if args.junit:
+        with open(args.junit, "w") as fh:
+            fh.write(junit(results))
+    failed = [n for n, f in results.items() if f]
+    if args.json:
+        _dump(
+            {
+                "schema": "passthrough.validate/v1",
+                "ok": not failed,
+                "files": [
+                    {
+                        "file": n,
+                        "ok": not f,
+                        "findings": [
+                            {"xpath": x.xpath, "rule": x.rule, "message": x.message} for x in f
+                        ],
+                    }
+                    for n, f in results.items()
+                ],
+            }
+        )
+    else:
+        for findings in results.values():
+            for f in findings:
+                print(f.line())
+        print(f"{len(results) - len(failed)} valid, {len(failed)} failing")
+    return EXIT_CHECK_FAILED if failed else EXIT_OK
+
+
+def cmd_vm(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.vm import libvirt_ops as lv
+
+    action = args.vm_command
+    if action is None:
+        raise PassthroughError("vm: an action is needed (define, start, stop, undefine, status)")
+    uri = args.connect
+    if action == "define":
+        from lxml import etree
+
+        try:
+            with open(args.target, "rb") as fh:
+                data = fh.read()
+            doc = etree.fromstring(data)
+        except OSError as exc:
+            raise PassthroughError(f"{args.target}: {exc.strerror}") from None
+        except etree.XMLSyntaxError as exc:
+            raise PassthroughError(f"{args.target}: not well-formed XML ({exc})") from None
+        name = doc.findtext("name") or ""
+        overlay = None
+        if args.base_image:
+            disk = doc.find("devices/disk[@device='disk']/source")
+            if disk is None or not disk.get("file"):
+                raise PassthroughError(f"{args.target}: no disk source for the overlay")
+            if not os.path.exists(args.base_image):
+                raise PassthroughError(f"--base-image {args.base_image}: does not exist")
+            overlay = (args.base_image, str(disk.get("file")))
+        result = lv.define(uri, data.decode(), name, overlay, start_it=args.start)
+    elif action == "start":
+        lv.start(uri, args.target)
+        result = lv.status(uri, args.target)
+    elif action == "stop":
+        lv.stop(uri, args.target, force=args.force)
+        result = lv.status(uri, args.target)
+    elif action == "undefine":
+        lv.undefine(uri, args.target)
+        result = {"name": args.target, "uri": uri, "state": "undefined"}
+    else:
+        result = lv.status(uri, args.target)
+    if args.json:
+        _dump(result)
+    else:
+        print(f"{result['name']} on {uri}: {result['state']}")
+        for h in result.get("hostdevs", []):
+            print(f"  hostdev {h['host']} → guest {h['guest'] or '?'}")
+    return EXIT_OK
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
     "scan": cmd_scan,
     "check": cmd_check,
@@ -542,6 +866,9 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
     "undo": cmd_undo,
     "verify": cmd_verify,
     "bind": cmd_bind,
+    "render": cmd_render,
+    "validate": cmd_validate,
+    "vm": cmd_vm,
     "sample": cmd_sample,
     "completion": cmd_completion,
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from passthrough.model import (
     BMC_VGA_VENDORS,
@@ -77,13 +78,18 @@ def _human_size(size: int) -> str:
     return f"{size} B"
 
 
-def mmio_window(gpu: Gpu) -> int:
-    """Smallest power-of-two window holding every 64-bit BAR of the card."""
-    total = sum(b.size for f in gpu.functions for b in f.bars if b.is_64bit and not b.is_io)
+def mmio_window_bytes(functions: Iterable[PciFunction]) -> int:
+    """Smallest power-of-two window (≥ 1 GiB) holding every 64-bit BAR of these functions;
+    naturally aligned BARs pack into it without gaps."""
+    total = sum(b.size for f in functions for b in f.bars if b.is_64bit and not b.is_io)
     window = 1 << 30
     while window < total:
         window <<= 1
     return window
+
+
+def mmio_window(gpu: Gpu) -> int:
+    return mmio_window_bytes(gpu.functions)
 
 
 def judge(

@@ -262,7 +262,9 @@ def read_numa(root: HostRoot) -> dict[int, tuple[int, ...]]:
             except ValueError:
                 from passthrough.errors import MalformedHostData
 
-                raise MalformedHostData(root.abs(f"sys/devices/system/node/{name}/cpulist"), f"not a CPU list: {text!r}") from None
+                raise MalformedHostData(
+                    root.abs(f"sys/devices/system/node/{name}/cpulist"), f"not a CPU list: {text!r}"
+                ) from None
     return nodes
 
 

@@ -1,0 +1,1 @@
+"""Guests: spec, domain XML, validation, libvirt."""

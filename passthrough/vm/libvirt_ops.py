@@ -1,0 +1,183 @@
+"""libvirt-python: define, start, stop, undefine and inspect guests.
+
+Errors become one-line PassthroughErrors naming the URI or domain; libvirt's own error
+handler is silenced so it does not print to stderr behind our back.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+from passthrough.errors import PassthroughError
+
+STATES = {
+    0: "no state",
+    1: "running",
+    2: "blocked",
+    3: "paused",
+    4: "shutting down",
+    5: "shut off",
+    6: "crashed",
+    7: "suspended",
+}
+
+
+class LibvirtError(PassthroughError):
+    pass
+
+
+def _libvirt() -> Any:
+    try:
+        import libvirt
+    except ImportError as exc:  # pragma: no cover - libvirt-python is a dependency
+        raise LibvirtError(f"libvirt-python cannot be imported ({exc})") from None
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+    return libvirt
+
+
+def connect(uri: str) -> Any:
+    libvirt = _libvirt()
+    try:
+        return libvirt.open(uri)
+    except libvirt.libvirtError as exc:
+        raise LibvirtError(f"cannot connect to {uri}: {exc.get_error_message()}") from None
+
+
+def _lookup(conn: Any, name: str) -> Any:
+    libvirt = _libvirt()
+    try:
+        return conn.lookupByName(name)
+    except libvirt.libvirtError:
+        raise LibvirtError(f"no domain {name!r} on {conn.getURI()}") from None
+
+
+def define(
+    uri: str, xml: str, name: str, overlay: tuple[str, str] | None = None, start_it: bool = False
+) -> dict[str, Any]:
+    """Define ``xml`` (and start it, on the same connection: the test driver keeps its
+    state per connection); refuses a name that already exists. ``overlay`` = (base, path)
+    makes a qcow2 overlay on the base image first. Returns the domain's status."""
+    libvirt = _libvirt()
+    conn = connect(uri)
+    try:
+        try:
+            conn.lookupByName(name)
+            raise LibvirtError(
+                f"domain {name!r} is already defined on {uri}; undefine it first or pick another name"
+            )
+        except libvirt.libvirtError:
+            pass
+        if overlay is not None:
+            base, path = overlay
+            r = subprocess.run(
+                ["qemu-img", "create", "-f", "qcow2", "-F", "qcow2", "-b", base, path],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if r.returncode != 0:
+                raise LibvirtError(
+                    f"qemu-img could not create the overlay {path}: {r.stderr.strip()}"
+                )
+        try:
+            dom = conn.defineXML(xml)
+        except libvirt.libvirtError as exc:
+            raise LibvirtError(f"{uri} refused the domain: {exc.get_error_message()}") from None
+        if start_it:
+            try:
+                dom.create()
+            except libvirt.libvirtError as exc:
+                raise LibvirtError(
+                    f"{name} was defined but did not start: {exc.get_error_message()}"
+                ) from None
+        return _status(conn, dom, uri)
+    finally:
+        conn.close()
+
+
+def start(uri: str, name: str) -> None:
+    libvirt = _libvirt()
+    conn = connect(uri)
+    try:
+        dom = _lookup(conn, name)
+        if dom.isActive():
+            return
+        try:
+            dom.create()
+        except libvirt.libvirtError as exc:
+            raise LibvirtError(f"{name} did not start: {exc.get_error_message()}") from None
+    finally:
+        conn.close()
+
+
+def stop(uri: str, name: str, force: bool = False) -> None:
+    libvirt = _libvirt()
+    conn = connect(uri)
+    try:
+        dom = _lookup(conn, name)
+        if not dom.isActive():
+            return
+        try:
+            dom.destroy() if force else dom.shutdown()
+        except libvirt.libvirtError as exc:
+            raise LibvirtError(f"{name} did not stop: {exc.get_error_message()}") from None
+    finally:
+        conn.close()
+
+
+def undefine(uri: str, name: str) -> None:
+    libvirt = _libvirt()
+    conn = connect(uri)
+    try:
+        dom = _lookup(conn, name)
+        if dom.isActive():
+            raise LibvirtError(f"{name} is running; stop it first")
+        flags = getattr(libvirt, "VIR_DOMAIN_UNDEFINE_NVRAM", 4)
+        try:
+            dom.undefineFlags(flags)
+        except libvirt.libvirtError:
+            dom.undefine()  # drivers without NVRAM support (the test driver)
+    finally:
+        conn.close()
+
+
+def status(uri: str, name: str) -> dict[str, Any]:
+    conn = connect(uri)
+    try:
+        return _status(conn, _lookup(conn, name), uri)
+    finally:
+        conn.close()
+
+
+def _status(conn: Any, dom: Any, uri: str) -> dict[str, Any]:
+    from lxml import etree
+
+    del conn  # the domain's connection must stay open while we read it
+    state, _reason = dom.state()
+    doc = etree.fromstring(dom.XMLDesc(0).encode())
+    hostdevs = []
+    for h in doc.findall("devices/hostdev"):
+        src = h.find("source/address")
+        guest = h.find("address")
+        if src is None:
+            continue
+        host = (
+            f"{int(src.get('domain', '0'), 16):04x}:{int(src.get('bus'), 16):02x}:"
+            f"{int(src.get('slot'), 16):02x}.{int(src.get('function', '0'), 16):x}"
+        )
+        where = None
+        if guest is not None and guest.get("bus") is not None:
+            where = (
+                f"{int(guest.get('bus'), 16):02x}:{int(guest.get('slot'), 16):02x}."
+                f"{int(guest.get('function', '0'), 16):x}"
+            )
+        hostdevs.append({"host": host, "guest": where})
+    return {
+        "name": dom.name(),
+        "uri": uri,
+        "uuid": dom.UUIDString(),
+        "state": STATES.get(state, str(state)),
+        "active": bool(dom.isActive()),
+        "hostdevs": hostdevs,
+    }

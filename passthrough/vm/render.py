@@ -1,0 +1,50 @@
+"""Domain XML from a VmSpec through the Jinja2 template in templates/.
+
+StrictUndefined (a missing value is an error, not an empty string) and autoescaping (a
+value can never become markup). Hex formatting lives here, in one place.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import jinja2
+
+from passthrough.vm.spec import VmSpec
+
+POLICY_NS = "https://passthrough.dev/xmlns/policy/1"
+
+
+def templates_dir() -> Path:
+    """templates/ of the checkout, or share/passthrough/templates of an installed wheel."""
+    env = os.environ.get("PASSTHROUGH_TEMPLATES")
+    candidates = [Path(env)] if env else []
+    candidates += [
+        Path(__file__).resolve().parents[2] / "templates",
+        Path(sys.prefix) / "share/passthrough/templates",
+    ]
+    for c in candidates:
+        if (c / "domain.xml.j2").exists():
+            return c
+    raise FileNotFoundError("templates/domain.xml.j2 not found (set PASSTHROUGH_TEMPLATES)")
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["hex1"] = lambda v: f"0x{int(v):x}"
+    env.filters["hex2"] = lambda v: f"0x{int(v):02x}"
+    env.filters["hex4"] = lambda v: f"0x{int(v):04x}"
+    return env
+
+
+def render(spec: VmSpec) -> str:
+    return environment().get_template("domain.xml.j2").render(spec=spec, policy_ns=POLICY_NS)

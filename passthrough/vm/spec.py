@@ -1,0 +1,249 @@
+"""A guest's specification, built from discovery and options; every decision made here.
+
+The template only loops and branches over what this module computed: guest PCI
+addresses, the MMIO window, vCPU pins, hiding. Values that would break the XML are
+refused here with the field named, before any rendering.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from passthrough.analysis.viability import judge_all, mmio_window_bytes
+from passthrough.errors import PassthroughError
+from passthrough.model import Host, PciAddress, PciFunction
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+VENDOR_ID_RE = re.compile(r"^[A-Za-z0-9_ .-]{1,12}$")
+PATH_SAFE = re.compile(r"^[^\x00-\x1f<>&\"'\]]+$")
+DEFAULT_VENDOR_ID = "passthrough"  # any ≤ 12-character string works; the point is not "KVMKVMKVM"
+OVMF_DEFAULT_MMIO = 32 << 30
+
+
+class BadVmSpec(PassthroughError):
+    def __init__(self, field_name: str, why: str) -> None:
+        super().__init__(f"{field_name}: {why}")
+
+
+@dataclass(frozen=True)
+class GuestFunction:
+    host: PciAddress
+    guest_bus: int
+    function: int
+    multifunction: bool
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class GuestCard:
+    port_index: int  # the pcie-root-port controller's index (= the guest bus)
+    port_slot: int  # where that root port sits on pcie-root (bus 0)
+    port_function: int
+    functions: tuple[GuestFunction, ...]
+
+    @property
+    def port_multifunction(self) -> bool:
+        return self.port_function == 0
+
+    @property
+    def port_number(self) -> int:
+        return 0x10 + self.port_index
+
+
+@dataclass(frozen=True)
+class VmOptions:
+    name: str
+    vcpus: int = 4
+    memory_mib: int = 8192
+    gpus: tuple[str, ...] = ()
+    disk: str | None = None  # an existing image or volume path
+    base_image: str | None = None  # a cloud image: a qcow2 overlay is made on it at define time
+    image_dir: str = "/var/lib/libvirt/images"
+    bridge: str | None = None
+    network: str | None = "default"
+    seed: str | None = None  # cloud-init seed ISO
+    profile: str = "linux"  # linux | windows
+    hide: bool = True
+    vendor_id: str = DEFAULT_VENDOR_ID
+    hide_hypervisor_cpuid: bool = False
+    rom: str = "on"  # on | off | a ROM file path
+    hugepages: bool = False
+    numa_pin: bool = True
+
+
+@dataclass(frozen=True)
+class VmSpec:
+    name: str
+    vcpus: int
+    memory_mib: int
+    cards: tuple[GuestCard, ...]
+    profile: str
+    hide: bool
+    vendor_id: str
+    hide_hypervisor_cpuid: bool
+    rom: str
+    hugepages: bool
+    disk: str | None
+    disk_format: str
+    base_image: str | None
+    overlay: str | None  # where the overlay on base_image goes
+    bridge: str | None
+    network: str | None
+    seed: str | None
+    mmio_window_mib: int | None
+    numa_node: int | None
+    vcpu_pins: tuple[tuple[int, str], ...]
+    emulator_cpus: str | None
+    warnings: tuple[str, ...] = ()
+    meta: dict[str, Any] = field(default_factory=dict, hash=False)
+
+
+def _check_text(field_name: str, value: str | None, pattern: re.Pattern[str], what: str) -> None:
+    if value is not None and not pattern.match(value):
+        raise BadVmSpec(field_name, f"{value!r} is not {what}")
+
+
+def _cpuset(cpus: tuple[int, ...]) -> str:
+    """(0,1,2,3,8) → ``0-3,8``."""
+    parts: list[str] = []
+    start = prev = None
+    for c in sorted(cpus):
+        if start is None:
+            start = prev = c
+        elif prev is not None and c == prev + 1:
+            prev = c
+        else:
+            parts.append(f"{start}-{prev}" if start != prev else str(start))
+            start = prev = c
+    if start is not None:
+        parts.append(f"{start}-{prev}" if start != prev else str(start))
+    return ",".join(parts)
+
+
+def mmio_window_mib(functions: list[PciFunction]) -> int | None:
+    """The guest's 64-bit MMIO window (MiB), when OVMF's 32 GiB default is too small."""
+    large = any(b.size >= OVMF_DEFAULT_MMIO for f in functions for b in f.bars if not b.is_io)
+    window = mmio_window_bytes(functions)
+    if not large and window <= OVMF_DEFAULT_MMIO:
+        return None
+    return max(window, OVMF_DEFAULT_MMIO) >> 20
+
+
+def build_spec(host: Host, opts: VmOptions) -> VmSpec:
+    _check_text("name", opts.name, NAME_RE, "a domain name (letters, digits, _ . + -; up to 64)")
+    if opts.hide:
+        _check_text(
+            "vendor_id",
+            opts.vendor_id,
+            VENDOR_ID_RE,
+            "a Hyper-V vendor_id (1 to 12 letters/digits, no commas)",
+        )
+    for field_name in ("disk", "base_image", "seed", "bridge", "network", "image_dir"):
+        _check_text(
+            field_name,
+            getattr(opts, field_name),
+            PATH_SAFE,
+            "a safe path or name (no quotes, <, &, ] or control characters)",
+        )
+    if opts.rom not in ("on", "off"):
+        _check_text("rom", opts.rom, PATH_SAFE, "on, off or a ROM file path")
+    if opts.profile not in ("linux", "windows"):
+        raise BadVmSpec("profile", f"{opts.profile!r} is not linux or windows")
+    if not 1 <= opts.vcpus <= 4096:
+        raise BadVmSpec("vcpus", f"{opts.vcpus} is out of range")
+    if opts.memory_mib < 256:
+        raise BadVmSpec("memory", f"{opts.memory_mib} MiB is too little for a GPU guest")
+    for field_name in ("disk", "base_image", "seed"):
+        value = getattr(opts, field_name)
+        if value is not None and not Path(value).exists():
+            raise BadVmSpec(field_name, f"{value} does not exist")
+    if opts.disk and opts.base_image:
+        raise BadVmSpec(
+            "disk", "give either an existing disk or a base image for an overlay, not both"
+        )
+
+    verdicts = judge_all(host)
+    chosen = []
+    if opts.gpus:
+        for token in opts.gpus:
+            address = PciAddress.parse(token)
+            match = [v for v in verdicts if address in {f.address for f in v.gpu.functions}]
+            if not match:
+                raise BadVmSpec(
+                    "gpu", f"{address} is not a GPU on this host (see `passthrough scan`)"
+                )
+            if match[0] not in chosen:
+                chosen.append(match[0])
+    else:
+        chosen = [v for v in verdicts if v.viable and v.gpu.primary.vendor_id == 0x10DE]
+    warnings: list[str] = []
+    for v in chosen:
+        if not v.viable:
+            warnings.append(f"{v.gpu.address} is not viable: {v.reasons[0] if v.reasons else ''}")
+    cards: list[GuestCard] = []
+    functions: list[PciFunction] = []
+    for i, v in enumerate(chosen):
+        port = i + 1
+        fns = tuple(
+            GuestFunction(
+                host=f.address,
+                guest_bus=port,
+                function=f.address.function,
+                multifunction=f.address.function == 0 and len(v.gpu.functions) > 1,
+                id=f.id,
+                name=f.name,
+            )
+            for f in v.gpu.functions
+            if not f.is_bridge_like
+        )
+        # root ports packed eight to a slot on pcie-root, as virt-install lays them out
+        cards.append(
+            GuestCard(port_index=port, port_slot=1 + i // 8, port_function=i % 8, functions=fns)
+        )
+        functions.extend(v.gpu.functions)
+
+    # NUMA: pin to the GPUs' node when they share one.
+    nodes = {v.gpu.primary.numa_node for v in chosen if v.gpu.primary.numa_node is not None}
+    node = nodes.pop() if len(nodes) == 1 else None
+    pins: list[tuple[int, str]] = []
+    emulator = None
+    if len({v.gpu.primary.numa_node for v in chosen}) > 1:
+        warnings.append("the GPUs sit on different NUMA nodes: vCPUs and memory are not pinned")
+    if node is not None and opts.numa_pin and node in host.numa_cpus:
+        cpus = host.numa_cpus[node]
+        if opts.vcpus > len(cpus):
+            warnings.append(
+                f"{opts.vcpus} vCPUs on NUMA node {node}, which has {len(cpus)} CPUs: they will share"
+            )
+        pins = [(i, str(cpus[i % len(cpus)])) for i in range(opts.vcpus)]
+        emulator = _cpuset(cpus)
+    elif node is not None and opts.numa_pin:
+        warnings.append(f"NUMA node {node} has no CPU list in sysfs: not pinned")
+    return VmSpec(
+        name=opts.name,
+        vcpus=opts.vcpus,
+        memory_mib=opts.memory_mib,
+        cards=tuple(cards),
+        profile=opts.profile,
+        hide=opts.hide,
+        vendor_id=opts.vendor_id,
+        hide_hypervisor_cpuid=opts.hide_hypervisor_cpuid,
+        rom=opts.rom,
+        hugepages=opts.hugepages,
+        disk=opts.disk,
+        disk_format="raw" if opts.disk and opts.disk.endswith((".img", ".raw")) else "qcow2",
+        base_image=opts.base_image,
+        overlay=f"{opts.image_dir.rstrip('/')}/{opts.name}.qcow2" if opts.base_image else None,
+        bridge=opts.bridge,
+        network=None if opts.bridge else opts.network,
+        seed=opts.seed,
+        mmio_window_mib=mmio_window_mib(functions),
+        numa_node=node if pins else None,
+        vcpu_pins=tuple(pins),
+        emulator_cpus=emulator,
+        warnings=tuple(warnings),
+    )
