@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Start a real libvirtd with the QEMU driver on a machine without systemd (CI, containers).
+# Idempotent; needs root. The test suite calls it; so can you.
+set -euo pipefail
+[ "$(id -u)" -eq 0 ] || { echo "libvirtd-up: run as root" >&2; exit 2; }
+getent group kvm >/dev/null || groupadd -r kvm
+getent group libvirt-qemu >/dev/null || groupadd -r libvirt-qemu
+id libvirt-qemu >/dev/null 2>&1 || useradd -r -g kvm -s /usr/sbin/nologin libvirt-qemu
+mkdir -p /var/log/libvirt /var/run/libvirt /var/lib/libvirt/images /etc/libvirt
+conf=/etc/libvirt/qemu.conf
+touch "$conf"
+# QEMU as root: this machine has no per-VM uid setup (a lab/CI daemon, not production)
+grep -q '^user = "root"' "$conf" || printf 'user = "root"\ngroup = "root"\n' >> "$conf"
+if virsh -c qemu:///system version >/dev/null 2>&1; then
+    exit 0
+fi
+/usr/sbin/libvirtd -d
+for _ in $(seq 1 100); do
+    virsh -c qemu:///system version >/dev/null 2>&1 && exit 0
+    sleep 0.1
+done
+echo "libvirtd-up: libvirtd did not answer on qemu:///system" >&2
+exit 1

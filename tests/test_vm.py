@@ -1,0 +1,407 @@
+"""Guest XML: golden files, libvirt's schema, libvirt's test driver, a real libvirtd with
+the QEMU driver (domxml-to-native), policy findings on broken files, bad input."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from passthrough import fakehost
+from passthrough.cli import main
+from passthrough.host.discover import discover
+from passthrough.vm.render import render
+from passthrough.vm.spec import VmOptions, build_spec
+from passthrough.vm.validate import validate_text
+
+from .conftest import GOLDEN
+
+REPO = Path(__file__).parents[1]
+CASES: dict[str, tuple[str, VmOptions]] = {
+    "consumer-2fn": ("consumer-intel", VmOptions(name="rtx4090", vcpus=8, memory_mib=16384)),
+    "turing-4fn-both-cards": (
+        "two-gpus-one-group",
+        VmOptions(
+            name="two-cards", gpus=("01:00.0", "02:00.0"), vcpus=8, memory_mib=32768, rom="off"
+        ),
+    ),
+    "hgx-8xh100-two-numa": (
+        "hgx-h100",
+        VmOptions(name="hgx-all", vcpus=16, memory_mib=262144, hugepages=True),
+    ),
+    "hgx-2xh100-node0": (
+        "hgx-h100",
+        VmOptions(name="hgx-pair", gpus=("18:00.0", "19:00.0"), vcpus=6, memory_mib=65536),
+    ),
+    "windows-profile": (
+        "consumer-intel",
+        VmOptions(name="win11", profile="windows", vcpus=8, memory_mib=16384),
+    ),
+    "no-hide": ("consumer-intel", VmOptions(name="modern-driver", hide=False)),
+}
+
+
+@pytest.fixture(scope="module")
+def rendered(hosts: dict[str, Path]) -> dict[str, str]:
+    return {
+        case: render(build_spec(discover(str(hosts[h])), opts)) for case, (h, opts) in CASES.items()
+    }
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_domain_xml_matches_golden(case: str, rendered: dict[str, str], regenerate: bool) -> None:
+    got = rendered[case]
+    path = GOLDEN / "vm" / f"{case}.xml"
+    if regenerate or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(got)
+        if not regenerate:
+            pytest.fail(f"golden file {path} was missing; written now, review and commit it")
+    want = path.read_text()
+    if got != want:
+        diff = "".join(
+            difflib.unified_diff(want.splitlines(True), got.splitlines(True), str(path), "render")
+        )
+        pytest.fail(
+            f"XML differs from {path} (rerun with --regenerate-golden if intended):\n{diff}"
+        )
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_virt_xml_validate_accepts(case: str, tmp_path: Path) -> None:
+    path = GOLDEN / "vm" / f"{case}.xml"
+    r = subprocess.run(
+        ["virt-xml-validate", str(path), "domain"], capture_output=True, text=True, check=False
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_our_validator_passes_each_golden(case: str, hosts: dict[str, Path]) -> None:
+    host = discover(str(hosts[CASES[case][0]]))
+    findings = validate_text((GOLDEN / "vm" / f"{case}.xml").read_bytes(), case, host)
+    assert findings == []
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_libvirt_test_driver_define_create_destroy_undefine(case: str) -> None:
+    import libvirt
+
+    conn = libvirt.open("test:///default")
+    try:
+        dom = conn.defineXML((GOLDEN / "vm" / f"{case}.xml").read_text())
+        dom.create()
+        assert dom.isActive()
+        dom.destroy()
+        dom.undefine()
+        assert case not in conn.listDefinedDomains()
+    finally:
+        conn.close()
+
+
+def test_hiding_and_layout_in_the_xml(rendered: dict[str, str]) -> None:
+    xml = rendered["turing-4fn-both-cards"]
+    assert "<hidden state='on'/>" in xml and "<vendor_id state='on' value='passthrough'/>" in xml
+    # four functions on one guest slot, numbers kept, multifunction on function 0
+    assert "bus='0x02' slot='0x00' function='0x0' multifunction='on'/>" in xml
+    for fn in (1, 2, 3):
+        assert f"bus='0x02' slot='0x00' function='0x{fn}'/>" in xml
+    assert xml.count("<rom bar='off'/>") == 6
+    assert "<feature policy='disable' name='hypervisor'/>" not in xml
+    win = rendered["windows-profile"]
+    for enlightenment in ("relaxed", "vapic", "synic", "stimer", "tlbflush", "vendor_id"):
+        assert f"<{enlightenment} state='on'" in win
+    nohide = rendered["no-hide"]
+    assert "<hidden" not in nohide and "vendor_id" not in nohide and "hide='off'" in nohide
+
+
+def test_numa_pins_on_the_gpus_node_and_mmio_window(rendered: dict[str, str]) -> None:
+    pair = rendered["hgx-2xh100-node0"]
+    assert "<memory mode='strict' nodeset='0'/>" in pair
+    assert "<vcpupin vcpu='5' cpuset='5'/>" in pair and "<emulatorpin cpuset='0-7'/>" in pair
+    # two H100s: 2 x (128 GiB + 32 MiB) of 64-bit BARs → a 512 GiB window
+    assert "<pcihole64 unit='KiB'>536870912</pcihole64>" in pair
+    assert "name=opt/ovmf/X-PciMmio64Mb,string=524288" in pair
+    every = rendered["hgx-8xh100-two-numa"]
+    assert "<numatune>" not in every and "string=2097152" in every
+    assert "<hugepages/>" in every and "<locked/>" in every
+
+
+def test_bad_values_never_reach_the_xml(
+    hosts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = str(hosts["consumer-intel"])
+    for args, needle in (
+        (["--name", "a'b"], "name: "),
+        (["--name", "x<y"], "name: "),
+        (["--name", "ok", "--bridge", "br0'/><x"], "bridge: "),
+        (["--name", "ok", "--network", "net]]>"], "network: "),
+        (["--name", "ok", "--seed", "/tmp/a\nb"], "seed: "),
+        (["--name", "ok", "--vendor-id", "thirteenchars"], "vendor_id: "),
+        (["--name", "ok", "--vendor-id", "a,b"], "vendor_id: "),
+        (["--name", "ok", "--gpu", "0000:99:00.0"], "not a GPU on this host"),
+        (
+            ["--name", "ok", "--disk", "/nonexistent/disk.qcow2"],
+            "disk: /nonexistent/disk.qcow2 does not exist",
+        ),
+        (["--name", "ok", "--memory", "lots"], "--memory 'lots'"),
+    ):
+        assert main(["render", "--root", root, *args]) == 2, args
+        captured = capsys.readouterr()
+        assert needle in captured.err and captured.out == "", (args, captured.err)
+
+
+def test_more_vcpus_than_the_node_warns(
+    hosts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(
+            [
+                "render",
+                "--root",
+                str(hosts["hgx-h100"]),
+                "--name",
+                "big",
+                "--gpu",
+                "18:00.0",
+                "--vcpus",
+                "12",
+            ]
+        )
+        == 0
+    )
+    assert "12 vCPUs on NUMA node 0, which has 8 CPUs" in capsys.readouterr().err
+
+
+def test_spec_file(
+    hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "vm.yaml"
+    spec.write_text(
+        "name: from-yaml\nvcpus: 6\nmemory: 12G\ngpus: ['0000:01:00.0']\nprofile: windows\n"
+    )
+    out = tmp_path / "vm.xml"
+    assert (
+        main(
+            ["render", "--root", str(hosts["consumer-intel"]), "--spec", str(spec), "-o", str(out)]
+        )
+        == 0
+    )
+    xml = out.read_text()
+    assert (
+        "<name>from-yaml</name>" in xml
+        and "<memory unit='MiB'>12288</memory>" in xml
+        and "<vcpu placement='static'>6</vcpu>" in xml
+    )
+    spec.write_text("name: x\nbogus_option: 1\n")
+    assert main(["render", "--root", str(hosts["consumer-intel"]), "--spec", str(spec)]) == 2
+    assert "unknown option 'bogus_option'" in capsys.readouterr().err
+
+
+BROKEN = {
+    "not-hidden.xml": {"hide-kvm"},
+    "no-vendor-id.xml": {"vendor-id"},
+    "vendor-id-comma.xml": {"vendor-id", "schema"},
+    "split-card.xml": {"one-slot"},
+    "no-multifunction.xml": {"multifunction"},
+    "renumbered-functions.xml": {"functions"},
+    "missing-audio.xml": {"whole-card"},
+    "no-mmio-window.xml": {"mmio-window"},
+    "not-a-domain.xml": {"xml"},
+    "malformed.xml": {"xml"},
+}
+
+
+def _broken_variants(tmp_path: Path, rendered: dict[str, str]) -> dict[str, Path]:
+    base = rendered["consumer-2fn"]
+    hgx = rendered["hgx-2xh100-node0"]
+    texts = {
+        "not-hidden.xml": base.replace("    <kvm>\n      <hidden state='on'/>\n    </kvm>\n", ""),
+        "no-vendor-id.xml": base.replace("      <vendor_id state='on' value='passthrough'/>\n", ""),
+        "vendor-id-comma.xml": base.replace("value='passthrough'", "value='pass,through'"),
+        "split-card.xml": base.replace(
+            "<address type='pci' domain='0x0000' bus='0x01' slot='0x00' function='0x1'/>",
+            "<address type='pci' domain='0x0000' bus='0x02' slot='0x00' function='0x1'/>",
+        ),
+        "no-multifunction.xml": base.replace(
+            " multifunction='on'/>\n    </hostdev>", "/>\n    </hostdev>", 1
+        ),
+        "renumbered-functions.xml": base.replace(
+            "<address type='pci' domain='0x0000' bus='0x01' slot='0x00' function='0x1'/>",
+            "<address type='pci' domain='0x0000' bus='0x01' slot='0x00' function='0x2'/>",
+        ),
+        "missing-audio.xml": base[: base.index("    <hostdev", base.index("</hostdev>"))]
+        + base[base.index("</hostdev>", base.index("</hostdev>") + 1) + len("</hostdev>\n") :],
+        "no-mmio-window.xml": hgx.replace(
+            "      <pcihole64 unit='KiB'>536870912</pcihole64>\n", ""
+        ),
+        "not-a-domain.xml": "<network><name>x</name></network>\n",
+        "malformed.xml": "<domain type='kvm'><name>x</name>\n",
+    }
+    out = {}
+    for name, text in texts.items():
+        p = tmp_path / name
+        p.write_text(text)
+        out[name] = p
+    return out
+
+
+def test_validate_catches_each_policy_violation(
+    hosts: dict[str, Path],
+    rendered: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    files = _broken_variants(tmp_path, rendered)
+    for name, path in files.items():
+        host_root = hosts["hgx-h100"] if name == "no-mmio-window.xml" else hosts["consumer-intel"]
+        assert main(["validate", "--json", "--host-root", str(host_root), str(path)]) == 1, name
+        report = json.loads(capsys.readouterr().out)
+        rules = {f["rule"] for f in report["files"][0]["findings"]}
+        assert BROKEN[name] <= rules, (name, rules)
+        assert all(f["xpath"].startswith("/") for f in report["files"][0]["findings"])
+
+
+def test_validate_junit_and_lines(
+    rendered: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = _broken_variants(tmp_path, rendered)
+    good = tmp_path / "good.xml"
+    good.write_text(rendered["consumer-2fn"])
+    junit = tmp_path / "report.xml"
+    assert main(["validate", "--junit", str(junit), str(good), str(files["split-card.xml"])]) == 1
+    out = capsys.readouterr().out
+    assert f"{files['split-card.xml']}:/domain/devices/hostdev[1]: [one-slot]" in out
+    assert "1 valid, 1 failing" in out
+    from lxml import etree
+
+    suite = etree.parse(str(junit)).getroot()
+    assert suite.get("tests") == "2" and suite.get("failures") == "1"
+
+
+def test_validate_with_libvirt_test_driver(
+    rendered: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = tmp_path / "good.xml"
+    good.write_text(rendered["consumer-2fn"])
+    assert main(["validate", "--libvirt", "test:///default", str(good)]) == 0
+    assert main(["validate", "--libvirt", "test:///nonexistent-state.xml", str(good)]) == 2
+    assert "cannot connect to test:///nonexistent-state.xml" in capsys.readouterr().err
+
+
+def test_vm_lifecycle_on_the_test_driver(
+    rendered: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = tmp_path / "good.xml"
+    good.write_text(rendered["turing-4fn-both-cards"])
+    assert (
+        main(["vm", "define", str(good), "--connect", "test:///default", "--start", "--json"]) == 0
+    )
+    status: dict[str, Any] = json.loads(capsys.readouterr().out)
+    assert status["state"] == "running" and len(status["hostdevs"]) == 6
+    assert {"host": "0000:02:00.3", "guest": "02:00.3"} in status["hostdevs"]
+    assert main(["vm", "status", "nope", "--connect", "test:///default"]) == 2
+    assert "no domain 'nope'" in capsys.readouterr().err
+
+
+# -- a real libvirtd with the QEMU driver -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def libvirtd() -> str:
+    assert os.geteuid() == 0, "the real libvirtd tests need root (CI runs as root)"
+    assert shutil.which("/usr/sbin/libvirtd"), (
+        "libvirt-daemon is required (scripts/setup.sh test installs it)"
+    )
+    subprocess.run(
+        ["bash", str(REPO / "scripts/libvirtd-up.sh")], check=True, capture_output=True, timeout=60
+    )
+    return "qemu:///system"
+
+
+def _native(uri: str, xml: str, name: str) -> str:
+    import libvirt
+
+    conn = libvirt.open(uri)
+    try:
+        dom = conn.defineXML(xml)
+        try:
+            return str(conn.domainXMLToNative("qemu-argv", dom.XMLDesc(0), 0))
+        finally:
+            dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    "case", ["consumer-2fn", "turing-4fn-both-cards", "hgx-2xh100-node0", "windows-profile"]
+)
+def test_real_libvirtd_passes_hiding_and_devices_to_qemu(
+    case: str, libvirtd: str, rendered: dict[str, str]
+) -> None:
+    argv = _native(libvirtd, rendered[case], case)
+    assert "kvm=off" in argv and "hv-vendor-id=passthrough" in argv
+    spec_xml = rendered[case]
+    from lxml import etree
+
+    doc = etree.fromstring(spec_xml.encode())
+    for h in doc.findall("devices/hostdev"):
+        src = h.find("source/address")
+        guest = h.find("address")
+        host = f"{int(src.get('domain'), 16):04x}:{int(src.get('bus'), 16):02x}:{int(src.get('slot'), 16):02x}.{int(src.get('function'), 16)}"
+        bus = int(guest.get("bus"), 16)
+        fn = int(guest.get("function"), 16)
+        addr = '"addr":"0x0"' if fn == 0 else f'"addr":"0x0.0x{fn}"'
+        assert f'"driver":"vfio-pci","host":"{host}","id":' in argv, host
+        device = next(part for part in argv.split() if f'"host":"{host}"' in part)
+        assert f'"bus":"pci.{bus}"' in device and addr in device, device
+        if fn == 0 and len(doc.findall("devices/hostdev")) > 1 and case != "hgx-2xh100-node0":
+            assert '"multifunction":true' in device
+    if case == "hgx-2xh100-node0":
+        assert "q35-pcihost.pci-hole64-size=536870912K" in argv
+        assert "name=opt/ovmf/X-PciMmio64Mb,string=524288" in argv
+        assert '"host-nodes":[0],"policy":"bind"' in argv
+    if case == "windows-profile":
+        assert "hv-relaxed=on" in argv or "hv_relaxed" in argv
+
+
+def test_real_libvirtd_refuses_a_second_definition(
+    libvirtd: str, rendered: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    xml = tmp_path / "dup.xml"
+    xml.write_text(
+        rendered["no-hide"].replace(
+            "<name>modern-driver</name>", "<name>passthrough-dup-test</name>"
+        )
+    )
+    assert main(["vm", "define", str(xml), "--connect", libvirtd]) == 0
+    try:
+        assert main(["vm", "define", str(xml), "--connect", libvirtd]) == 2
+        assert "already defined" in capsys.readouterr().err
+    finally:
+        assert main(["vm", "undefine", "passthrough-dup-test", "--connect", libvirtd]) == 0
+
+
+def test_unreachable_uri_is_one_line(
+    tmp_path: Path, rendered: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    xml = tmp_path / "x.xml"
+    xml.write_text(rendered["consumer-2fn"])
+    assert (
+        main(
+            ["vm", "define", str(xml), "--connect", "qemu+ssh://nobody@127.0.0.1:1/system?no_tty=1"]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("passthrough: error: cannot connect to qemu+ssh://")
+
+
+def test_fixture_hosts_unchanged_by_rendering(hosts: dict[str, Path]) -> None:
+    assert fakehost.sample_names()  # rendering reads only; the session fixtures stay as built
