@@ -15,7 +15,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 # System packages: a compiler, pkg-config and libvirt's headers build libvirt-python
 # (PyPI ships no wheels for it); libudev is what pyudev loads.
-packages=(python3 python3-venv python3-dev gcc pkg-config libvirt-dev libudev1)
+packages=(python3 python3-venv python3-dev gcc pkg-config libvirt-dev libudev1 libvirt-clients)
 if [ "$mode" = test ]; then
     # umockdev: recorded devices for the pyudev tests; pciutils: lspci cross-checks
     # fixtures and is the benchmark's reference.
@@ -47,20 +47,38 @@ echo "==> installing passthrough${extra} into .venv"
 .venv/bin/python -m pip install -q -e ".${extra}"
 
 if [ "$mode" = demo ]; then
+    # The whole chain on a bundled sample host; nothing on this machine is changed.
     sample="${PASSTHROUGH_SAMPLE:-hgx-h100}"
-    root="$(mktemp -d)/$sample"
-    trap 'rm -rf "$(dirname "$root")"' EXIT
-    .venv/bin/passthrough sample build "$sample" "$root"
+    work="$(mktemp -d)"
+    trap 'rm -rf "$work"' EXIT
+    root="$work/$sample"
+    pt=.venv/bin/passthrough
+    $pt sample build "$sample" "$root"
     echo
-    echo "==> passthrough check --root <$sample>"
-    .venv/bin/passthrough check --root "$root" || true
+    echo "==> 1. passthrough check --root <$sample>"
+    $pt check --root "$root" || true
     echo
-    echo "==> passthrough scan --root <$sample> --gpus-only --topology"
-    .venv/bin/passthrough scan --root "$root" --gpus-only --topology
+    echo "==> 2. passthrough scan --root <$sample> --gpus-only --topology"
+    $pt scan --root "$root" --gpus-only --topology
     echo
-    echo "==> on your own host:  .venv/bin/passthrough check && .venv/bin/passthrough scan"
-    echo "    machine-readable:  .venv/bin/passthrough scan --json"
-    echo "    for a bug report:  .venv/bin/passthrough snapshot -o host.tar.gz"
+    echo "==> 3. passthrough plan --root <$sample>   (diffs only: nothing is written)"
+    $pt plan --root "$root"
+    echo
+    echo "==> 4. passthrough render --root <$sample> --name gpu-vm --gpu 0000:18:00.0 --gpu 0000:19:00.0"
+    $pt render --root "$root" --name gpu-vm --gpu 0000:18:00.0 --gpu 0000:19:00.0 --vcpus 8 --memory 64G -o "$work/gpu-vm.xml"
+    sed -n '/<hostdev/,/<\/hostdev>/p' "$work/gpu-vm.xml" | head -8
+    echo
+    echo "==> 5. passthrough validate --host-root <$sample> --libvirt test:///default gpu-vm.xml"
+    $pt validate --host-root "$root" --libvirt test:///default "$work/gpu-vm.xml"
+    echo
+    echo "==> 6. passthrough vm define gpu-vm.xml --start --connect test:///default   (libvirt's built-in test driver)"
+    $pt vm define "$work/gpu-vm.xml" --start --connect test:///default
+    echo
+    echo "==> next, on a real host (as root):"
+    echo "    $pt check && $pt scan            # is this host ready, which cards can go"
+    echo "    $pt plan && $pt apply            # kernel arguments + vfio-pci, then reboot"
+    echo "    $pt verify                       # after the reboot"
+    echo "    $pt render --name gpu-vm -o gpu-vm.xml && $pt vm define gpu-vm.xml --start"
     exit 0
 fi
 

@@ -27,3 +27,12 @@ def test_benchmark_runs_on_a_small_synthetic_host() -> None:
         "shell loop + lspci -nns per device",
     }
     assert all(v > 0 for v in report["median_seconds"].values())
+
+
+def test_validate_benchmark_runs_on_a_few_files() -> None:
+    bench = Path(__file__).parents[1] / "benchmarks" / "bench_validate.py"
+    r = subprocess.run([sys.executable, str(bench), "--files", "5", "--json"], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["files"] == 5
+    assert report["passthrough_ok"] is True and report["virt_xml_validate_failures"] == 0
