@@ -330,6 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     vm_p = sub.add_parser("vm", help="define, start, stop, undefine and inspect guests (libvirt)")
     vm_sub = vm_p.add_subparsers(dest="vm_command", metavar="ACTION", parser_class=_Parser)
+    seed = vm_sub.add_parser("seed", help="write a cloud-init seed ISO (user + SSH key) for --seed")
+    seed.add_argument("--hostname", required=True)
+    seed.add_argument("--user", default="passthrough", help="the guest user Ansible logs in as")
+    seed.add_argument("--ssh-key", required=True, metavar="FILE.pub", help="OpenSSH public key(s)")
+    seed.add_argument("-o", "--output", required=True, metavar="FILE.iso")
+    _common(seed, root=False)
     for action, text in (
         ("define", "define a domain from an XML file"),
         ("start", "start a defined domain"),
@@ -815,6 +821,17 @@ def cmd_vm(args: argparse.Namespace, stack: list[str]) -> int:
     action = args.vm_command
     if action is None:
         raise PassthroughError("vm: an action is needed (define, start, stop, undefine, status)")
+    if action == "seed":
+        from passthrough.vm.seed import write_seed
+
+        write_seed(args.output, args.hostname, args.user, args.ssh_key)
+        if args.json:
+            _dump({"seed": args.output, "user": args.user})
+        else:
+            print(
+                f"wrote {args.output} (cloud-init NoCloud: user {args.user}, host {args.hostname})"
+            )
+        return EXIT_OK
     uri = args.connect
     if action == "define":
         from lxml import etree

@@ -31,7 +31,12 @@ def test_benchmark_runs_on_a_small_synthetic_host() -> None:
 
 def test_validate_benchmark_runs_on_a_few_files() -> None:
     bench = Path(__file__).parents[1] / "benchmarks" / "bench_validate.py"
-    r = subprocess.run([sys.executable, str(bench), "--files", "5", "--json"], capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        [sys.executable, str(bench), "--files", "5", "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["files"] == 5

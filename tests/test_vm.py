@@ -4,6 +4,7 @@ the QEMU driver (domxml-to-native), policy findings on broken files, bad input."
 from __future__ import annotations
 
 import difflib
+import io
 import json
 import os
 import shutil
@@ -405,3 +406,101 @@ def test_unreachable_uri_is_one_line(
 
 def test_fixture_hosts_unchanged_by_rendering(hosts: dict[str, Path]) -> None:
     assert fakehost.sample_names()  # rendering reads only; the session fixtures stay as built
+
+
+def test_cloud_init_seed_iso(
+    tmp_path: Path, hosts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pycdlib
+
+    key = tmp_path / "id.pub"
+    key.write_text(
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl ops@fleet\n"
+    )
+    iso_path = tmp_path / "seed.iso"
+    assert (
+        main(
+            [
+                "vm",
+                "seed",
+                "--hostname",
+                "gpu1",
+                "--user",
+                "ops",
+                "--ssh-key",
+                str(key),
+                "-o",
+                str(iso_path),
+            ]
+        )
+        == 0
+    )
+    iso = pycdlib.PyCdlib()
+    iso.open(str(iso_path))
+    try:
+        assert iso.pvd.volume_identifier.decode().strip() == "cidata"
+        buffer = io.BytesIO()
+        iso.get_file_from_iso_fp(buffer, joliet_path="/user-data")
+        text = buffer.getvalue().decode()
+    finally:
+        iso.close()
+    # cloud-init's NoCloud source finds the seed by its label, through blkid
+    probe = subprocess.run(
+        ["blkid", "-o", "export", str(iso_path)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "LABEL=cidata" in probe and "TYPE=iso9660" in probe
+    assert text.startswith("#cloud-config\n")
+    doc = json.loads(text.split("\n", 1)[1])
+    assert doc["users"][0]["name"] == "ops"
+    assert doc["users"][0]["ssh_authorized_keys"] == [key.read_text().strip()]
+    # the seed goes into the domain as a read-only CD-ROM
+    assert (
+        main(
+            [
+                "render",
+                "--root",
+                str(hosts["consumer-intel"]),
+                "--name",
+                "gpu1",
+                "--seed",
+                str(iso_path),
+            ]
+        )
+        == 0
+    )
+    xml = capsys.readouterr().out
+    assert f"<source file='{iso_path}'/>" in xml and "<readonly/>" in xml
+    bad = tmp_path / "bad.pub"
+    bad.write_text("not a key\n")
+    assert (
+        main(
+            [
+                "vm",
+                "seed",
+                "--hostname",
+                "gpu1",
+                "--ssh-key",
+                str(bad),
+                "-o",
+                str(tmp_path / "x.iso"),
+            ]
+        )
+        == 2
+    )
+    assert (
+        main(
+            [
+                "vm",
+                "seed",
+                "--hostname",
+                "gpu1",
+                "--user",
+                "Root;rm",
+                "--ssh-key",
+                str(key),
+                "-o",
+                str(tmp_path / "y.iso"),
+            ]
+        )
+        == 2
+    )
