@@ -25,7 +25,9 @@ from passthrough.vm.spec import VmOptions, build_spec
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--files", type=int, default=1000)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -35,15 +37,34 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = fakehost.build(fakehost.load("hgx-h100"), Path(tmp) / "host")
         host = discover(str(root))
-        gpus = ["18:00.0", "19:00.0", "3f:00.0", "40:00.0", "9a:00.0", "9b:00.0", "ba:00.0", "bb:00.0"]
+        gpus = [
+            "18:00.0",
+            "19:00.0",
+            "3f:00.0",
+            "40:00.0",
+            "9a:00.0",
+            "9b:00.0",
+            "ba:00.0",
+            "bb:00.0",
+        ]
         files = []
         for i in range(args.files):
-            opts = VmOptions(name=f"vm{i:04d}", gpus=(gpus[i % 8],), vcpus=2 + i % 6, memory_mib=4096 + 1024 * (i % 8))
+            opts = VmOptions(
+                name=f"vm{i:04d}",
+                gpus=(gpus[i % 8],),
+                vcpus=2 + i % 6,
+                memory_mib=4096 + 1024 * (i % 8),
+            )
             path = Path(tmp) / f"vm{i:04d}.xml"
             path.write_text(render(build_spec(host, opts)))
             files.append(str(path))
         start = time.perf_counter()
-        ours = subprocess.run([passthrough, "validate", "--host-root", str(root), *files], capture_output=True, text=True, check=False)
+        ours = subprocess.run(
+            [passthrough, "validate", "--host-root", str(root), *files],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         t_ours = time.perf_counter() - start
         start = time.perf_counter()
         failures = 0
@@ -53,7 +74,10 @@ def main() -> int:
         t_loop = time.perf_counter() - start
     report = {
         "files": args.files,
-        "seconds": {"passthrough validate (schema + policy)": round(t_ours, 3), "virt-xml-validate per file": round(t_loop, 3)},
+        "seconds": {
+            "passthrough validate (schema + policy)": round(t_ours, 3),
+            "virt-xml-validate per file": round(t_loop, 3),
+        },
         "speedup": round(t_loop / t_ours, 1),
         "passthrough_ok": ours.returncode == 0,
         "virt_xml_validate_failures": failures,
