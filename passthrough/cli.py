@@ -364,6 +364,39 @@ def build_parser() -> argparse.ArgumentParser:
             )
         _common(a, root=False)
 
+    prov = sub.add_parser(
+        "provision",
+        help="run the playbooks (host → vm → guest) through ansible-runner",
+        description="Run playbooks/site.yml (or --playbook host.yml|vm.yml|guest.yml) against an "
+        "inventory through ansible-runner, with live progress, a per-host summary and the full log. "
+        "Exits 1 when any host failed or was unreachable; other hosts go on (--forks).",
+        epilog="examples:\n  passthrough provision -i inventory/example/hosts.yml --check --diff\n"
+        "  passthrough provision -i hosts.yml --playbook host.yml --limit gpu-node-01\n"
+        "  passthrough provision -i inventory/sample/hosts.yml --sample\n\n" + EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    prov.add_argument("-i", "--inventory", required=True, metavar="INVENTORY")
+    prov.add_argument(
+        "--playbook", default="site.yml", help="site.yml (default), host.yml, vm.yml or guest.yml"
+    )
+    prov.add_argument("--limit", metavar="PATTERN")
+    prov.add_argument("--check", action="store_true", help="check mode: show, change nothing")
+    prov.add_argument("--diff", action="store_true", help="show file diffs")
+    prov.add_argument("--tags", metavar="TAGS")
+    prov.add_argument("--forks", type=int, default=5)
+    prov.add_argument("-e", "--extra-var", action="append", default=[], metavar="KEY=VALUE")
+    prov.add_argument(
+        "--log",
+        metavar="FILE",
+        help="full Ansible output (default: under ~/.local/state/passthrough/)",
+    )
+    prov.add_argument(
+        "--sample",
+        action="store_true",
+        help="build the bundled sample host for inventory/sample first",
+    )
+    _common(prov, root=False)
+
     comp = sub.add_parser("completion", help="print a shell completion script (bash or zsh)")
     comp.add_argument("shell", choices=("bash", "zsh"))
     _common(comp, root=False)
@@ -874,6 +907,83 @@ def cmd_vm(args: argparse.Namespace, stack: list[str]) -> int:
     return EXIT_OK
 
 
+def cmd_provision(args: argparse.Namespace, stack: list[str]) -> int:
+    import time
+
+    from passthrough.ansible import ProvisionFailed, run, summary_table
+
+    extravars: dict[str, Any] = {}
+    for item in args.extra_var:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise PassthroughError(f"-e {item!r}: expected KEY=VALUE")
+        extravars[key] = value
+    if args.sample:
+        from passthrough import fakehost
+
+        tmp = tempfile.mkdtemp(prefix="passthrough-sample-")
+        stack.append(tmp)
+        root = fakehost.build(fakehost.load("hgx-h100"), os.path.join(tmp, "hgx-h100"))
+        os.environ["PASSTHROUGH_SAMPLE_ROOT"] = str(root)
+    log = args.log or os.path.join(
+        os.path.expanduser("~/.local/state/passthrough"),
+        time.strftime("provision-%Y%m%dT%H%M%S.log"),
+    )
+
+    def say(message: str) -> None:
+        if not args.json:
+            sys.stderr.write(message + "\n")
+
+    result = run(
+        args.inventory,
+        args.playbook,
+        args.limit,
+        args.check,
+        args.diff,
+        args.tags,
+        args.forks,
+        extravars,
+        progress=say,
+        log_path=log,
+    )
+    if args.json:
+        _dump(
+            {
+                "ok": result.ok,
+                "status": result.status,
+                "rc": result.rc,
+                "log": result.log,
+                "seconds": round(result.seconds, 1),
+                "hosts": {
+                    h.name: {
+                        "status": h.status,
+                        "ok": h.ok,
+                        "changed": h.changed,
+                        "failed": h.failed,
+                        "unreachable": h.unreachable,
+                        "reason": h.reason,
+                    }
+                    for h in result.hosts.values()
+                },
+            }
+        )
+    else:
+        print(summary_table(result))
+        print(
+            f"\n{'ok' if result.ok else 'FAILED'} in {result.seconds:.1f}s · full log: {result.log}"
+        )
+    if not result.ok:
+        if args.json:
+            return EXIT_CHECK_FAILED
+        failed = [h.name for h in result.hosts.values() if h.failed or h.unreachable] or [
+            "(playbook)"
+        ]
+        raise ProvisionFailed(
+            f"{', '.join(sorted(failed))} failed (status {result.status}, rc {result.rc}); see the log"
+        )
+    return EXIT_OK
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
     "scan": cmd_scan,
     "check": cmd_check,
@@ -886,6 +996,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
     "render": cmd_render,
     "validate": cmd_validate,
     "vm": cmd_vm,
+    "provision": cmd_provision,
     "sample": cmd_sample,
     "completion": cmd_completion,
 }

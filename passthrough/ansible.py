@@ -1,0 +1,209 @@
+"""A thin, typed wrapper over ansible-runner: runs the playbooks, turns runner events into
+progress lines, and never reports success after a failure — ansible-runner itself does not
+raise when a playbook fails, so ``status`` and ``rc`` are checked here."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from passthrough.errors import PassthroughError
+
+PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
+
+
+class ProvisionFailed(PassthroughError):
+    exit_code = 1
+
+
+@dataclass
+class HostResult:
+    name: str
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    unreachable: int = 0
+    skipped: int = 0
+    reason: str | None = None
+
+    @property
+    def status(self) -> str:
+        if self.unreachable:
+            return "unreachable"
+        if self.failed:
+            return "failed"
+        return "changed" if self.changed else "ok"
+
+
+@dataclass
+class RunResult:
+    status: str
+    rc: int
+    hosts: dict[str, HostResult] = field(default_factory=dict)
+    log: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.status == "successful"
+            and self.rc == 0
+            and not any(h.failed or h.unreachable for h in self.hosts.values())
+        )
+
+
+def playbooks_dir() -> Path:
+    env = os.environ.get("PASSTHROUGH_PLAYBOOKS")
+    for candidate in ([Path(env)] if env else []) + [
+        PLAYBOOKS,
+        Path(sys.prefix) / "share/passthrough/playbooks",
+    ]:
+        if (candidate / "site.yml").exists():
+            return candidate
+    raise ProvisionFailed("playbooks/site.yml not found (set PASSTHROUGH_PLAYBOOKS)")
+
+
+def _reason(event: dict[str, Any]) -> str:
+    data = event.get("event_data", {})
+    res = data.get("res", {}) or {}
+    msg = res.get("msg") or res.get("stderr") or res.get("reason") or "failed"
+    if isinstance(msg, list):
+        msg = "; ".join(str(m) for m in msg)
+    first = str(msg).strip().splitlines()[0] if str(msg).strip() else "failed"
+    return f"{data.get('task', '?')}: {first}"
+
+
+def run(
+    inventory: str,
+    playbook: str = "site.yml",
+    limit: str | None = None,
+    check: bool = False,
+    diff: bool = False,
+    tags: str | None = None,
+    forks: int = 5,
+    extravars: dict[str, Any] | None = None,
+    progress: Callable[[str], None] | None = None,
+    log_path: str | None = None,
+) -> RunResult:
+    try:
+        import ansible_runner
+    except ImportError as exc:  # pragma: no cover - a dependency
+        raise ProvisionFailed(f"ansible-runner cannot be imported ({exc})") from None
+    if (
+        shutil.which("ansible-playbook") is None
+        and not (Path(sys.executable).parent / "ansible-playbook").exists()
+    ):
+        raise ProvisionFailed("ansible-playbook not found: install ansible-core")
+    books = playbooks_dir()
+    if not (books / playbook).exists():
+        raise ProvisionFailed(f"no playbook {playbook} in {books}")
+    inv = os.path.abspath(inventory)
+    if not os.path.exists(inv):
+        raise ProvisionFailed(f"inventory {inventory}: no such file or directory")
+    say = progress or (lambda _m: None)
+    hosts: dict[str, HostResult] = {}
+    lines: list[str] = []
+
+    def host(name: str) -> HostResult:
+        return hosts.setdefault(name, HostResult(name))
+
+    def handle(event: dict[str, Any]) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data", {})
+        stdout = event.get("stdout")
+        if stdout:
+            lines.append(stdout)
+        name = data.get("host")
+        if kind == "playbook_on_play_start":
+            say(f"PLAY {data.get('play', '')}")
+        elif kind == "playbook_on_task_start":
+            say(f"  TASK {data.get('task', '')}")
+        elif kind == "runner_on_failed" and name and not data.get("ignore_errors"):
+            host(name).reason = host(name).reason or _reason(event)
+            say(f"    ✘ {name}: {_reason(event)}")
+        elif kind == "runner_on_unreachable" and name:
+            host(name).reason = host(name).reason or f"unreachable: {_reason(event)}"
+            say(f"    ✘ {name}: unreachable")
+        elif kind == "runner_on_ok" and name and (data.get("res") or {}).get("changed"):
+            say(f"    ~ {name}: changed")
+        return True
+
+    cmdline = ["--forks", str(forks)]
+    if limit:
+        cmdline += ["--limit", limit]
+    if check:
+        cmdline.append("--check")
+    if diff:
+        cmdline.append("--diff")
+    if tags:
+        cmdline += ["--tags", tags]
+    private = tempfile.mkdtemp(prefix="passthrough-runner-")
+    started = time.monotonic()
+    try:
+        r = ansible_runner.run(
+            private_data_dir=private,
+            project_dir=str(books),
+            playbook=playbook,
+            inventory=inv,
+            cmdline=" ".join(cmdline),
+            extravars=extravars or {},
+            envvars={
+                "ANSIBLE_CONFIG": str(books / "ansible.cfg"),
+                "ANSIBLE_LIBRARY": str(books / "library"),
+                "ANSIBLE_ROLES_PATH": str(books / "roles"),
+                "ANSIBLE_NOCOLOR": "1",
+                "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+            },
+            event_handler=handle,
+            quiet=True,
+        )
+        # read everything from the artifacts before they are removed
+        stats: dict[str, Any] = r.stats or {}
+        status, rc = str(r.status), int(r.rc if r.rc is not None else 1)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    for stat, attr in (
+        ("ok", "ok"),
+        ("changed", "changed"),
+        ("failures", "failed"),
+        ("dark", "unreachable"),
+        ("skipped", "skipped"),
+    ):
+        for name, count in (stats.get(stat) or {}).items():
+            setattr(host(name), attr, int(count))
+    result = RunResult(status=status, rc=rc, hosts=hosts, seconds=time.monotonic() - started)
+    if log_path:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(log_path).write_text("\n".join(lines) + "\n")
+        result.log = log_path
+    return result
+
+
+def summary_table(result: RunResult) -> str:
+    rows = [("host", "status", "ok", "changed", "failed", "unreachable", "reason")]
+    for h in sorted(result.hosts.values(), key=lambda h: h.name):
+        rows.append(
+            (
+                h.name,
+                h.status,
+                str(h.ok),
+                str(h.changed),
+                str(h.failed),
+                str(h.unreachable),
+                h.reason or "",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(6)]
+    out = []
+    for r in rows:
+        out.append(
+            "  ".join(r[i].ljust(widths[i]) for i in range(6)) + ("  " + r[6] if r[6] else "")
+        )
+    return "\n".join(out)

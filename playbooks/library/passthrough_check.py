@@ -1,0 +1,63 @@
+#!/usr/bin/python
+"""Ansible module: the readiness checks (passthrough check) as facts; never changes anything."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: passthrough_check
+short_description: Readiness checks for GPU passthrough
+options:
+  root: {description: Host root to read, type: str, default: /}
+  verify: {description: Check the running host against the last apply instead, type: bool, default: false}
+author: passthrough developers
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "root": {"type": "str", "default": "/"},
+            "verify": {"type": "bool", "default": False},
+        },
+        supports_check_mode=True,
+    )
+    try:
+        from passthrough.errors import PassthroughError
+        from passthrough.host.discover import discover
+        from passthrough.host.root import HostRoot
+        from passthrough.model import Level
+        from passthrough.report import analyse, scan_json
+        from passthrough.verify import verify
+    except ImportError as exc:
+        module.fail_json(
+            msg=f"the passthrough Python package is not installed on the target ({exc})"
+        )
+        return
+    try:
+        host = discover(module.params["root"])
+        if module.params["verify"]:
+            results = verify(HostRoot(module.params["root"]), host)
+            checks = [
+                {"id": r.id, "level": r.level.value, "summary": r.summary, "fix": r.fix}
+                for r in results
+            ]
+            gpus = []
+        else:
+            scan = analyse(host)
+            data = scan_json(scan)
+            checks, gpus = data["checks"], data["gpus"]
+        failed = [c for c in checks if c["level"] == Level.FAIL.value]
+        module.exit_json(
+            changed=False,
+            checks=checks,
+            gpus=gpus,
+            failures=[f"{c['id']}: {c['summary']}" for c in failed],
+        )
+    except PassthroughError as exc:
+        module.fail_json(msg=str(exc))
+
+
+if __name__ == "__main__":
+    main()
