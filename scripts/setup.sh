@@ -83,8 +83,8 @@ if [ "$mode" = demo ]; then
 fi
 
 echo "==> ruff"
-.venv/bin/ruff check passthrough tests benchmarks
-.venv/bin/ruff format --check passthrough tests benchmarks
+.venv/bin/ruff check passthrough tests benchmarks playbooks/library
+.venv/bin/ruff format --check passthrough tests benchmarks playbooks/library
 echo "==> mypy (strict)"
 .venv/bin/mypy
 echo "==> pytest"

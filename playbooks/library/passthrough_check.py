@@ -12,7 +12,7 @@ options:
 author: passthrough developers
 """
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402 (Ansible wants DOCUMENTATION first)
 
 
 def main() -> None:

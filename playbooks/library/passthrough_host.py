@@ -32,7 +32,7 @@ reboot_required: {description: whether a reboot is needed for the change to take
 plan: {description: the plan as passthrough plan --json prints it, type: dict}
 """
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402 (Ansible wants DOCUMENTATION first)
 
 
 def main() -> None:
