@@ -73,11 +73,27 @@ def playbooks_dir() -> Path:
 def _reason(event: dict[str, Any]) -> str:
     data = event.get("event_data", {})
     res = data.get("res", {}) or {}
-    msg = res.get("msg") or res.get("stderr") or res.get("reason") or "failed"
+    # argument_specs failures name the variable in argument_errors, not in msg; a loop's
+    # failures are in its items
+    items = [
+        i.get("msg") for i in res.get("results") or [] if isinstance(i, dict) and i.get("failed")
+    ]
+    msg = (
+        res.get("argument_errors")
+        or [m for m in items if m]
+        or res.get("msg")
+        or res.get("stderr")
+        or res.get("reason")
+        or "failed"
+    )
     if isinstance(msg, list):
         msg = "; ".join(str(m) for m in msg)
-    first = str(msg).strip().splitlines()[0] if str(msg).strip() else "failed"
-    return f"{data.get('task', '?')}: {first}"
+    text = (
+        " ".join(line.strip() for line in str(msg).strip().splitlines() if line.strip()) or "failed"
+    )
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{data.get('task', '?')}: {text}"
 
 
 def run(
