@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from passthrough import fakehost
+from passthrough.apply import chroot_argv
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -38,3 +43,41 @@ def build_variant(tmp_path: Path, name: str, **overrides: object) -> Path:
     data = dict(desc.data)
     data.update(overrides)
     return fakehost.build(fakehost.Description(data, f"{name}+variant"), tmp_path / "root")
+
+
+# -- a real Debian 12 tree, debootstrapped once and cached outside the repository ----------
+CACHE = Path(os.environ.get("PASSTHROUGH_TEST_CACHE", "/var/cache/passthrough-test"))
+MIRROR = os.environ.get("PASSTHROUGH_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+PACKAGES = "linux-image-amd64,grub-efi-amd64-bin,grub2-common,initramfs-tools,kmod,udev,python3,python3-apt"
+RECIPE = f"debootstrap --variant=minbase --include={PACKAGES} bookworm {MIRROR}; grub default from template; update-grub"
+
+
+def run_ok(argv: list[str], timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout)
+    assert r.returncode == 0, f"{' '.join(argv)}: {r.stderr[-2000:]}"
+    return r
+
+
+@pytest.fixture(scope="session")
+def debian_tree() -> Path:
+    assert os.geteuid() == 0, "this test runs chroot and mounts: run the suite as root (CI does)"
+    assert shutil.which("debootstrap"), (
+        "debootstrap is required (scripts/setup.sh test installs it)"
+    )
+    tree = CACHE / f"bookworm-{hashlib.sha256(RECIPE.encode()).hexdigest()[:12]}"
+    if (tree / ".complete").exists():
+        return tree
+    tmp = tree.with_suffix(".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    run_ok(
+        ["debootstrap", "--variant=minbase", f"--include={PACKAGES}", "bookworm", str(tmp), MIRROR],
+        timeout=1800,
+    )
+    # what grub-pc's postinst would do on a real install
+    shutil.copy(tmp / "usr/share/grub/default/grub", tmp / "etc/default/grub")
+    (tmp / "boot/grub").mkdir(parents=True, exist_ok=True)
+    run_ok(chroot_argv(str(tmp), ("update-grub",)))
+    (tmp / ".complete").write_text(RECIPE + "\n")
+    tmp.rename(tree)
+    return tree
