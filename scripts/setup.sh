@@ -25,6 +25,8 @@ if [ "$mode" = test ]; then
     # libvirt-clients + libxml2-utils: virt-xml-validate and the RelaxNG schemas; a real
     # libvirtd with the QEMU driver and OVMF for the domain tests.
     packages+=(libvirt-clients libxml2-utils libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 ovmf qemu-utils)
+    # the lab: an ext4 image straight from a directory, SSH into the lab machine
+    packages+=(e2fsprogs openssh-client)
 fi
 missing=()
 for p in "${packages[@]}"; do
@@ -83,8 +85,8 @@ if [ "$mode" = demo ]; then
 fi
 
 echo "==> ruff"
-.venv/bin/ruff check passthrough tests benchmarks playbooks/library
-.venv/bin/ruff format --check passthrough tests benchmarks playbooks/library
+.venv/bin/ruff check passthrough tests benchmarks playbooks/library lab
+.venv/bin/ruff format --check passthrough tests benchmarks playbooks/library lab
 echo "==> mypy (strict)"
 .venv/bin/mypy
 echo "==> pytest"

@@ -100,11 +100,14 @@ def modprobe_conf(ids: list[str], deps: dict[str, str]) -> str:
 
 
 def udev_rule(functions: list[PciFunction]) -> str:
-    """driver_override per device, set when the device appears, before drivers probe it."""
+    """driver_override per device, set when the device appears, then a re-probe: vfio-pci,
+    loaded early from the initramfs, does not look at a device again by itself."""
     lines = [HEADER, "# Identical cards are kept by the host, so IDs cannot tell them apart.\n"]
     for f in functions:
         lines.append(
-            f'ACTION=="add", SUBSYSTEM=="pci", KERNEL=="{f.address}", ATTR{{driver_override}}="vfio-pci"\n'
+            f'ACTION=="add", SUBSYSTEM=="pci", KERNEL=="{f.address}", '
+            'ATTR{driver_override}="vfio-pci", '
+            "RUN+=\"/bin/sh -c 'echo %k > /sys/bus/pci/drivers_probe'\"\n"
         )
     return "".join(lines)
 

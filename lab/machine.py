@@ -1,0 +1,162 @@
+"""A lab machine: QEMU q35 with an emulated Intel IOMMU (interrupt remapping and caching
+mode, so vfio-pci works inside), TCG, user networking with an SSH port forward, and GPU
+stand-ins on the PCI bus. Waits on real events (the SSH banner), never on sleeps alone."""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+# A two-function "card" (display + HDA audio on one slot) behind its own PCIe root port, and
+# a second display that shares its IOMMU group with a NIC behind a PCIe-to-PCI bridge (no
+# ACS there): the negative case. The stand-ins have no NVIDIA IDs; tests select by address.
+STAND_INS = [
+    "-device",
+    "pcie-root-port,id=rp1,chassis=1,slot=1,bus=pcie.0,addr=0x5",
+    "-device",
+    "bochs-display,bus=rp1,addr=0x0.0x0,multifunction=on",
+    "-device",
+    "ich9-intel-hda,bus=rp1,addr=0x0.0x1",
+    "-device",
+    "pcie-pci-bridge,id=pb1,bus=pcie.0,addr=0x6",
+    "-device",
+    "secondary-vga,bus=pb1,addr=0x1",
+    "-device",
+    "e1000,bus=pb1,addr=0x2,netdev=n1",
+    "-netdev",
+    "user,id=n1,restrict=on",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LabMachine:
+    def __init__(
+        self, work: Path, image: Path, kernel: Path, initrd: Path, append: str, key: Path
+    ) -> None:
+        self.work = work
+        self.image = image
+        self.kernel = kernel
+        self.initrd = initrd
+        self.append = append
+        self.key = key
+        self.port = free_port()
+        self.console = work / "console.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def argv(self) -> list[str]:
+        accel = "kvm" if os.environ.get("PASSTHROUGH_LAB_KVM") == "1" else "tcg"
+        return [
+            "qemu-system-x86_64",
+            "-accel",
+            accel,
+            "-M",
+            "q35,kernel-irqchip=split",
+            "-cpu",
+            "max",
+            "-smp",
+            "2",
+            "-m",
+            "2048",
+            "-device",
+            "intel-iommu,intremap=on,caching-mode=on",
+            "-kernel",
+            str(self.kernel),
+            "-initrd",
+            str(self.initrd),
+            "-append",
+            self.append,
+            "-drive",
+            f"file={self.image},if=virtio,format=raw",
+            "-netdev",
+            f"user,id=n0,hostfwd=tcp:127.0.0.1:{self.port}-:22",
+            "-device",
+            "virtio-net-pci,netdev=n0,bus=pcie.0,addr=0x3",
+            *STAND_INS,
+            "-display",
+            "none",
+            "-serial",
+            f"file:{self.console}",
+            "-monitor",
+            "none",
+            "-no-reboot",
+        ]
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            self.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+
+    def wait_ssh(self, timeout: float = 600) -> float:
+        """Seconds until sshd answered with its banner."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if self.proc is not None and self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                raise RuntimeError(f"QEMU exited with {self.proc.returncode}: {err.strip()[-500:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+                    ready, _, _ = select.select([s], [], [], 10)
+                    if ready and s.recv(4).startswith(b"SSH-"):
+                        return time.monotonic() - started
+            except OSError:
+                pass
+            time.sleep(1)  # the forwarded port answers before the guest does: retry
+        raise TimeoutError(f"no SSH banner within {timeout:.0f}s (console: {self.console})")
+
+    def ssh_argv(self) -> list[str]:
+        return [
+            "ssh",
+            "-i",
+            str(self.key),
+            "-p",
+            str(self.port),
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "BatchMode=yes",
+            "root@127.0.0.1",
+        ]
+
+    def ssh(self, command: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*self.ssh_argv(), command],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def copy_to(self, local: Path, remote: str) -> None:
+        tarball = subprocess.run(
+            ["tar", "-C", str(local.parent), "-czf", "-", local.name],
+            capture_output=True,
+            check=True,
+        ).stdout
+        r = subprocess.run(
+            [*self.ssh_argv(), f"mkdir -p {remote} && tar -C {remote} -xzf -"],
+            input=tarball,
+            capture_output=True,
+            check=False,
+        )
+        if r.returncode != 0:
+            raise RuntimeError(f"copy to the lab failed: {r.stderr.decode().strip()}")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
