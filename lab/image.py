@@ -18,10 +18,20 @@ CACHE = Path(os.environ.get("PASSTHROUGH_LAB_CACHE", "/var/cache/passthrough-lab
 MIRROR = os.environ.get("PASSTHROUGH_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = (
     "linux-image-amd64,systemd-sysv,udev,kmod,initramfs-tools,openssh-server,python3,"
-    "pciutils,iproute2,ca-certificates"
+    "pciutils,iproute2,ca-certificates,grub-efi-amd64-bin,grub2-common"
 )
 NETWORK = "[Match]\nName=en* eth*\n\n[Network]\nDHCP=yes\n"
-RECIPE = f"debootstrap --variant=minbase --include={PACKAGES} bookworm {MIRROR}\n{NETWORK}\nrev 1"
+RECIPE = f"debootstrap --variant=minbase --include={PACKAGES} bookworm {MIRROR}\n{NETWORK}\nrev 2"
+# GRUB as Debian's installer leaves it, plus a serial console for the lab's log.
+GRUB_DEFAULTS = (
+    "GRUB_DEFAULT=0\nGRUB_TIMEOUT=0\n"
+    "GRUB_DISTRIBUTOR=`lsb_release -i -s 2> /dev/null || echo Debian`\n"
+    'GRUB_CMDLINE_LINUX_DEFAULT="quiet"\n'
+    'GRUB_CMDLINE_LINUX="console=ttyS0"\n'
+    "GRUB_TERMINAL=serial\n"
+)
+ESP_TYPE = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
+LINUX_TYPE = "0FC63DAF-8483-4772-8E79-3D69D8477DE4"
 
 
 def _run(argv: list[str], timeout: int = 1800) -> str:
@@ -43,7 +53,8 @@ def tree() -> Path:
         ["debootstrap", "--variant=minbase", f"--include={PACKAGES}", "bookworm", str(tmp), MIRROR]
     )
     (tmp / "etc/hostname").write_text("lab-host\n")
-    (tmp / "etc/fstab").write_text("/dev/vda / ext4 defaults,errors=remount-ro 0 1\n")
+    (tmp / "etc/fstab").write_text("LABEL=labroot / ext4 defaults,errors=remount-ro 0 1\n")
+    (tmp / "etc/default/grub").write_text(GRUB_DEFAULTS)
     (tmp / "etc/systemd/network").mkdir(parents=True, exist_ok=True)
     (tmp / "etc/systemd/network/20-wired.network").write_text(NETWORK)
     wants = tmp / "etc/systemd/system/multi-user.target.wants"
@@ -75,3 +86,87 @@ def image(work: Path, public_key: str, size: str = "3G") -> tuple[Path, Path, Pa
     initrd = sorted(src.glob("boot/initrd.img-*"))[-1]
     shutil.rmtree(staging)
     return img, kernel, initrd
+
+
+def disk(work: Path, public_key: str) -> Path:
+    """A GPT disk that boots through OVMF: an ESP holding a standalone GRUB that reads
+    /boot/grub/grub.cfg from the root partition — so what update-grub writes there is what
+    the next boot uses, as on a physical host."""
+    src = tree()
+    work.mkdir(parents=True, exist_ok=True)
+    staging = work / "root"
+    shutil.rmtree(staging, ignore_errors=True)
+    _run(["cp", "-a", str(src), str(staging)])
+    (staging / ".complete").unlink()
+    ssh = staging / "root/.ssh"
+    ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (ssh / "authorized_keys").write_text(public_key.strip() + "\n")
+    (ssh / "authorized_keys").chmod(0o600)
+    release = sorted(p.name[len("vmlinuz-") :] for p in (staging / "boot").glob("vmlinuz-*"))[-1]
+    (staging / "boot/grub").mkdir(parents=True, exist_ok=True)
+    # the first boot's menu; update-grub inside the lab replaces it
+    (staging / "boot/grub/grub.cfg").write_text(
+        "set timeout=0\nserial --unit=0 --speed=115200\nterminal_output serial\n"
+        "menuentry 'Debian (lab first boot)' {\n  search --no-floppy --label labroot --set=root\n"
+        f"  linux /boot/vmlinuz-{release} root=LABEL=labroot ro console=ttyS0 quiet\n"
+        f"  initrd /boot/initrd.img-{release}\n}}\n"
+    )
+    root_img = work / "root.img"
+    root_img.unlink(missing_ok=True)
+    _run(["mkfs.ext4", "-q", "-F", "-L", "labroot", "-d", str(staging), str(root_img), "3G"])
+    shutil.rmtree(staging)
+    early = work / "early.cfg"
+    early.write_text(
+        # modules come from the image's own memdisk ($prefix stays there); the menu from the disk
+        "insmod part_gpt\ninsmod ext2\ninsmod configfile\ninsmod normal\ninsmod linux\n"
+        "search --no-floppy --label labroot --set=root\nconfigfile ($root)/boot/grub/grub.cfg\n"
+    )
+    efi = work / "BOOTX64.EFI"
+    _run(["grub-mkstandalone", "-O", "x86_64-efi", "-o", str(efi), f"boot/grub/grub.cfg={early}"])
+    esp = work / "esp.img"
+    esp.unlink(missing_ok=True)
+    _run(["mkfs.vfat", "-C", str(esp), str(64 * 1024)])
+    _run(["mmd", "-i", str(esp), "::/EFI", "::/EFI/BOOT"])
+    _run(["mcopy", "-i", str(esp), str(efi), "::/EFI/BOOT/BOOTX64.EFI"])
+    out = work / "disk.img"
+    out.unlink(missing_ok=True)
+    esp_start, esp_sectors = 2048, 64 * 2048
+    root_start = esp_start + esp_sectors
+    root_sectors = root_img.stat().st_size // 512
+    with open(out, "wb") as fh:
+        fh.truncate((root_start + root_sectors + 2048) * 512)
+    layout = (
+        "label: gpt\n"
+        f"start={esp_start}, size={esp_sectors}, type={ESP_TYPE}\n"
+        f"start={root_start}, size={root_sectors}, type={LINUX_TYPE}\n"
+    )
+    r = subprocess.run(
+        ["sfdisk", "-q", str(out)], input=layout, capture_output=True, text=True, check=False
+    )
+    if r.returncode != 0:
+        raise RuntimeError(f"sfdisk: {r.stderr.strip()}")
+    _run(
+        [
+            "dd",
+            f"if={esp}",
+            f"of={out}",
+            "bs=512",
+            f"seek={esp_start}",
+            "conv=notrunc,sparse",
+            "status=none",
+        ]
+    )
+    _run(
+        [
+            "dd",
+            f"if={root_img}",
+            f"of={out}",
+            "bs=1M",
+            f"seek={root_start * 512 // (1 << 20)}",
+            "conv=notrunc,sparse",
+            "status=none",
+        ]
+    )
+    root_img.unlink()
+    esp.unlink()
+    return out

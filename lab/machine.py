@@ -68,12 +68,7 @@ class LabMachine:
             "2048",
             "-device",
             "intel-iommu,intremap=on,caching-mode=on",
-            "-kernel",
-            str(self.kernel),
-            "-initrd",
-            str(self.initrd),
-            "-append",
-            self.append,
+            *self.boot_args(),
             "-drive",
             f"file={self.image},if=virtio,format=raw",
             "-netdev",
@@ -87,8 +82,45 @@ class LabMachine:
             f"file:{self.console}",
             "-monitor",
             "none",
-            "-no-reboot",
         ]
+
+    def boot_args(self) -> list[str]:
+        if self.kernel is not None and self.initrd is not None:
+            return [
+                "-kernel",
+                str(self.kernel),
+                "-initrd",
+                str(self.initrd),
+                "-append",
+                self.append,
+            ]
+        # UEFI: OVMF reads the ESP, GRUB reads /boot/grub/grub.cfg from the disk
+        vars_copy = self.work / "OVMF_VARS.fd"
+        if not vars_copy.exists():
+            vars_copy.write_bytes(Path("/usr/share/OVMF/OVMF_VARS_4M.fd").read_bytes())
+        return [
+            "-drive",
+            "if=pflash,format=raw,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd",
+            "-drive",
+            f"if=pflash,format=raw,file={vars_copy}",
+        ]
+
+    def reboot(self, timeout: float = 900) -> float:
+        """Reboot from inside (as a user would) and wait for SSH to come back."""
+        assert self.proc is not None
+        self.ssh("systemctl reboot", timeout=30)
+        # the old sshd must go away before the new one is waited for
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
+                    ready, _, _ = select.select([s], [], [], 3)
+                    if not ready or not s.recv(4).startswith(b"SSH-"):
+                        break
+            except OSError:
+                break
+            time.sleep(1)
+        return self.wait_ssh(timeout)
 
     def start(self) -> None:
         self.proc = subprocess.Popen(

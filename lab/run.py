@@ -139,6 +139,111 @@ class Lab:
             raise LabFailed(f"drivers after bind: {drivers} (negative case was {before})")
         return drivers
 
+    # -- the full chain: UEFI + GRUB from the disk, apply, reboot, verify, undo, reboot ---------
+    FILES = "find /etc /boot -xdev -type f ! -path '/etc/ssh/*' ! -path '/etc/machine-id' -print0 | sort -z | xargs -0 sha256sum"
+
+    def boot_uefi(self, disk: Path, key: Path) -> float:
+        self.machine = machine.LabMachine(self.work, disk, None, None, "", key)
+        self.machine.start()
+        seconds = self.machine.wait_ssh()
+        import pyudev
+
+        self.machine.copy_to(REPO / "passthrough", "/opt/passthrough-src")
+        self.machine.copy_to(Path(pyudev.__file__).parent, "/opt/passthrough-src")
+        return seconds
+
+    def apply(self) -> dict[str, Any]:
+        cmdline = self.sh("cat /proc/cmdline").stdout
+        if "intel_iommu=on" in cmdline:
+            raise LabFailed(f"the first boot already has intel_iommu=on: {cmdline}")
+        self.baseline = self.sh(self.FILES).stdout
+        r = self.pt(f"apply --gpu {CARD} --json")
+        if r.returncode != 0:
+            raise LabFailed(f"apply: {r.stderr.strip()[-800:]}")
+        result: dict[str, Any] = json.loads(r.stdout)
+        ran = [s for s in result["steps"] if s["kind"] == "run"]
+        if not ran or any(s["state"] != "done" for s in ran):
+            raise LabFailed(f"regeneration commands did not run: {ran}")
+        grub = self.sh("grep -c 'intel_iommu=on' /boot/grub/grub.cfg").stdout.strip()
+        if grub in ("", "0"):
+            raise LabFailed("update-grub did not put intel_iommu=on into /boot/grub/grub.cfg")
+        return result
+
+    def reboot(self) -> float:
+        assert self.machine is not None
+        return self.machine.reboot()
+
+    def verify(self) -> dict[str, Any]:
+        r = self.pt("verify --json")
+        data: dict[str, Any] = json.loads(r.stdout) if r.stdout.strip() else {}
+        if r.returncode != 0 or not data.get("ok"):
+            raise LabFailed(
+                f"verify after the reboot: {r.stdout.strip()[-1500:]} {r.stderr.strip()[-500:]}"
+            )
+        neg = self.sh(f"basename $(readlink /sys/bus/pci/devices/{NEGATIVE}/driver)").stdout.strip()
+        if neg == "vfio-pci":
+            raise LabFailed("the refused stand-in display was taken by vfio-pci")
+        refused = self.pt(f"plan --gpu {NEGATIVE}")
+        if refused.returncode != 2 or NEGATIVE_PEER not in refused.stderr:
+            raise LabFailed(f"the negative case was not refused: {refused.stderr.strip()}")
+        return data
+
+    def undo(self) -> None:
+        r = self.pt("undo --json")
+        if r.returncode != 0:
+            raise LabFailed(f"undo: {r.stderr.strip()}")
+        now = self.sh(self.FILES).stdout
+        if now != self.baseline:
+            before = dict(line.split("  ", 1)[::-1] for line in self.baseline.splitlines())
+            after = dict(line.split("  ", 1)[::-1] for line in now.splitlines())
+            differ = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+            differ = [d for d in differ if not d.startswith("/var/lib/passthrough")]
+            if differ:
+                raise LabFailed(f"undo left files changed: {differ[:10]}")
+
+    def back(self) -> dict[str, str]:
+        cmdline = self.sh("cat /proc/cmdline").stdout
+        if "intel_iommu=on" in cmdline or "vfio" in cmdline:
+            raise LabFailed(
+                f"after undo and reboot the command line still has our arguments: {cmdline}"
+            )
+        drivers = {
+            a: self.sh(
+                f"basename $(readlink /sys/bus/pci/devices/{a}/driver 2>/dev/null) 2>/dev/null"
+            ).stdout.strip()
+            for a in CARD_FUNCTIONS
+        }
+        if any(d == "vfio-pci" for d in drivers.values()):
+            raise LabFailed(f"after undo and reboot: {drivers}")
+        return drivers
+
+    def run_full(self) -> dict[str, Any]:
+        try:
+
+            def build() -> tuple[Path, Path]:
+                key = self.work / "id_lab"
+                if not key.exists():
+                    subprocess.run(
+                        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True
+                    )
+                return image.disk(self.work, (self.work / "id_lab.pub").read_text()), key
+
+            disk, key = self.stage("image", build)
+            self.stage("boot (UEFI, GRUB from disk)", lambda: self.boot_uefi(disk, key))
+            self.stage("apply (real update-initramfs, update-grub)", self.apply)
+            self.stage("reboot", self.reboot)
+            self.stage("verify", self.verify)
+            self.stage("undo", self.undo)
+            self.stage("reboot after undo", self.reboot)
+            drivers = self.stage("back to the original", self.back)
+            return {"ok": True, "timings": self.timings, "drivers_after_undo": drivers}
+        except Exception:
+            self.keep_artifacts()
+            raise
+        finally:
+            if self.machine is not None:
+                self.machine.stop()
+
     def run(self) -> dict[str, Any]:
         try:
             img, kernel, initrd, key = self.stage("image", self.build)
@@ -176,11 +281,17 @@ def main() -> int:
     )
     ap.add_argument("--artifacts", default="lab-artifacts")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--full",
+        action="store_true",
+        help="the whole chain: UEFI boot, apply, reboot, verify, undo, reboot",
+    )
     args = ap.parse_args()
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="passthrough-lab-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        result = Lab(work, Path(args.artifacts), say=(lambda m: print(m, file=sys.stderr))).run()
+        lab = Lab(work, Path(args.artifacts), say=(lambda m: print(m, file=sys.stderr)))
+        result = lab.run_full() if args.full else lab.run()
     except (LabFailed, RuntimeError, TimeoutError) as exc:
         print(f"lab: FAILED: {exc}", file=sys.stderr)
         return 1

@@ -50,6 +50,11 @@ def iommu_default_on(host: Host) -> tuple[bool | None, str]:
         default = k.config.get("CONFIG_INTEL_IOMMU_DEFAULT_ON")
         if default == "y":
             return True, "on by default in this kernel (CONFIG_INTEL_IOMMU_DEFAULT_ON=y)"
+        if k.config.get("CONFIG_INTEL_IOMMU_DEFAULT_ON_INTGPU_OFF") == "y":
+            return True, (
+                "on by default in this kernel except for an integrated GPU "
+                "(CONFIG_INTEL_IOMMU_DEFAULT_ON_INTGPU_OFF=y)"
+            )
         if default == "n":
             return False, "off by default in this kernel (CONFIG_INTEL_IOMMU_DEFAULT_ON is not set)"
         return None, "kernel default unknown (no kernel config found)"

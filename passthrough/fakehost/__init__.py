@@ -62,7 +62,11 @@ DISTROS: dict[str, dict[str, Any]] = {
         "release": "6.1.0-27-amd64",
         "bootloader": "grub",
         "initramfs": "initramfs-tools",
-        "config": {"CONFIG_INTEL_IOMMU_DEFAULT_ON": "n"},
+        # as Debian builds it: on by default except for an integrated GPU
+        "config": {
+            "CONFIG_INTEL_IOMMU_DEFAULT_ON": "n",
+            "CONFIG_INTEL_IOMMU_DEFAULT_ON_INTGPU_OFF": "y",
+        },
     },
     "ubuntu-24.04": {
         "os_release": {

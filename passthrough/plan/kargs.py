@@ -134,7 +134,12 @@ def desired(host: Host, opts: KargOptions, configured: Sequence[str] = ()) -> Ar
     k = _Args(host.kernel.cmdline, configured)
     config = host.kernel.config
     if host.cpu.vendor == "GenuineIntel":
-        default_on = config.get("CONFIG_INTEL_IOMMU_DEFAULT_ON") == "y"
+        # Debian's kernels choose "on, except for an integrated GPU"; only an iGPU then
+        # needs intel_iommu=on, and this toolkit hands over discrete cards.
+        default_on = "y" in (
+            config.get("CONFIG_INTEL_IOMMU_DEFAULT_ON"),
+            config.get("CONFIG_INTEL_IOMMU_DEFAULT_ON_INTGPU_OFF"),
+        )
         arg = k.arg("intel_iommu")
         if not default_on or (arg is not None and "off" in arg.split(",")):
             to_set["intel_iommu"] = "intel_iommu=on"
