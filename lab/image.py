@@ -102,6 +102,9 @@ def disk(work: Path, public_key: str) -> Path:
     ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
     (ssh / "authorized_keys").write_text(public_key.strip() + "\n")
     (ssh / "authorized_keys").chmod(0o600)
+    # initramfs for this machine's own hardware: update-initramfs under TCG takes minutes with
+    # Debian's default MODULES=most; the lab tests that it runs, not how much it packs
+    (staging / "etc/initramfs-tools/conf.d/lab.conf").write_text("MODULES=dep\n")
     release = sorted(p.name[len("vmlinuz-") :] for p in (staging / "boot").glob("vmlinuz-*"))[-1]
     (staging / "boot/grub").mkdir(parents=True, exist_ok=True)
     # the first boot's menu; update-grub inside the lab replaces it

@@ -62,9 +62,9 @@ class Lab:
             self.timings[name] = time.monotonic() - started
             self.say(f"[lab] {name} took {self.timings[name]:.1f}s")
 
-    def sh(self, command: str) -> subprocess.CompletedProcess[str]:
+    def sh(self, command: str, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
         assert self.machine is not None
-        r = self.machine.ssh(command)
+        r = self.machine.ssh(command, timeout=timeout)
         self.log.append(f"$ {command}\n[rc={r.returncode}]\n{r.stdout}\n{r.stderr}")
         return r
 
@@ -154,8 +154,8 @@ class Lab:
 
     def apply(self) -> dict[str, Any]:
         cmdline = self.sh("cat /proc/cmdline").stdout
-        if "intel_iommu=on" in cmdline:
-            raise LabFailed(f"the first boot already has intel_iommu=on: {cmdline}")
+        if "iommu=pt" in cmdline:
+            raise LabFailed(f"the first boot already has iommu=pt: {cmdline}")
         self.baseline = self.sh(self.FILES).stdout
         r = self.pt(f"apply --gpu {CARD} --json")
         if r.returncode != 0:
@@ -164,9 +164,11 @@ class Lab:
         ran = [s for s in result["steps"] if s["kind"] == "run"]
         if not ran or any(s["state"] != "done" for s in ran):
             raise LabFailed(f"regeneration commands did not run: {ran}")
-        grub = self.sh("grep -c 'intel_iommu=on' /boot/grub/grub.cfg").stdout.strip()
+        # Debian's kernel has the Intel IOMMU on by default: the plan adds iommu=pt, and binds
+        # the card per device (other devices share its display function's IDs)
+        grub = self.sh("grep -c 'iommu=pt' /boot/grub/grub.cfg").stdout.strip()
         if grub in ("", "0"):
-            raise LabFailed("update-grub did not put intel_iommu=on into /boot/grub/grub.cfg")
+            raise LabFailed("update-grub did not put iommu=pt into /boot/grub/grub.cfg")
         return result
 
     def reboot(self) -> float:
@@ -203,7 +205,7 @@ class Lab:
 
     def back(self) -> dict[str, str]:
         cmdline = self.sh("cat /proc/cmdline").stdout
-        if "intel_iommu=on" in cmdline or "vfio" in cmdline:
+        if "iommu=pt" in cmdline or "vfio" in cmdline:
             raise LabFailed(
                 f"after undo and reboot the command line still has our arguments: {cmdline}"
             )

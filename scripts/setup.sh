@@ -26,7 +26,7 @@ if [ "$mode" = test ]; then
     # libvirtd with the QEMU driver and OVMF for the domain tests.
     packages+=(libvirt-clients libxml2-utils libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 ovmf qemu-utils)
     # the lab: an ext4 image straight from a directory, SSH into the lab machine
-    packages+=(e2fsprogs openssh-client)
+    packages+=(e2fsprogs openssh-client grub-efi-amd64-bin grub-common dosfstools mtools fdisk)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -47,3 +47,42 @@ def test_lab_on_a_real_kernel(tmp_path: Path) -> None:
         result["drivers"]["0000:02:01.0"] != "vfio-pci"
     )  # the refused stand-in stayed with its driver
     assert set(result["timings"]) == {"image", "boot", "scan", "bind"}
+
+
+def test_full_chain_through_a_real_reboot(tmp_path: Path) -> None:
+    """UEFI + GRUB from the disk; apply runs the real update-initramfs and update-grub inside;
+    the reboot brings the card up on vfio-pci; undo and another reboot bring it back."""
+    assert os.geteuid() == 0, "the lab image is built with debootstrap: run as root (CI does)"
+    for tool in ("grub-mkstandalone", "mkfs.vfat", "mcopy", "sfdisk"):
+        assert shutil.which(tool), f"{tool} is required (scripts/setup.sh test installs it)"
+    artifacts = Path(os.environ.get("PASSTHROUGH_LAB_ARTIFACTS", REPO / "lab-artifacts"))
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "lab/run.py"),
+            "--full",
+            "--json",
+            "--artifacts",
+            str(artifacts),
+            "--keep",
+            str(tmp_path / "work"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=2400,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout)
+    assert result["ok"]
+    assert all(d != "vfio-pci" for d in result["drivers_after_undo"].values())
+    assert list(result["timings"]) == [
+        "image",
+        "boot (UEFI, GRUB from disk)",
+        "apply (real update-initramfs, update-grub)",
+        "reboot",
+        "verify",
+        "undo",
+        "reboot after undo",
+        "back to the original",
+    ]
