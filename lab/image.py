@@ -67,9 +67,8 @@ def tree() -> Path:
     return path
 
 
-def image(work: Path, public_key: str, size: str = "3G") -> tuple[Path, Path, Path]:
-    """An ext4 image of the tree with ``public_key`` for root; returns (image, kernel, initrd)."""
-    src = tree()
+def _staging(src: Path, work: Path, public_key: str) -> Path:
+    """A private copy of the cached tree that root logs into with ``public_key``."""
     work.mkdir(parents=True, exist_ok=True)
     staging = work / "root"
     shutil.rmtree(staging, ignore_errors=True)
@@ -79,6 +78,13 @@ def image(work: Path, public_key: str, size: str = "3G") -> tuple[Path, Path, Pa
     ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
     (ssh / "authorized_keys").write_text(public_key.strip() + "\n")
     (ssh / "authorized_keys").chmod(0o600)
+    return staging
+
+
+def image(work: Path, public_key: str, size: str = "3G") -> tuple[Path, Path, Path]:
+    """An ext4 image of the tree with ``public_key`` for root; returns (image, kernel, initrd)."""
+    src = tree()
+    staging = _staging(src, work, public_key)
     img = work / "lab.img"
     img.unlink(missing_ok=True)
     _run(["mkfs.ext4", "-q", "-F", "-L", "labroot", "-d", str(staging), str(img), size])
@@ -93,15 +99,7 @@ def disk(work: Path, public_key: str) -> Path:
     /boot/grub/grub.cfg from the root partition — so what update-grub writes there is what
     the next boot uses, as on a physical host."""
     src = tree()
-    work.mkdir(parents=True, exist_ok=True)
-    staging = work / "root"
-    shutil.rmtree(staging, ignore_errors=True)
-    _run(["cp", "-a", str(src), str(staging)])
-    (staging / ".complete").unlink()
-    ssh = staging / "root/.ssh"
-    ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
-    (ssh / "authorized_keys").write_text(public_key.strip() + "\n")
-    (ssh / "authorized_keys").chmod(0o600)
+    staging = _staging(src, work, public_key)
     # initramfs for this machine's own hardware: update-initramfs under TCG takes minutes with
     # Debian's default MODULES=most; the lab tests that it runs, not how much it packs
     (staging / "etc/initramfs-tools/conf.d/lab.conf").write_text("MODULES=dep\n")

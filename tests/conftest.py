@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import shutil
@@ -35,6 +36,24 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {
         name: fakehost.build(fakehost.load(name), base / name) for name in fakehost.sample_names()
     }
+
+
+def assert_golden(path: Path, got: str, regenerate: bool, what: str) -> None:
+    """Compare ``got`` with a golden file (a unified diff on mismatch); write it instead
+    with ``pytest --regenerate-golden``, then review the change in the git diff."""
+    if regenerate or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(got)
+        if not regenerate:
+            pytest.fail(f"golden file {path} was missing; written now, review and commit it")
+    want = path.read_text()
+    if got != want:
+        diff = "".join(
+            difflib.unified_diff(want.splitlines(True), got.splitlines(True), str(path), what)
+        )
+        pytest.fail(
+            f"{what} differs from {path} (rerun with --regenerate-golden if intended):\n{diff}"
+        )
 
 
 def build_variant(tmp_path: Path, name: str, **overrides: object) -> Path:

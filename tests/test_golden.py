@@ -5,7 +5,6 @@ Regenerate after an intended change with ``pytest --regenerate-golden`` and revi
 
 from __future__ import annotations
 
-import difflib
 import json
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from passthrough import fakehost
 from passthrough.host.discover import discover
 from passthrough.report import analyse, scan_json
 
-from .conftest import GOLDEN
+from .conftest import GOLDEN, assert_golden
 
 SCHEMA = json.loads(
     (Path(__file__).parents[1] / "passthrough/schemas/scan-v1.schema.json").read_text()
@@ -34,19 +33,7 @@ def test_scan_json_matches_golden(name: str, hosts: dict[str, Path], regenerate:
     got = _normalised(hosts[name])
     jsonschema.validate(json.loads(got), SCHEMA)
     path = GOLDEN / "scan" / f"{name}.json"
-    if regenerate or not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(got)
-        if not regenerate:
-            pytest.fail(f"golden file {path} was missing; written now, review and commit it")
-    want = path.read_text()
-    if got != want:
-        diff = "".join(
-            difflib.unified_diff(want.splitlines(True), got.splitlines(True), str(path), "scan")
-        )
-        pytest.fail(
-            f"scan differs from {path} (rerun with --regenerate-golden if intended):\n{diff}"
-        )
+    assert_golden(path, got, regenerate, "scan")
 
 
 def test_every_sample_has_a_golden_file() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
@@ -19,7 +18,7 @@ from passthrough.host.root import HostRoot
 from passthrough.plan.actions import plan_json
 from passthrough.plan.build import PlanOptions, make_plan
 
-from .conftest import GOLDEN
+from .conftest import GOLDEN, assert_golden
 
 
 def cloud_dropin(root: Path) -> None:
@@ -105,19 +104,7 @@ def test_plan_matches_golden(case: str, tmp_path: Path, regenerate: bool) -> Non
     data["root"] = "<root>"
     got = json.dumps(data, indent=2) + "\n"
     golden = GOLDEN / "plan" / f"{case}.json"
-    if regenerate or not golden.exists():
-        golden.parent.mkdir(parents=True, exist_ok=True)
-        golden.write_text(got)
-        if not regenerate:
-            pytest.fail(f"golden file {golden} was missing; written now, review and commit it")
-    want = golden.read_text()
-    if got != want:
-        diff = "".join(
-            difflib.unified_diff(want.splitlines(True), got.splitlines(True), str(golden), "plan")
-        )
-        pytest.fail(
-            f"plan differs from {golden} (rerun with --regenerate-golden if intended):\n{diff}"
-        )
+    assert_golden(golden, got, regenerate, "plan")
 
 
 def _plan(path: Path, opts: PlanOptions) -> dict[str, Any]:

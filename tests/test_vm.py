@@ -3,7 +3,6 @@ the QEMU driver (domxml-to-native), policy findings on broken files, bad input."
 
 from __future__ import annotations
 
-import difflib
 import io
 import json
 import os
@@ -21,7 +20,7 @@ from passthrough.vm.render import render
 from passthrough.vm.spec import VmOptions, build_spec
 from passthrough.vm.validate import validate_text
 
-from .conftest import GOLDEN
+from .conftest import GOLDEN, assert_golden
 
 REPO = Path(__file__).parents[1]
 CASES: dict[str, tuple[str, VmOptions]] = {
@@ -59,19 +58,7 @@ def rendered(hosts: dict[str, Path]) -> dict[str, str]:
 def test_domain_xml_matches_golden(case: str, rendered: dict[str, str], regenerate: bool) -> None:
     got = rendered[case]
     path = GOLDEN / "vm" / f"{case}.xml"
-    if regenerate or not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(got)
-        if not regenerate:
-            pytest.fail(f"golden file {path} was missing; written now, review and commit it")
-    want = path.read_text()
-    if got != want:
-        diff = "".join(
-            difflib.unified_diff(want.splitlines(True), got.splitlines(True), str(path), "render")
-        )
-        pytest.fail(
-            f"XML differs from {path} (rerun with --regenerate-golden if intended):\n{diff}"
-        )
+    assert_golden(path, got, regenerate, "render")
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

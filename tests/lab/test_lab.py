@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,15 +17,19 @@ REPO = Path(__file__).parents[2]
 pytestmark = pytest.mark.lab
 
 
-def test_lab_on_a_real_kernel(tmp_path: Path) -> None:
+def _run_lab(tmp_path: Path, *flags: str) -> dict[str, Any]:
     assert os.geteuid() == 0, "the lab image is built with debootstrap: run as root (CI does)"
-    for tool in ("qemu-system-x86_64", "debootstrap", "mkfs.ext4", "ssh", "ssh-keygen"):
+    tools = ["qemu-system-x86_64", "debootstrap", "mkfs.ext4", "ssh", "ssh-keygen"]
+    if "--full" in flags:
+        tools += ["grub-mkstandalone", "mkfs.vfat", "mcopy", "sfdisk"]
+    for tool in tools:
         assert shutil.which(tool), f"{tool} is required (scripts/setup.sh test installs it)"
     artifacts = Path(os.environ.get("PASSTHROUGH_LAB_ARTIFACTS", REPO / "lab-artifacts"))
     r = subprocess.run(
         [
             sys.executable,
             str(REPO / "lab/run.py"),
+            *flags,
             "--json",
             "--artifacts",
             str(artifacts),
@@ -33,12 +38,18 @@ def test_lab_on_a_real_kernel(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=1800,
+        timeout=2400,
         check=False,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    result = json.loads(r.stdout)
-    assert result["ok"] and result["groups"] >= 5
+    result: dict[str, Any] = json.loads(r.stdout)
+    assert result["ok"]
+    return result
+
+
+def test_lab_on_a_real_kernel(tmp_path: Path) -> None:
+    result = _run_lab(tmp_path)
+    assert result["groups"] >= 5
     assert (
         result["drivers"]["0000:01:00.0"] == "vfio-pci"
         and result["drivers"]["0000:01:00.1"] == "vfio-pci"
@@ -52,29 +63,7 @@ def test_lab_on_a_real_kernel(tmp_path: Path) -> None:
 def test_full_chain_through_a_real_reboot(tmp_path: Path) -> None:
     """UEFI + GRUB from the disk; apply runs the real update-initramfs and update-grub inside;
     the reboot brings the card up on vfio-pci; undo and another reboot bring it back."""
-    assert os.geteuid() == 0, "the lab image is built with debootstrap: run as root (CI does)"
-    for tool in ("grub-mkstandalone", "mkfs.vfat", "mcopy", "sfdisk"):
-        assert shutil.which(tool), f"{tool} is required (scripts/setup.sh test installs it)"
-    artifacts = Path(os.environ.get("PASSTHROUGH_LAB_ARTIFACTS", REPO / "lab-artifacts"))
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "lab/run.py"),
-            "--full",
-            "--json",
-            "--artifacts",
-            str(artifacts),
-            "--keep",
-            str(tmp_path / "work"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=2400,
-        check=False,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    result = json.loads(r.stdout)
-    assert result["ok"]
+    result = _run_lab(tmp_path, "--full")
     assert all(d != "vfio-pci" for d in result["drivers_after_undo"].values())
     assert list(result["timings"]) == [
         "image",
