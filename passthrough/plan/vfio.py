@@ -100,8 +100,9 @@ def modprobe_conf(ids: list[str], deps: dict[str, str]) -> str:
 
 
 def udev_rule(functions: list[PciFunction]) -> str:
-    """driver_override per device, set when the device appears, then a re-probe: vfio-pci,
-    loaded early from the initramfs, does not look at a device again by itself."""
+    """driver_override per device, set when the device appears, then a re-probe in case the
+    device was left unbound. (The lab shows Debian 12's 6.1 kernel binding the card from the
+    override alone; the probe is then a no-op.)"""
     lines = [HEADER, "# Identical cards are kept by the host, so IDs cannot tell them apart.\n"]
     for f in functions:
         lines.append(
