@@ -12,6 +12,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 CACHE = Path(os.environ.get("PASSTHROUGH_LAB_CACHE", "/var/cache/passthrough-lab"))
@@ -41,17 +42,28 @@ def _run(argv: list[str], timeout: int = 1800) -> str:
     return r.stdout
 
 
-def tree() -> Path:
-    """The debootstrapped tree (cached)."""
-    path = CACHE / f"tree-{hashlib.sha256(RECIPE.encode()).hexdigest()[:12]}"
+def cached_debootstrap(
+    cache: Path, prefix: str, packages: str, recipe: str, prepare: Callable[[Path], None]
+) -> Path:
+    """A Debian 12 tree debootstrapped once into ``cache`` and kept under a name derived
+    from ``recipe``, so changing the recipe rebuilds it. ``prepare`` finishes the tree
+    before it is marked complete (an interrupted build is started over)."""
+    path = cache / f"{prefix}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
     if (path / ".complete").exists():
         return path
     tmp = path.with_suffix(".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)
     _run(
-        ["debootstrap", "--variant=minbase", f"--include={PACKAGES}", "bookworm", str(tmp), MIRROR]
+        ["debootstrap", "--variant=minbase", f"--include={packages}", "bookworm", str(tmp), MIRROR]
     )
+    prepare(tmp)
+    (tmp / ".complete").write_text(recipe + "\n")
+    tmp.rename(path)
+    return path
+
+
+def _prepare_lab(tmp: Path) -> None:
     (tmp / "etc/hostname").write_text("lab-host\n")
     (tmp / "etc/fstab").write_text("LABEL=labroot / ext4 defaults,errors=remount-ro 0 1\n")
     (tmp / "etc/default/grub").write_text(GRUB_DEFAULTS)
@@ -62,9 +74,11 @@ def tree() -> Path:
     link = wants / "systemd-networkd.service"
     if not link.exists():
         link.symlink_to("/lib/systemd/system/systemd-networkd.service")
-    (tmp / ".complete").write_text(RECIPE + "\n")
-    tmp.rename(path)
-    return path
+
+
+def tree() -> Path:
+    """The lab host's debootstrapped tree (cached)."""
+    return cached_debootstrap(CACHE, "tree", PACKAGES, RECIPE, _prepare_lab)
 
 
 def _staging(src: Path, work: Path, public_key: str) -> Path:

@@ -72,17 +72,26 @@ class Lab:
         return self.sh(f"cd /opt/passthrough-src && python3 -m passthrough {args}")
 
     # -- stages -------------------------------------------------------------------------
-    def build(self) -> tuple[Path, Path, Path, Path]:
+    def _key(self) -> Path:
+        """The SSH key root logs into the lab with (made once per work directory)."""
         key = self.work / "id_lab"
         if not key.exists():
             subprocess.run(
                 ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True
             )
+        return key
+
+    def build(self) -> tuple[Path, Path, Path, Path]:
+        key = self._key()
         img, kernel, initrd = image.image(self.work, (self.work / "id_lab.pub").read_text())
         return img, kernel, initrd, key
 
-    def boot(self, img: Path, kernel: Path, initrd: Path, key: Path) -> float:
-        self.machine = machine.LabMachine(self.work, img, kernel, initrd, APPEND, key)
+    def boot(self, img: Path, kernel: Path | None, initrd: Path | None, key: Path) -> float:
+        """Start the machine (direct kernel boot, or UEFI + GRUB from the disk when no kernel
+        is given), wait for sshd, and put the toolkit inside."""
+        self.machine = machine.LabMachine(
+            self.work, img, kernel, initrd, APPEND if kernel else "", key
+        )
         self.machine.start()
         seconds = self.machine.wait_ssh()
         import pyudev
@@ -141,16 +150,6 @@ class Lab:
 
     # -- the full chain: UEFI + GRUB from the disk, apply, reboot, verify, undo, reboot ---------
     FILES = "find /etc /boot -xdev -type f ! -path '/etc/ssh/*' ! -path '/etc/machine-id' -print0 | sort -z | xargs -0 sha256sum"
-
-    def boot_uefi(self, disk: Path, key: Path) -> float:
-        self.machine = machine.LabMachine(self.work, disk, None, None, "", key)
-        self.machine.start()
-        seconds = self.machine.wait_ssh()
-        import pyudev
-
-        self.machine.copy_to(REPO / "passthrough", "/opt/passthrough-src")
-        self.machine.copy_to(Path(pyudev.__file__).parent, "/opt/passthrough-src")
-        return seconds
 
     def apply(self) -> dict[str, Any]:
         cmdline = self.sh("cat /proc/cmdline").stdout
@@ -219,26 +218,10 @@ class Lab:
             raise LabFailed(f"after undo and reboot: {drivers}")
         return drivers
 
-    def run_full(self) -> dict[str, Any]:
+    def _guarded(self, stages: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Run the stages; keep the artifacts on failure; stop the machine in any case."""
         try:
-
-            def build() -> tuple[Path, Path]:
-                key = self.work / "id_lab"
-                if not key.exists():
-                    subprocess.run(
-                        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True
-                    )
-                return image.disk(self.work, (self.work / "id_lab.pub").read_text()), key
-
-            disk, key = self.stage("image", build)
-            self.stage("boot (UEFI, GRUB from disk)", lambda: self.boot_uefi(disk, key))
-            self.stage("apply (real update-initramfs, update-grub)", self.apply)
-            self.stage("reboot", self.reboot)
-            self.stage("verify", self.verify)
-            self.stage("undo", self.undo)
-            self.stage("reboot after undo", self.reboot)
-            drivers = self.stage("back to the original", self.back)
-            return {"ok": True, "timings": self.timings, "drivers_after_undo": drivers}
+            return stages()
         except Exception:
             self.keep_artifacts()
             raise
@@ -246,8 +229,26 @@ class Lab:
             if self.machine is not None:
                 self.machine.stop()
 
+    def run_full(self) -> dict[str, Any]:
+        def stages() -> dict[str, Any]:
+            def build() -> tuple[Path, Path]:
+                key = self._key()
+                return image.disk(self.work, (self.work / "id_lab.pub").read_text()), key
+
+            disk, key = self.stage("image", build)
+            self.stage("boot (UEFI, GRUB from disk)", lambda: self.boot(disk, None, None, key))
+            self.stage("apply (real update-initramfs, update-grub)", self.apply)
+            self.stage("reboot", self.reboot)
+            self.stage("verify", self.verify)
+            self.stage("undo", self.undo)
+            self.stage("reboot after undo", self.reboot)
+            drivers = self.stage("back to the original", self.back)
+            return {"ok": True, "timings": self.timings, "drivers_after_undo": drivers}
+
+        return self._guarded(stages)
+
     def run(self) -> dict[str, Any]:
-        try:
+        def stages() -> dict[str, Any]:
             img, kernel, initrd, key = self.stage("image", self.build)
             self.stage("boot", lambda: self.boot(img, kernel, initrd, key))
             scan = self.stage("scan", self.scan)
@@ -258,12 +259,8 @@ class Lab:
                 "groups": scan["host"]["iommu"]["groups"],
                 "drivers": drivers,
             }
-        except Exception:
-            self.keep_artifacts()
-            raise
-        finally:
-            if self.machine is not None:
-                self.machine.stop()
+
+        return self._guarded(stages)
 
     def keep_artifacts(self) -> None:
         self.artifacts.mkdir(parents=True, exist_ok=True)

@@ -701,47 +701,10 @@ def cmd_bind(args: argparse.Namespace, stack: list[str]) -> int:
     return EXIT_OK
 
 
-def _size_mib(text: str) -> int:
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    factor = 1
-    if t.endswith("G"):
-        factor, t = 1024, t[:-1]
-    elif t.endswith("M"):
-        t = t[:-1]
-    if not t.isdigit():
-        raise PassthroughError(f"--memory {text!r}: expected MiB or a size such as 16G")
-    return int(t) * factor
-
-
 def _vm_options(args: argparse.Namespace) -> Any:
-    import yaml
+    from passthrough.vm.spec import VmOptions, load_spec_file, size_mib
 
-    from passthrough.vm.spec import VmOptions
-
-    values: dict[str, Any] = {}
-    if args.spec:
-        try:
-            with open(args.spec) as fh:
-                loaded = yaml.safe_load(fh) or {}
-        except OSError as exc:
-            raise PassthroughError(f"--spec {args.spec}: {exc.strerror}") from None
-        except yaml.YAMLError:
-            raise PassthroughError(f"--spec {args.spec}: not valid YAML") from None
-        if not isinstance(loaded, dict):
-            raise PassthroughError(f"--spec {args.spec}: expected a mapping of VM options")
-        known = set(VmOptions.__dataclass_fields__)
-        for key, value in loaded.items():
-            k = str(key).replace("-", "_")
-            if k == "memory":
-                values["memory_mib"] = _size_mib(str(value))
-            elif k == "gpus" or k == "gpu":
-                values["gpus"] = tuple(
-                    str(g) for g in (value if isinstance(value, list) else [value])
-                )
-            elif k in known:
-                values[k] = value
-            else:
-                raise PassthroughError(f"--spec {args.spec}: unknown option {key!r}")
+    values: dict[str, Any] = load_spec_file(args.spec) if args.spec else {}
     flags = {
         "name": args.name,
         "vcpus": args.vcpus,
@@ -757,7 +720,7 @@ def _vm_options(args: argparse.Namespace) -> Any:
     }
     values.update({k: v for k, v in flags.items() if v is not None})
     if args.memory:
-        values["memory_mib"] = _size_mib(args.memory)
+        values["memory_mib"] = size_mib(args.memory, "--memory")
     if args.gpu:
         values["gpus"] = tuple(args.gpu)
     if args.no_hide:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import difflib
-import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from passthrough import fakehost
 from passthrough.apply import chroot_argv
 
 GOLDEN = Path(__file__).parent / "golden"
+REPO = Path(__file__).parents[1]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -66,7 +68,9 @@ def build_variant(tmp_path: Path, name: str, **overrides: object) -> Path:
 
 # -- a real Debian 12 tree, debootstrapped once and cached outside the repository ----------
 CACHE = Path(os.environ.get("PASSTHROUGH_TEST_CACHE", "/var/cache/passthrough-test"))
-MIRROR = os.environ.get("PASSTHROUGH_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+MIRROR = os.environ.get(
+    "PASSTHROUGH_DEBIAN_MIRROR", "http://deb.debian.org/debian"
+)  # in RECIPE: the cache key
 PACKAGES = "linux-image-amd64,grub-efi-amd64-bin,grub2-common,initramfs-tools,kmod,udev,python3,python3-apt"
 RECIPE = f"debootstrap --variant=minbase --include={PACKAGES} bookworm {MIRROR}; grub default from template; update-grub"
 
@@ -77,26 +81,29 @@ def run_ok(argv: list[str], timeout: int = 900) -> subprocess.CompletedProcess[s
     return r
 
 
+def _lab_image() -> Any:
+    """lab/image.py (test infrastructure, not part of the package)."""
+    spec = importlib.util.spec_from_file_location(
+        "passthrough_lab_image", REPO / "lab" / "image.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session")
 def debian_tree() -> Path:
     assert os.geteuid() == 0, "this test runs chroot and mounts: run the suite as root (CI does)"
     assert shutil.which("debootstrap"), (
         "debootstrap is required (scripts/setup.sh test installs it)"
     )
-    tree = CACHE / f"bookworm-{hashlib.sha256(RECIPE.encode()).hexdigest()[:12]}"
-    if (tree / ".complete").exists():
-        return tree
-    tmp = tree.with_suffix(".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    run_ok(
-        ["debootstrap", "--variant=minbase", f"--include={PACKAGES}", "bookworm", str(tmp), MIRROR],
-        timeout=1800,
-    )
-    # what grub-pc's postinst would do on a real install
-    shutil.copy(tmp / "usr/share/grub/default/grub", tmp / "etc/default/grub")
-    (tmp / "boot/grub").mkdir(parents=True, exist_ok=True)
-    run_ok(chroot_argv(str(tmp), ("update-grub",)))
-    (tmp / ".complete").write_text(RECIPE + "\n")
-    tmp.rename(tree)
+
+    def prepare(tmp: Path) -> None:
+        # what grub-pc's postinst would do on a real install
+        shutil.copy(tmp / "usr/share/grub/default/grub", tmp / "etc/default/grub")
+        (tmp / "boot/grub").mkdir(parents=True, exist_ok=True)
+        run_ok(chroot_argv(str(tmp), ("update-grub",)))
+
+    tree: Path = _lab_image().cached_debootstrap(CACHE, "bookworm", PACKAGES, RECIPE, prepare)
     return tree

@@ -138,7 +138,7 @@ def test_bad_values_never_reach_the_xml(
             ["--name", "ok", "--disk", "/nonexistent/disk.qcow2"],
             "disk: /nonexistent/disk.qcow2 does not exist",
         ),
-        (["--name", "ok", "--memory", "lots"], "--memory 'lots'"),
+        (["--name", "ok", "--memory", "lots"], "--memory: 'lots' is not MiB"),
     ):
         assert main(["render", "--root", root, *args]) == 2, args
         captured = capsys.readouterr()

@@ -14,6 +14,7 @@ from passthrough.analysis.viability import kernel_version
 from passthrough.host.root import HostRoot
 from passthrough.model import Host, InitramfsKind, PciFunction
 from passthrough.plan.actions import Action, Run, WriteFile
+from passthrough.plan.kargs import UnsafeCmdline
 
 MODPROBE = "etc/modprobe.d/passthrough-vfio.conf"
 UDEV_RULE = "etc/udev/rules.d/40-passthrough-vfio.rules"
@@ -176,8 +177,6 @@ def initramfs_actions(root: HostRoot, host: Host) -> tuple[list[Action], list[st
             ], notes
         m = re.search(r"^MODULES=\(([^)]*)\)", conf, re.MULTILINE)
         if m is None:
-            from passthrough.plan.kargs import UnsafeCmdline
-
             raise UnsafeCmdline(
                 "/etc/mkinitcpio.conf", "has no MODULES=(...) line the planner can edit"
             )

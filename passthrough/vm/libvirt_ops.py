@@ -91,7 +91,7 @@ def define(
                 raise LibvirtError(
                     f"{name} was defined but did not start: {exc.get_error_message()}"
                 ) from None
-        return _status(conn, dom, uri)
+        return _status(dom, uri)
     finally:
         conn.close()
 
@@ -145,15 +145,14 @@ def undefine(uri: str, name: str) -> None:
 def status(uri: str, name: str) -> dict[str, Any]:
     conn = connect(uri)
     try:
-        return _status(conn, _lookup(conn, name), uri)
+        return _status(_lookup(conn, name), uri)
     finally:
         conn.close()
 
 
-def _status(conn: Any, dom: Any, uri: str) -> dict[str, Any]:
+def _status(dom: Any, uri: str) -> dict[str, Any]:
     from lxml import etree
 
-    del conn  # the domain's connection must stay open while we read it
     state, _reason = dom.state()
     doc = etree.fromstring(dom.XMLDesc(0).encode())
     hostdevs = []

@@ -102,6 +102,48 @@ class VmSpec:
     meta: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
+def size_mib(text: str, where: str) -> int:
+    """``16G`` / ``16384M`` / ``16384`` → MiB."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    factor = 1
+    if t.endswith("G"):
+        factor, t = 1024, t[:-1]
+    elif t.endswith("M"):
+        t = t[:-1]
+    if not t.isdigit():
+        raise BadVmSpec(where, f"{text!r} is not MiB or a size such as 16G")
+    return int(t) * factor
+
+
+def load_spec_file(path: str) -> dict[str, Any]:
+    """VM options from a YAML file, with the names of the command-line flags."""
+    import yaml
+
+    where = f"--spec {path}"
+    try:
+        with open(path) as fh:
+            loaded = yaml.safe_load(fh) or {}
+    except OSError as exc:
+        raise BadVmSpec(where, exc.strerror or "cannot read it") from None
+    except yaml.YAMLError:
+        raise BadVmSpec(where, "not valid YAML") from None
+    if not isinstance(loaded, dict):
+        raise BadVmSpec(where, "expected a mapping of VM options")
+    known = set(VmOptions.__dataclass_fields__)
+    values: dict[str, Any] = {}
+    for key, value in loaded.items():
+        k = str(key).replace("-", "_")
+        if k == "memory":
+            values["memory_mib"] = size_mib(str(value), where)
+        elif k in ("gpus", "gpu"):
+            values["gpus"] = tuple(str(g) for g in (value if isinstance(value, list) else [value]))
+        elif k in known:
+            values[k] = value
+        else:
+            raise BadVmSpec(where, f"unknown option {key!r}")
+    return values
+
+
 def _check_text(field_name: str, value: str | None, pattern: re.Pattern[str], what: str) -> None:
     if value is not None and not pattern.match(value):
         raise BadVmSpec(field_name, f"{value!r} is not {what}")

@@ -19,7 +19,7 @@ from xml.sax.saxutils import quoteattr
 from lxml import etree
 
 from passthrough.analysis.viability import find_gpus, mmio_window_bytes
-from passthrough.model import Host, PciAddress, PciFunction
+from passthrough.model import Host, PciFunction
 from passthrough.vm.render import POLICY_NS
 from passthrough.vm.spec import OVMF_DEFAULT_MMIO
 
@@ -271,7 +271,3 @@ def junit(results: dict[str, list[Finding]]) -> str:
 
 def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def address_of(text: str) -> PciAddress:
-    return PciAddress.parse(text)
