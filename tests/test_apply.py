@@ -17,6 +17,7 @@ from passthrough.apply import ApplyError, Busy, apply, locked, undo
 from passthrough.cli import main
 from passthrough.host.discover import discover
 from passthrough.host.root import HostRoot
+from passthrough.plan.actions import Run
 from passthrough.plan.build import PlanOptions, make_plan
 
 from .test_plan import build
@@ -88,6 +89,51 @@ def test_two_applies_then_undo_returns_to_the_original(tmp_path: Path) -> None:
     assert "hugepages=8" in (path / "etc/default/grub.d/99-passthrough.cfg").read_text()
     undo(HostRoot(str(path)))
     assert changed(before, snapshot_tree(path)) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "opts", "rebuild"),
+    [
+        ("hgx-h100", PlanOptions(gpus=("18:00.0",)), "update-initramfs"),
+        ("epyc-v100", PlanOptions(gpus=("03:00.0", "04:00.0")), "dracut"),
+        ("root-nvme-in-group", PlanOptions(gpus=("0a:00.0",), allow_boot_gpu=True), "mkinitcpio"),
+    ],
+)
+def test_initramfs_is_rebuilt_when_only_modprobe_or_udev_files_change(
+    tmp_path: Path, name: str, opts: PlanOptions, rebuild: str
+) -> None:
+    """Every initramfs tool copies /etc/modprobe.d into the image, and initramfs-tools the
+    custom udev rules too (the lab saw the driver_override rule run inside the initramfs):
+    a plan that changes only those files must still rebuild it, or the next boot runs the
+    old binding. A plan that changes nothing stays empty, for each tool."""
+    path = build(tmp_path, name, {})
+    assert _apply(path, opts)["state"] == "complete"
+    root = HostRoot(str(path))
+
+    def files_and_rebuilds() -> list[tuple[str, str]]:
+        # (bootloader commands are only listed on a fixture tree, so grubby's reappear)
+        replan, _ = make_plan(root, discover(str(path)), opts)
+        return [
+            (type(a).__name__, getattr(a, "path", None) or a.argv[0])
+            for a in replan.actions
+            if not isinstance(a, Run) or a.argv[0] == rebuild
+        ]
+
+    assert files_and_rebuilds() == []
+    conf = path / "etc/modprobe.d/passthrough-vfio.conf"
+    conf.write_text(conf.read_text() + "# an edit by hand\n")
+    assert files_and_rebuilds() == [
+        ("WriteFile", "etc/modprobe.d/passthrough-vfio.conf"),
+        ("Run", rebuild),
+    ]
+
+
+def test_adding_a_card_rebuilds_the_initramfs_for_its_udev_rule(tmp_path: Path) -> None:
+    path = build(tmp_path, "hgx-h100", {})
+    _apply(path, PlanOptions(gpus=("18:00.0",)))
+    tx = _apply(path, PlanOptions(gpus=("18:00.0", "19:00.0")))
+    steps = [(s["kind"], s.get("argv", [""])[0]) for s in tx["steps"]]
+    assert ("write", "") in steps and ("run", "update-initramfs") in steps, steps
 
 
 def _count_calls(path: Path) -> int:

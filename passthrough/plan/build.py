@@ -61,12 +61,9 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
         actions.append(
             RemoveFile(vfio.UDEV_RULE, "IDs are unambiguous now; per-device overrides not needed")
         )
-    init_actions, init_notes = vfio.initramfs_actions(root, host)
+    init_actions, init_notes = vfio.initramfs_actions(root, host, others_changed=bool(actions))
     notes += init_notes
-    files_changed = bool(actions) or any(isinstance(a, WriteFile) for a in init_actions)
-    if files_changed:
-        actions += [a for a in init_actions if isinstance(a, WriteFile)]
-        actions += [a for a in init_actions if not isinstance(a, WriteFile)]
+    actions += init_actions  # its writes, then the rebuild that reads them all
     change = ArgChange()
     if loader is None:
         missing = needed(list(host.kernel.cmdline), target)

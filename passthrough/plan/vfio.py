@@ -102,8 +102,9 @@ def modprobe_conf(ids: list[str], deps: dict[str, str]) -> str:
 
 def udev_rule(functions: list[PciFunction]) -> str:
     """driver_override per device, set when the device appears, then a re-probe in case the
-    device was left unbound. (The lab shows Debian 12's 6.1 kernel binding the card from the
-    override alone; the probe is then a no-op.)"""
+    device was left unbound. initramfs-tools copies the rule into the initramfs, where it runs
+    before any GPU or audio driver can load (the lab shows Debian 12 binding the card from the
+    override alone; the probe is then a no-op) — which is why a changed rule rebuilds it."""
     lines = [HEADER, "# Identical cards are kept by the host, so IDs cannot tell them apart.\n"]
     for f in functions:
         lines.append(
@@ -114,50 +115,62 @@ def udev_rule(functions: list[PciFunction]) -> str:
     return "".join(lines)
 
 
-def initramfs_actions(root: HostRoot, host: Host) -> tuple[list[Action], list[str]]:
+def initramfs_actions(
+    root: HostRoot, host: Host, others_changed: bool = False
+) -> tuple[list[Action], list[str]]:
+    """The early-loading edit for the host's initramfs tool and its rebuild. The rebuild is
+    also due when only ``others_changed`` (the modprobe.d file or the udev rule): every one
+    of these tools copies /etc/modprobe.d into the image, and initramfs-tools copies the
+    custom rules of /etc/udev/rules.d too — the lab saw the driver_override rule applied
+    inside the initramfs, before the root filesystem was even mounted."""
     mods = early_modules(host)
     notes: list[str] = []
+    writes: list[Action] = []
     kind = host.boot.initramfs
     if kind is InitramfsKind.INITRAMFS_TOOLS:
         text = root.read(INITRAMFS_TOOLS)
         existing = text.splitlines() if text is not None else []
         have = {line.split("#", 1)[0].strip() for line in existing}
         missing = [m for m in mods if m not in have]
-        if not missing:
-            return [], notes
-        body = (
-            (text + "\n" if text and not text.endswith("\n") else text or "")
-            + MARK
-            + "\n"
-            + "".join(f"{m}\n" for m in missing)
+        if missing:
+            body = (
+                (text + "\n" if text and not text.endswith("\n") else text or "")
+                + MARK
+                + "\n"
+                + "".join(f"{m}\n" for m in missing)
+            )
+            writes.append(
+                WriteFile(
+                    INITRAMFS_TOOLS,
+                    body.encode(),
+                    "vfio modules in the initramfs, before GPU drivers",
+                )
+            )
+        regen = Run(
+            ("update-initramfs", "-u", "-k", "all"),
+            "rebuild every initramfs",
+            touches=("boot/initrd.img-*",),
+            regenerate=True,
         )
-        return [
-            WriteFile(
-                INITRAMFS_TOOLS, body.encode(), "vfio modules in the initramfs, before GPU drivers"
-            ),
-            Run(
-                ("update-initramfs", "-u", "-k", "all"),
-                "rebuild every initramfs",
-                touches=("boot/initrd.img-*",),
-                regenerate=True,
-            ),
-        ], notes
-    if kind is InitramfsKind.DRACUT:
+    elif kind is InitramfsKind.DRACUT:
         body = (
             HEADER + f'force_drivers+=" {" ".join(mods)} "\n' + f'install_items+=" /{MODPROBE} "\n'
         )
-        return [
-            WriteFile(
-                DRACUT, body.encode(), "vfio modules in the initramfs (dracut reads only *.conf)"
-            ),
-            Run(
-                ("dracut", "-f", "--regenerate-all"),
-                "rebuild every initramfs",
-                touches=("boot/initramfs-*.img",),
-                regenerate=True,
-            ),
-        ], notes
-    if kind is InitramfsKind.MKINITCPIO:
+        if root.read_bytes(DRACUT) != body.encode():
+            writes.append(
+                WriteFile(
+                    DRACUT,
+                    body.encode(),
+                    "vfio modules in the initramfs (dracut reads only *.conf)",
+                )
+            )
+        regen = Run(
+            ("dracut", "-f", "--regenerate-all"),
+            "rebuild every initramfs",
+            touches=("boot/initramfs-*.img",),
+            regenerate=True,
+        )
+    elif kind is InitramfsKind.MKINITCPIO:
         regen = Run(
             ("mkinitcpio", "-P"),
             "rebuild every preset's initramfs",
@@ -171,23 +184,32 @@ def initramfs_actions(root: HostRoot, host: Host) -> tuple[list[Action], list[st
             )
         if root.isdir("etc/mkinitcpio.conf.d"):
             body = HEADER + f"MODULES+=({' '.join(mods)})\n"
-            return [
-                WriteFile(MKINITCPIO_DROPIN, body.encode(), "vfio modules in the initramfs"),
-                regen,
-            ], notes
-        m = re.search(r"^MODULES=\(([^)]*)\)", conf, re.MULTILINE)
-        if m is None:
-            raise UnsafeCmdline(
-                "/etc/mkinitcpio.conf", "has no MODULES=(...) line the planner can edit"
-            )
-        present = m[1].split()
-        missing = [x for x in mods if x not in present]
-        if not missing:
-            return [], notes
-        new = conf[: m.start()] + "MODULES=(" + " ".join(missing + present) + ")" + conf[m.end() :]
-        return [
-            WriteFile("etc/mkinitcpio.conf", new.encode(), "vfio modules first in the initramfs"),
-            regen,
-        ], notes
-    notes.append("no initramfs tool recognised: vfio-pci binds once the root filesystem is up")
-    return [], notes
+            if root.read_bytes(MKINITCPIO_DROPIN) != body.encode():
+                writes.append(
+                    WriteFile(MKINITCPIO_DROPIN, body.encode(), "vfio modules in the initramfs")
+                )
+        else:
+            m = re.search(r"^MODULES=\(([^)]*)\)", conf, re.MULTILINE)
+            if m is None:
+                raise UnsafeCmdline(
+                    "/etc/mkinitcpio.conf", "has no MODULES=(...) line the planner can edit"
+                )
+            present = m[1].split()
+            missing = [x for x in mods if x not in present]
+            if missing:
+                new = (
+                    conf[: m.start()]
+                    + "MODULES=("
+                    + " ".join(missing + present)
+                    + ")"
+                    + conf[m.end() :]
+                )
+                writes.append(
+                    WriteFile(
+                        "etc/mkinitcpio.conf", new.encode(), "vfio modules first in the initramfs"
+                    )
+                )
+    else:
+        notes.append("no initramfs tool recognised: vfio-pci binds once the root filesystem is up")
+        return [], notes
+    return ([*writes, regen] if writes or others_changed else []), notes
