@@ -270,7 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     render_p.add_argument("--bridge", metavar="BRIDGE", help="attach to a host bridge")
     render_p.add_argument(
-        "--network", metavar="NAME", help="attach to a libvirt network (default: default)"
+        "--network",
+        metavar="NAME",
+        help="attach to a libvirt network (default: default; none: no NIC)",
     )
     render_p.add_argument("--seed", metavar="ISO", help="cloud-init seed ISO (user, SSH key)")
     render_p.add_argument("--profile", choices=("linux", "windows"))
@@ -299,6 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     render_p.add_argument(
         "--no-numa-pin", action="store_true", default=None, help="do not pin to the GPUs' NUMA node"
+    )
+    render_p.add_argument(
+        "--virt-type",
+        choices=("kvm", "qemu"),
+        help="kvm (default) or qemu: software emulation (TCG) for a lab or CI machine without "
+        "a working /dev/kvm; the CPU model becomes QEMU's max instead of host-passthrough",
     )
     render_p.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
 
@@ -717,6 +725,7 @@ def _vm_options(args: argparse.Namespace) -> Any:
         "profile": args.profile,
         "vendor_id": args.vendor_id,
         "rom": args.rom,
+        "virt_type": args.virt_type,
     }
     values.update({k: v for k, v in flags.items() if v is not None})
     if args.memory:

@@ -17,7 +17,7 @@ from passthrough import fakehost
 from passthrough.cli import main
 from passthrough.host.discover import discover
 from passthrough.vm.render import render
-from passthrough.vm.spec import VmOptions, build_spec
+from passthrough.vm.spec import BadVmSpec, VmOptions, build_spec
 from passthrough.vm.validate import validate_text
 
 from .conftest import GOLDEN, assert_golden
@@ -357,6 +357,28 @@ def test_real_libvirtd_passes_hiding_and_devices_to_qemu(
         assert '"host-nodes":[0],"policy":"bind"' in argv
     if case == "windows-profile":
         assert "hv-relaxed=on" in argv or "hv_relaxed" in argv
+
+
+def test_software_emulated_guest_for_machines_without_kvm(
+    libvirtd: str, hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    """virt_type qemu (what the lab's nested guest needs): TCG, QEMU's max CPU model instead
+    of host-passthrough (which needs KVM), the hypervisor still hidden; network none: no NIC."""
+    host = discover(str(hosts["consumer-intel"]))
+    xml = render(build_spec(host, VmOptions(name="tcg-guest", virt_type="qemu", network="none")))
+    assert "<domain type='qemu'" in xml and "<cpu mode='maximum'" in xml
+    assert "<interface" not in xml and "host-passthrough" not in xml
+    assert validate_text(xml.encode(), "tcg-guest", host) == []
+    path = tmp_path / "tcg.xml"
+    path.write_text(xml)
+    r = subprocess.run(["virt-xml-validate", str(path), "domain"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    argv = _native(libvirtd, xml, "tcg-guest")
+    assert "accel=tcg" in argv or "-accel tcg" in argv, argv
+    assert "-cpu max," in argv and "kvm=off" in argv and "hv-vendor-id=passthrough" in argv
+    assert "-netdev" not in argv and '"driver":"vfio-pci"' in argv
+    with pytest.raises(BadVmSpec, match="virt_type: 'xen' is not kvm or qemu"):
+        build_spec(host, VmOptions(name="x", virt_type="xen"))
 
 
 def test_real_libvirtd_refuses_a_second_definition(

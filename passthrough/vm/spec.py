@@ -21,6 +21,10 @@ VENDOR_ID_RE = re.compile(r"^[A-Za-z0-9_ .-]{1,12}$")
 PATH_SAFE = re.compile(r"^[^\x00-\x1f<>&\"'\]]+$")
 DEFAULT_VENDOR_ID = "passthrough"  # any ≤ 12-character string works; the point is not "KVMKVMKVM"
 OVMF_DEFAULT_MMIO = 32 << 30
+# libvirt domain types: kvm (hardware virtualization: every real GPU guest) and qemu (TCG,
+# software emulation: a lab or CI machine without a working /dev/kvm)
+VIRT_TYPES = ("kvm", "qemu")
+NO_NETWORK = "none"  # --network none: a guest without a NIC
 
 
 class BadVmSpec(PassthroughError):
@@ -73,6 +77,7 @@ class VmOptions:
     rom: str = "on"  # on | off | a ROM file path
     hugepages: bool = False
     numa_pin: bool = True
+    virt_type: str = "kvm"  # kvm | qemu (software emulation: labs and CI without /dev/kvm)
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,7 @@ class VmSpec:
     numa_node: int | None
     vcpu_pins: tuple[tuple[int, str], ...]
     emulator_cpus: str | None
+    virt_type: str = "kvm"
     warnings: tuple[str, ...] = ()
     meta: dict[str, Any] = field(default_factory=dict, hash=False)
 
@@ -193,6 +199,8 @@ def build_spec(host: Host, opts: VmOptions) -> VmSpec:
         )
     if opts.rom not in ("on", "off"):
         _check_text("rom", opts.rom, PATH_SAFE, "on, off or a ROM file path")
+    if opts.virt_type not in VIRT_TYPES:
+        raise BadVmSpec("virt_type", f"{opts.virt_type!r} is not {' or '.join(VIRT_TYPES)}")
     if opts.profile not in ("linux", "windows"):
         raise BadVmSpec("profile", f"{opts.profile!r} is not linux or windows")
     if not 1 <= opts.vcpus <= 4096:
@@ -281,11 +289,12 @@ def build_spec(host: Host, opts: VmOptions) -> VmSpec:
         base_image=opts.base_image,
         overlay=f"{opts.image_dir.rstrip('/')}/{opts.name}.qcow2" if opts.base_image else None,
         bridge=opts.bridge,
-        network=None if opts.bridge else opts.network,
+        network=None if opts.bridge or opts.network == NO_NETWORK else opts.network,
         seed=opts.seed,
         mmio_window_mib=mmio_window_mib(functions),
         numa_node=node if pins else None,
         vcpu_pins=tuple(pins),
         emulator_cpus=emulator,
+        virt_type=opts.virt_type,
         warnings=tuple(warnings),
     )

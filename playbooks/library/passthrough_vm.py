@@ -17,7 +17,7 @@ options:
   base_image: {description: A cloud image to put a qcow2 overlay on, type: str}
   image_dir: {description: Where the overlay goes, type: str, default: /var/lib/libvirt/images}
   bridge: {description: Host bridge, type: str}
-  network: {description: libvirt network, type: str, default: default}
+  network: {description: 'libvirt network ("none" for no NIC)', type: str, default: default}
   seed: {description: cloud-init seed ISO, type: str}
   profile: {description: linux or windows, type: str, default: linux, choices: [linux, windows]}
   hide: {description: Hide the hypervisor from the NVIDIA driver, type: bool, default: true}
@@ -25,6 +25,7 @@ options:
   rom: {description: on, off or a ROM file, type: str, default: "on"}
   hugepages: {description: Huge-page backed, locked memory, type: bool, default: false}
   state: {description: running, defined or absent, type: str, default: running, choices: [running, defined, absent]}
+  virt_type: {description: "kvm, or qemu for software emulation (TCG) where /dev/kvm does not work", type: str, default: kvm, choices: [kvm, qemu]}
   require_handed_over: {description: Refuse cards the host has not handed to vfio-pci (bound now or by its last apply), type: bool, default: true}
 author: passthrough developers
 """
@@ -52,6 +53,7 @@ def main() -> None:
         "rom": {"type": "str", "default": "on"},
         "hugepages": {"type": "bool", "default": False},
         "state": {"type": "str", "default": "running", "choices": ["running", "defined", "absent"]},
+        "virt_type": {"type": "str", "default": "kvm", "choices": ["kvm", "qemu"]},
         "require_handed_over": {"type": "bool", "default": True},
     }
     module = AnsibleModule(argument_spec=spec_args, supports_check_mode=True)
@@ -99,6 +101,7 @@ def main() -> None:
             vendor_id=p["vendor_id"],
             rom=p["rom"],
             hugepages=p["hugepages"],
+            virt_type=p["virt_type"],
         )
         spec = build_spec(host, opts)
         if p["require_handed_over"]:
