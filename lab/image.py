@@ -19,10 +19,14 @@ CACHE = Path(os.environ.get("PASSTHROUGH_LAB_CACHE", "/var/cache/passthrough-lab
 MIRROR = os.environ.get("PASSTHROUGH_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = (
     "linux-image-amd64,systemd-sysv,udev,kmod,initramfs-tools,openssh-server,python3,"
-    "pciutils,iproute2,ca-certificates,grub-efi-amd64-bin,grub2-common"
+    "pciutils,iproute2,ca-certificates,grub-efi-amd64-bin,grub2-common,"
+    # the lab host's own libvirt + QEMU + OVMF for a nested guest, and the toolkit's
+    # Python dependencies from Debian (the library is put on the path, as pip would)
+    "dbus,libpam-systemd,libvirt-daemon-system,libvirt-clients,qemu-system-x86,ovmf,python3-libvirt,"
+    "python3-jinja2,python3-lxml,python3-yaml,python3-pyudev,python3-pycdlib"
 )
 NETWORK = "[Match]\nName=en* eth*\n\n[Network]\nDHCP=yes\n"
-RECIPE = f"debootstrap --variant=minbase --include={PACKAGES} bookworm {MIRROR}\n{NETWORK}\nrev 2"
+RECIPE = f"debootstrap --variant=minbase --include={PACKAGES} bookworm {MIRROR}\n{NETWORK}\nrev 3"
 # GRUB as Debian's installer leaves it, plus a serial console for the lab's log.
 GRUB_DEFAULTS = (
     "GRUB_DEFAULT=0\nGRUB_TIMEOUT=0\n"

@@ -4,10 +4,12 @@ stand-ins on the PCI bus. Waits on real events (the SSH banner), never on sleeps
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +34,47 @@ STAND_INS = [
 ]
 
 
+def kvm_works(kernel: Path, timeout: float = 30) -> bool:
+    """Whether ``-accel kvm`` really runs a guest on this machine. ``/dev/kvm`` can exist and
+    still fail (seen: QEMU aborting on an MSR the host refuses, or a guest hanging at boot),
+    so the probe boots ``kernel`` with no root filesystem and waits for its panic on the
+    serial port: a kernel that got that far ran under KVM. PASSTHROUGH_LAB_KVM=0/1 decides
+    without probing."""
+    forced = os.environ.get("PASSTHROUGH_LAB_KVM")
+    if forced in ("0", "1"):
+        return forced == "1"
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return False
+    with tempfile.TemporaryDirectory(prefix="kvm-probe-") as tmp:
+        log = Path(tmp) / "serial.log"
+        argv = [
+            "qemu-system-x86_64",
+            "-accel",
+            "kvm",
+            "-M",
+            "q35",
+            "-cpu",
+            "max",
+            "-m",
+            "256",
+            "-kernel",
+            str(kernel),
+            "-append",
+            "console=ttyS0 panic=-1",
+            "-no-reboot",
+            "-display",
+            "none",
+            "-monitor",
+            "none",
+            "-serial",
+            f"file:{log}",
+        ]
+        # a hang ends at the timeout; the panic may still have been printed
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
+        return log.exists() and b"Kernel panic" in log.read_bytes()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -40,8 +83,16 @@ def free_port() -> int:
 
 class LabMachine:
     def __init__(
-        self, work: Path, image: Path, kernel: Path, initrd: Path, append: str, key: Path
+        self,
+        work: Path,
+        image: Path,
+        kernel: Path | None,
+        initrd: Path | None,
+        append: str,
+        key: Path,
+        accel: str = "tcg",
     ) -> None:
+        self.accel = accel
         self.work = work
         self.image = image
         self.kernel = kernel
@@ -50,14 +101,14 @@ class LabMachine:
         self.key = key
         self.port = free_port()
         self.console = work / "console.log"
+        self.stderr = work / "qemu-stderr.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def argv(self) -> list[str]:
-        accel = "kvm" if os.environ.get("PASSTHROUGH_LAB_KVM") == "1" else "tcg"
         return [
             "qemu-system-x86_64",
             "-accel",
-            accel,
+            self.accel,
             "-M",
             "q35,kernel-irqchip=split",
             "-cpu",
@@ -65,7 +116,7 @@ class LabMachine:
             "-smp",
             "2",
             "-m",
-            "2048",
+            "3072",  # the lab host's own guest pins its memory (vfio)
             "-device",
             "intel-iommu,intremap=on,caching-mode=on",
             *self.boot_args(),
@@ -123,17 +174,17 @@ class LabMachine:
         return self.wait_ssh(timeout)
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            self.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
+        with open(self.stderr, "ab") as err:
+            self.proc = subprocess.Popen(
+                self.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
+            )
 
     def wait_ssh(self, timeout: float = 600) -> float:
         """Seconds until sshd answered with its banner."""
         started = time.monotonic()
         while time.monotonic() - started < timeout:
             if self.proc is not None and self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                raise RuntimeError(f"QEMU exited with {self.proc.returncode}: {err.strip()[-500:]}")
+                raise RuntimeError(f"QEMU exited: {self.exit_status()}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
                     ready, _, _ = select.select([s], [], [], 10)
@@ -185,6 +236,13 @@ class LabMachine:
         )
         if r.returncode != 0:
             raise RuntimeError(f"copy to the lab failed: {r.stderr.decode().strip()}")
+
+    def exit_status(self) -> str | None:
+        """None while QEMU runs; once it has exited, its exit code and last words."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        err = self.stderr.read_text(errors="replace").strip() if self.stderr.exists() else ""
+        return f"exit code {self.proc.returncode}: {err[-500:]}"
 
     def stop(self) -> None:
         if self.proc is None:

@@ -1,18 +1,31 @@
 """The lab, run from outside: a real Debian 12 kernel under QEMU with an emulated Intel
 IOMMU, and the toolkit inside it.
 
-    python lab/run.py [--keep WORKDIR]
+    python lab/run.py [--full] [--keep WORKDIR]
 
-Stages (each prints what it does and how long it took):
+Stage one (each stage prints what it does and how long it took):
   image   debootstrap once (cached, rebuilt when the recipe changes), then an ext4 image
-  boot    QEMU q35 + intel-iommu (intremap, caching-mode), TCG, SSH port forward
+  boot    QEMU q35 + intel-iommu (intremap, caching-mode), SSH port forward; KVM only when a
+          probe shows it works here, TCG otherwise
   scan    `passthrough scan/check --json` on the real kernel: IOMMU groups, interrupt
           remapping, the two-function stand-in card viable, the stand-in display that shares
           its group with a NIC refused
   bind    `passthrough bind` moves both functions of the card to vfio-pci, confirmed by the
           kernel's bind events through pyudev; the negative case is refused and left alone
-On failure the console log and every command's output stay in the artifacts directory
-(PASSTHROUGH_LAB_ARTIFACTS, default ./lab-artifacts).
+
+--full, the whole chain on a disk that boots through OVMF and GRUB:
+  provision  `passthrough provision --playbook host.yml` over SSH: checks, plan, apply (real
+             update-initramfs and update-grub inside), the reboot through Ansible, verify
+  verify     /proc/cmdline, `passthrough verify`, both functions on vfio-pci, the negative
+             case untouched and refused
+  guest      `passthrough provision --playbook vm.yml`: the lab host's own libvirt renders,
+             validates, defines and starts a guest with the card; its live XML and QEMU's PCI
+             list show both functions; the playbook then removes it
+  break      the audio function's override is taken out of the applied udev rule; after a
+             reboot `passthrough verify` must fail and name that function
+  undo       `passthrough undo`, a reboot: the original files, arguments and drivers
+On failure the console log, the Ansible logs and every command's output stay in the
+artifacts directory (PASSTHROUGH_LAB_ARTIFACTS, default ./lab-artifacts).
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 sys.path.insert(0, str(Path(__file__).parent))
 import image
@@ -38,6 +52,9 @@ CARD_FUNCTIONS = ["0000:01:00.0", "0000:01:00.1"]
 NEGATIVE = "0000:02:01.0"
 NEGATIVE_PEER = "0000:02:02.0"
 APPEND = "root=/dev/vda rw console=ttyS0 intel_iommu=on iommu=pt"
+SRC = "/opt/passthrough-src"
+GUEST = "lab-guest"
+AUDIO = CARD_FUNCTIONS[1]
 
 
 class LabFailed(Exception):
@@ -52,6 +69,9 @@ class Lab:
         self.timings: dict[str, float] = {}
         self.machine: machine.LabMachine | None = None
         self.log: list[str] = []
+        self.ansible_logs: list[Path] = []
+        self.accel = "tcg"
+        self.baseline = ""
 
     def stage(self, name: str, fn: Callable[[], Any]) -> Any:
         self.say(f"[lab] {name} ...")
@@ -69,7 +89,7 @@ class Lab:
         return r
 
     def pt(self, args: str) -> subprocess.CompletedProcess[str]:
-        return self.sh(f"cd /opt/passthrough-src && python3 -m passthrough {args}")
+        return self.sh(f"python3 -m passthrough {args}")
 
     # -- stages -------------------------------------------------------------------------
     def _key(self) -> Path:
@@ -89,15 +109,21 @@ class Lab:
     def boot(self, img: Path, kernel: Path | None, initrd: Path | None, key: Path) -> float:
         """Start the machine (direct kernel boot, or UEFI + GRUB from the disk when no kernel
         is given), wait for sshd, and put the toolkit inside."""
+        probe_kernel = kernel or sorted(image.tree().glob("boot/vmlinuz-*"))[-1]
+        self.accel = "kvm" if machine.kvm_works(probe_kernel) else "tcg"
+        self.say(f"[lab] accelerator: {self.accel}")
         self.machine = machine.LabMachine(
-            self.work, img, kernel, initrd, APPEND if kernel else "", key
+            self.work, img, kernel, initrd, APPEND if kernel else "", key, self.accel
         )
         self.machine.start()
         seconds = self.machine.wait_ssh()
-        import pyudev
-
-        self.machine.copy_to(REPO / "passthrough", "/opt/passthrough-src")
-        self.machine.copy_to(Path(pyudev.__file__).parent, "/opt/passthrough-src")  # pure Python
+        # the library and its template, on python3's path as an installed package would be
+        # (its dependencies are Debian's python3-* packages in the image)
+        self.machine.copy_to(REPO / "passthrough", SRC)
+        self.machine.copy_to(REPO / "templates", SRC)
+        r = self.sh(f"echo {SRC} > /usr/lib/python3/dist-packages/passthrough-lab.pth")
+        if r.returncode != 0:
+            raise LabFailed(f"installing the toolkit: {r.stderr.strip()}")
         return seconds
 
     def scan(self) -> dict[str, Any]:
@@ -151,23 +177,84 @@ class Lab:
     # -- the full chain: UEFI + GRUB from the disk, apply, reboot, verify, undo, reboot ---------
     FILES = "find /etc /boot -xdev -type f ! -path '/etc/ssh/*' ! -path '/etc/machine-id' -print0 | sort -z | xargs -0 sha256sum"
 
-    def apply(self) -> dict[str, Any]:
+    def inventory(self) -> Path:
+        """The lab host as an Ansible inventory: SSH through the port forward, the card by
+        address (the stand-ins have no NVIDIA IDs), reboots allowed, one small guest."""
+        assert self.machine is not None
+        m = self.machine
+        # the guest uses KVM only where the lab machine itself does: under TCG the lab host
+        # may still offer /dev/kvm (QEMU emulates AMD SVM), which is not a tested path
+        nested_kvm = self.accel == "kvm" and self.sh("test -c /dev/kvm").returncode == 0
+        guest_type = "kvm" if nested_kvm else "qemu"
+        host = {
+            "ansible_host": "127.0.0.1",
+            "ansible_port": m.port,
+            "ansible_user": "root",
+            "ansible_ssh_private_key_file": str(m.key),
+            "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
+            "ansible_python_interpreter": "/usr/bin/python3",
+            "passthrough_host_gpus": [CARD],
+            "passthrough_reboot_ok": True,
+            "passthrough_vm_wait_ssh": False,
+            "passthrough_vm_guests": [
+                {
+                    "name": GUEST,
+                    "gpus": [CARD],
+                    "vcpus": 1,
+                    "memory_mib": 256,
+                    "network": "none",
+                    "virt_type": guest_type,
+                    "state": "{{ lab_guest_state | default('running') }}",
+                }
+            ],
+        }
+        path = self.work / "inventory.yml"
+        inventory = {"all": {"children": {"gpu_hosts": {"hosts": {"lab-host": host}}}}}
+        path.write_text(json.dumps(inventory, indent=2))  # JSON is YAML
+        return path
+
+    def provision(self, playbook: str, *extra: str) -> dict[str, Any]:
+        """`passthrough provision` from outside, over SSH, as a user runs it."""
+        log = self.work / f"ansible-{len(self.ansible_logs) + 1}-{Path(playbook).stem}.log"
+        argv = [sys.executable, "-m", "passthrough", "provision", "-i", str(self.inventory())]
+        argv += ["--playbook", playbook, "--json", "--log", str(log)]
+        for e in extra:
+            argv += ["-e", e]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=3600, check=False)
+        self.log.append(f"$ {' '.join(argv)}\n[rc={r.returncode}]\n{r.stdout}\n{r.stderr}")
+        self.ansible_logs.append(log)
+        result: dict[str, Any] = json.loads(r.stdout) if r.stdout.strip() else {}
+        if r.returncode != 0 or not result.get("ok"):
+            host = result.get("hosts", {}).get("lab-host", {})
+            raise LabFailed(
+                f"provision {playbook}: {host.get('reason') or r.stderr.strip()[-800:]}"
+            )
+        return result
+
+    def provision_host(self) -> dict[str, Any]:
         cmdline = self.sh("cat /proc/cmdline").stdout
         if "iommu=pt" in cmdline:
             raise LabFailed(f"the first boot already has iommu=pt: {cmdline}")
         self.baseline = self.sh(self.FILES).stdout
-        r = self.pt(f"apply --gpu {CARD} --json")
-        if r.returncode != 0:
-            raise LabFailed(f"apply: {r.stderr.strip()[-800:]}")
-        result: dict[str, Any] = json.loads(r.stdout)
-        ran = [s for s in result["steps"] if s["kind"] == "run"]
-        if not ran or any(s["state"] != "done" for s in ran):
-            raise LabFailed(f"regeneration commands did not run: {ran}")
-        # Debian's kernel has the Intel IOMMU on by default: the plan adds iommu=pt, and binds
-        # the card per device (other devices share its display function's IDs)
+        boot_id = self.sh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+        result = self.provision("host.yml")
+        if not result["hosts"]["lab-host"]["changed"]:
+            raise LabFailed("the host play changed nothing")
+        # Debian's kernel has the Intel IOMMU on by default: the plan adds iommu=pt
         grub = self.sh("grep -c 'iommu=pt' /boot/grub/grub.cfg").stdout.strip()
         if grub in ("", "0"):
             raise LabFailed("update-grub did not put iommu=pt into /boot/grub/grub.cfg")
+        if self.sh("cat /proc/sys/kernel/random/boot_id").stdout.strip() == boot_id:
+            raise LabFailed("the host play did not reboot the lab host")
+        if "iommu=pt" not in self.sh("cat /proc/cmdline").stdout:
+            raise LabFailed("after the play's reboot /proc/cmdline lacks iommu=pt")
+        # the journal shows the regeneration commands really ran inside
+        journal = json.loads(self.sh("cat /var/lib/passthrough/journal.json").stdout or "{}")
+        ran = [
+            s for tx in journal.get("transactions", []) for s in tx["steps"] if s["kind"] == "run"
+        ]
+        if not ran or any(s["state"] != "done" for s in ran):
+            raise LabFailed(f"regeneration commands did not run: {ran}")
         return result
 
     def reboot(self) -> float:
@@ -189,6 +276,98 @@ class Lab:
             raise LabFailed(f"the negative case was not refused: {refused.stderr.strip()}")
         return data
 
+    def guest(self) -> dict[str, Any]:
+        """The vm playbook inside the lab host: a guest under its own libvirt with both
+        functions of the card; libvirt's live XML and QEMU's own PCI list must show them."""
+        self.provision("vm.yml")
+        virsh = "virsh -c qemu:///system"
+        state = self.sh(f"{virsh} domstate {GUEST}").stdout.strip()
+        if state != "running":
+            raise LabFailed(f"the guest is {state or 'missing'}, not running")
+        live = self.sh(f"{virsh} dumpxml {GUEST}").stdout
+        attached = []
+        for hostdev in ElementTree.fromstring(live).iter("hostdev"):
+            a = hostdev.find("source/address")
+            alias = hostdev.find("alias")
+            if a is None or alias is None:  # a live domain names every device it attached
+                continue
+            attached.append(
+                "{:04x}:{:02x}:{:02x}.{:x}".format(
+                    *(int(a.get(k, "0"), 16) for k in ("domain", "bus", "slot", "function"))
+                )
+            )
+        if attached != CARD_FUNCTIONS:
+            raise LabFailed(f"live XML attaches {attached}, expected {CARD_FUNCTIONS}")
+        # QEMU's own device tree (its PCI list shows only buses the guest firmware has
+        # numbered yet): one vfio-pci device per function, reading the card's real IDs
+        qtree = self.sh(f"{virsh} qemu-monitor-command {GUEST} --hmp 'info qtree'").stdout
+        vfio = qtree.count("dev: vfio-pci,")
+        missing = [
+            a
+            for a in CARD_FUNCTIONS
+            if f'host = "{a}"' not in qtree or f"pci id {self.pci_id(a)}" not in qtree
+        ]
+        if vfio != len(CARD_FUNCTIONS) or missing:
+            raise LabFailed(f"QEMU's device tree has {vfio} vfio-pci devices, lacks {missing}")
+        # and the kernel's side: QEMU holds the card's VFIO group open
+        group = self.sh(f"basename $(readlink /sys/bus/pci/devices/{CARD}/iommu_group)").stdout
+        held = self.sh(
+            f"ls -l /proc/$(pgrep -f 'guest={GUEST},' | head -1)/fd | grep -c /dev/vfio/{group.strip()}"
+        )
+        if held.stdout.strip() in ("", "0"):
+            raise LabFailed(f"QEMU does not hold /dev/vfio/{group.strip()} open")
+        self.provision("vm.yml", "lab_guest_state=absent")
+        if self.sh(f"{virsh} domstate {GUEST}").returncode == 0:
+            raise LabFailed("the vm playbook did not remove the guest")
+        drivers = self.drivers(CARD_FUNCTIONS)
+        return {
+            "attached": attached,
+            "qemu_vfio_devices": vfio,
+            "vfio_group": int(group),
+            "drivers_after": drivers,
+        }
+
+    def pci_id(self, address: str) -> str:
+        sysfs = f"/sys/bus/pci/devices/{address}"
+        vendor, device = self.sh(f"cat {sysfs}/vendor {sysfs}/device").stdout.split()
+        return f"{vendor[2:]}:{device[2:]}"
+
+    def drivers(self, addresses: list[str]) -> dict[str, str]:
+        return {
+            a: self.sh(
+                f"basename $(readlink /sys/bus/pci/devices/{a}/driver 2>/dev/null) 2>/dev/null"
+            ).stdout.strip()
+            for a in addresses
+        }
+
+    def sabotage(self) -> dict[str, Any]:
+        """Break something real: the binding as a plan that forgot the audio function would
+        leave it — its line gone from the udev rule, and the initramfs rebuilt (initramfs-tools
+        copies custom udev rules into it, and the rule does its work there). After a reboot
+        `passthrough verify` must fail and name that function. Undo restores the rule's
+        absence and the original initramfs as for any applied change."""
+        rule = "/etc/udev/rules.d/40-passthrough-vfio.rules"
+        r = self.sh(f"grep -c 'KERNEL==\"{AUDIO}\"' {rule} && sed -i '/{AUDIO}/d' {rule}")
+        if r.returncode != 0:
+            raise LabFailed(f"the applied rule has no line for {AUDIO}: {r.stderr.strip()}")
+        r = self.sh("update-initramfs -u -k all")
+        if r.returncode != 0:
+            raise LabFailed(f"update-initramfs: {r.stderr.strip()[-500:]}")
+        assert self.machine is not None
+        self.machine.reboot()
+        r = self.pt("verify --json")
+        data = json.loads(r.stdout) if r.stdout.strip() else {}
+        drivers = self.drivers(CARD_FUNCTIONS)
+        if r.returncode == 0 or data.get("ok"):
+            raise LabFailed(f"verify passed with the audio override removed (drivers {drivers})")
+        failed = [
+            f"{c['id']}: {c['summary']}" for c in data.get("checks", []) if c["level"] == "FAIL"
+        ]
+        named = [f for f in failed if AUDIO in f]
+        if not named or drivers[AUDIO] == "vfio-pci":
+            raise LabFailed(f"verify failed without naming {AUDIO}: {r.stdout[-800:]}")
+        return {"verify_rc": r.returncode, "failures": failed, "drivers": drivers}
+
     def undo(self) -> None:
         r = self.pt("undo --json")
         if r.returncode != 0:
@@ -208,12 +387,7 @@ class Lab:
             raise LabFailed(
                 f"after undo and reboot the command line still has our arguments: {cmdline}"
             )
-        drivers = {
-            a: self.sh(
-                f"basename $(readlink /sys/bus/pci/devices/{a}/driver 2>/dev/null) 2>/dev/null"
-            ).stdout.strip()
-            for a in CARD_FUNCTIONS
-        }
+        drivers = self.drivers(CARD_FUNCTIONS)
         if any(d == "vfio-pci" for d in drivers.values()):
             raise LabFailed(f"after undo and reboot: {drivers}")
         return drivers
@@ -222,8 +396,11 @@ class Lab:
         """Run the stages; keep the artifacts on failure; stop the machine in any case."""
         try:
             return stages()
-        except Exception:
+        except Exception as exc:
             self.keep_artifacts()
+            died = self.machine.exit_status() if self.machine is not None else None
+            if died:  # the lab machine itself is gone: that is the news, not the symptom
+                raise LabFailed(f"{exc} — the lab machine's QEMU exited, {died}") from exc
             raise
         finally:
             if self.machine is not None:
@@ -237,13 +414,26 @@ class Lab:
 
             disk, key = self.stage("image", build)
             self.stage("boot (UEFI, GRUB from disk)", lambda: self.boot(disk, None, None, key))
-            self.stage("apply (real update-initramfs, update-grub)", self.apply)
-            self.stage("reboot", self.reboot)
+            host = self.stage(
+                "provision host.yml (apply, Ansible reboot, verify)", self.provision_host
+            )
             self.stage("verify", self.verify)
+            guest = self.stage("guest under the lab host's libvirt (vm.yml)", self.guest)
+            broken = self.stage(
+                "break: audio override removed, reboot, verify fails", self.sabotage
+            )
             self.stage("undo", self.undo)
             self.stage("reboot after undo", self.reboot)
             drivers = self.stage("back to the original", self.back)
-            return {"ok": True, "timings": self.timings, "drivers_after_undo": drivers}
+            return {
+                "ok": True,
+                "accel": self.accel,
+                "timings": self.timings,
+                "provision_seconds": host["seconds"],
+                "guest": guest,
+                "break": broken,
+                "drivers_after_undo": drivers,
+            }
 
         return self._guarded(stages)
 
@@ -255,6 +445,7 @@ class Lab:
             drivers = self.stage("bind", self.bind)
             return {
                 "ok": True,
+                "accel": self.accel,
                 "timings": self.timings,
                 "groups": scan["host"]["iommu"]["groups"],
                 "drivers": drivers,
@@ -264,10 +455,13 @@ class Lab:
 
     def keep_artifacts(self) -> None:
         self.artifacts.mkdir(parents=True, exist_ok=True)
-        console = self.work / "console.log"
-        if console.exists():
-            shutil.copy(console, self.artifacts / "console.log")
+        for name in ("console.log", "qemu-stderr.log"):
+            if (self.work / name).exists():
+                shutil.copy(self.work / name, self.artifacts / name)
         (self.artifacts / "commands.log").write_text("\n".join(self.log))
+        for log in self.ansible_logs:
+            if log.exists():
+                shutil.copy(log, self.artifacts / log.name)
         self.say(f"[lab] artifacts kept in {self.artifacts}")
 
 
@@ -283,7 +477,8 @@ def main() -> int:
     ap.add_argument(
         "--full",
         action="store_true",
-        help="the whole chain: UEFI boot, apply, reboot, verify, undo, reboot",
+        help="the whole chain: UEFI boot, provision (apply, reboot, verify), a guest, a "
+        "deliberate break, undo, reboot",
     )
     args = ap.parse_args()
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="passthrough-lab-"))

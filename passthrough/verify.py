@@ -7,6 +7,10 @@ from passthrough.errors import PassthroughError
 from passthrough.host.root import HostRoot
 from passthrough.model import CheckResult, Host, Level
 from passthrough.plan.kargs import key_of
+from passthrough.plan.vfio import MODPROBE as _MODPROBE
+from passthrough.plan.vfio import UDEV_RULE as _RULE
+
+MODPROBE, RULE = "/" + _MODPROBE, "/" + _RULE
 
 
 class NothingApplied(PassthroughError):
@@ -78,7 +82,13 @@ def verify(root: HostRoot, host: Host) -> list[CheckResult]:
                     f"vfio {addr}",
                     Level.FAIL,
                     f"{f.id} bound to {f.driver or 'no driver'}, not vfio-pci",
-                    "a host driver claimed it first: check the softdeps in /etc/modprobe.d/passthrough-vfio.conf reached the initramfs",
+                    (
+                        f"a host driver claimed it: check that {RULE} has a line for {addr} "
+                        "and that the initramfs was rebuilt after it changed"
+                        if tx.get("binding") == "driver_override"
+                        else "a host driver claimed it first: check the softdeps in "
+                        f"{MODPROBE} reached the initramfs"
+                    ),
                 )
             )
     critical = set(host.critical.root_pci) | set(host.critical.nic_pci)

@@ -3,11 +3,13 @@
 #   bash scripts/setup.sh demo   install what passthrough needs, then run the main job
 #                                 (check + scan) on a bundled sample host
 #   bash scripts/setup.sh test   install what the test suite needs, then run all of it
+#   bash scripts/setup.sh lab    install what the lab needs, then run its whole chain on a
+#                                 real kernel under QEMU (as root; README "The lab")
 # Safe to re-run: apt and pip skip what is already there.
 set -euo pipefail
 
 mode="${1:-demo}"
-case "$mode" in demo|test) ;; *) echo "usage: $0 demo|test" >&2; exit 2 ;; esac
+case "$mode" in demo|test|lab) ;; *) echo "usage: $0 demo|test|lab" >&2; exit 2 ;; esac
 cd "$(dirname "$0")/.."
 
 SUDO=""
@@ -16,7 +18,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 # System packages: a compiler, pkg-config and libvirt's headers build libvirt-python
 # (PyPI ships no wheels for it); libudev is what pyudev loads.
 packages=(python3 python3-venv python3-dev gcc pkg-config libvirt-dev libudev1 libvirt-clients)
-if [ "$mode" = test ]; then
+if [ "$mode" != demo ]; then
     # umockdev: recorded devices for the pyudev tests; pciutils: lspci cross-checks
     # fixtures and is the benchmark's reference.
     # gir1.2-umockdev-1.0 + the headers PyGObject builds against: a UMockdev test bed
@@ -82,6 +84,10 @@ if [ "$mode" = demo ]; then
     echo "    $pt verify                       # after the reboot"
     echo "    $pt render --name gpu-vm -o gpu-vm.xml && $pt vm define gpu-vm.xml --start"
     exit 0
+fi
+
+if [ "$mode" = lab ]; then
+    exec .venv/bin/python lab/run.py --full
 fi
 
 echo "==> ruff"

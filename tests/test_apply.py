@@ -255,6 +255,8 @@ def test_verify_after_a_simulated_reboot(
     report = json.loads(capsys.readouterr().out)
     failing = {c["id"] for c in report["checks"] if c["level"] == "FAIL"}
     assert failing == {"kernel-args", "vfio 0000:01:00.0", "vfio 0000:01:00.1"}
+    fixes = {c["id"]: c["fix"] for c in report["checks"]}
+    assert "softdeps in /etc/modprobe.d/passthrough-vfio.conf" in fixes["vfio 0000:01:00.1"]
     # what the reboot does on this host: the new command line, the cards on vfio-pci
     # (written by the test in place of the kernel — a stand-in named as such)
     cmdline = path / "proc/cmdline"
@@ -273,6 +275,21 @@ def test_verify_after_a_simulated_reboot(
         )
     assert main(["verify", "--root", str(path)]) == 0
     assert "0 failed" in capsys.readouterr().out
+
+
+def test_verify_points_a_per_device_binding_at_its_udev_rule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = build(tmp_path, "hgx-h100", {})
+    assert main(["apply", "--root", str(path), "--gpu", "18:00.0"]) == 0
+    capsys.readouterr()
+    assert main(["verify", "--root", str(path), "--json"]) == 1
+    checks = {c["id"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["vfio 0000:18:00.0"]["level"] == "FAIL"
+    assert (
+        "/etc/udev/rules.d/40-passthrough-vfio.rules has a line for 0000:18:00.0"
+        in checks["vfio 0000:18:00.0"]["fix"]
+    )
 
 
 def test_cli_plan_json_and_apply_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -61,16 +61,26 @@ def test_lab_on_a_real_kernel(tmp_path: Path) -> None:
 
 
 def test_full_chain_through_a_real_reboot(tmp_path: Path) -> None:
-    """UEFI + GRUB from the disk; apply runs the real update-initramfs and update-grub inside;
-    the reboot brings the card up on vfio-pci; undo and another reboot bring it back."""
+    """UEFI + GRUB from the disk; `passthrough provision` applies the host play over SSH (the
+    real update-initramfs and update-grub inside) and Ansible reboots it; the card comes up on
+    vfio-pci; the vm play starts a guest under the lab host's own libvirt with both functions;
+    a deliberately broken binding makes verify fail; undo and a reboot bring it all back."""
     result = _run_lab(tmp_path, "--full")
+    card = ["0000:01:00.0", "0000:01:00.1"]
+    assert result["guest"]["attached"] == card and result["guest"]["qemu_vfio_devices"] == 2
+    # the broken binding: verify failed naming the audio function, which a host driver took
+    assert result["break"]["verify_rc"] != 0
+    assert any("0000:01:00.1" in f for f in result["break"]["failures"])
+    assert result["break"]["drivers"]["0000:01:00.1"] not in ("", "vfio-pci")
+    assert result["break"]["drivers"]["0000:01:00.0"] == "vfio-pci"
     assert all(d != "vfio-pci" for d in result["drivers_after_undo"].values())
     assert list(result["timings"]) == [
         "image",
         "boot (UEFI, GRUB from disk)",
-        "apply (real update-initramfs, update-grub)",
-        "reboot",
+        "provision host.yml (apply, Ansible reboot, verify)",
         "verify",
+        "guest under the lab host's libvirt (vm.yml)",
+        "break: audio override removed, reboot, verify fails",
         "undo",
         "reboot after undo",
         "back to the original",
