@@ -19,6 +19,12 @@ GOLDEN = Path(__file__).parent / "golden"
 REPO = Path(__file__).parents[1]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The lab runs last: after the unit and integration suites, as CI wants it (a failure
+    there is then not the first thing to read when something simpler broke)."""
+    items.sort(key=lambda item: item.get_closest_marker("lab") is not None)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--regenerate-golden",
