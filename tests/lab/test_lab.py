@@ -68,6 +68,7 @@ def test_full_chain_through_a_real_reboot(tmp_path: Path) -> None:
     result = _run_lab(tmp_path, "--full")
     card = ["0000:01:00.0", "0000:01:00.1"]
     assert result["guest"]["attached"] == card and result["guest"]["qemu_vfio_devices"] == 2
+    assert set(result["guest"]["drivers_after"].values()) == {"vfio-pci"}
     # the broken binding: verify failed naming the audio function, which a host driver took
     assert result["break"]["verify_rc"] != 0
     assert any("0000:01:00.1" in f for f in result["break"]["failures"])
