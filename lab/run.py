@@ -72,6 +72,7 @@ class Lab:
         self.ansible_logs: list[Path] = []
         self.accel = "tcg"
         self.baseline = ""
+        self._inventory: Path | None = None
 
     def stage(self, name: str, fn: Callable[[], Any]) -> Any:
         self.say(f"[lab] {name} ...")
@@ -174,6 +175,9 @@ class Lab:
     def inventory(self) -> Path:
         """The lab host as an Ansible inventory: SSH through the port forward, the card by
         address (the stand-ins have no NVIDIA IDs), reboots allowed, one small guest."""
+        path = self.work / "inventory.yml"
+        if self._inventory == path:
+            return path  # written once per lab machine
         assert self.machine is not None
         m = self.machine
         # the guest uses KVM only where the lab machine itself does: under TCG the lab host
@@ -202,9 +206,9 @@ class Lab:
                 }
             ],
         }
-        path = self.work / "inventory.yml"
         inventory = {"all": {"children": {"gpu_hosts": {"hosts": {"lab-host": host}}}}}
         path.write_text(json.dumps(inventory, indent=2))  # JSON is YAML
+        self._inventory = path
         return path
 
     def provision(self, playbook: str, *extra: str) -> dict[str, Any]:

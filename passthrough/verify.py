@@ -6,11 +6,8 @@ from passthrough.apply import last_applied
 from passthrough.errors import PassthroughError
 from passthrough.host.root import HostRoot
 from passthrough.model import CheckResult, Host, Level
+from passthrough.plan import vfio
 from passthrough.plan.kargs import key_of
-from passthrough.plan.vfio import MODPROBE as _MODPROBE
-from passthrough.plan.vfio import UDEV_RULE as _RULE
-
-MODPROBE, RULE = "/" + _MODPROBE, "/" + _RULE
 
 
 class NothingApplied(PassthroughError):
@@ -83,11 +80,11 @@ def verify(root: HostRoot, host: Host) -> list[CheckResult]:
                     Level.FAIL,
                     f"{f.id} bound to {f.driver or 'no driver'}, not vfio-pci",
                     (
-                        f"a host driver claimed it: check that {RULE} has a line for {addr} "
+                        f"a host driver claimed it: check that /{vfio.UDEV_RULE} has a line for {addr} "
                         "and that the initramfs was rebuilt after it changed"
                         if tx.get("binding") == "driver_override"
                         else "a host driver claimed it first: check the softdeps in "
-                        f"{MODPROBE} reached the initramfs"
+                        f"/{vfio.MODPROBE} reached the initramfs"
                     ),
                 )
             )

@@ -294,40 +294,11 @@ def test_verify_points_a_per_device_binding_at_its_udev_rule(
 
 def test_cli_plan_json_and_apply_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = build(tmp_path, "two-gpus-one-group", {})
-    assert (
-        main(
-            [
-                "plan",
-                "--root",
-                str(path),
-                "--gpu",
-                "01:00.0",
-                "--gpu",
-                "02:00.0",
-                "--allow-boot-gpu",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    both = ["--root", str(path), "--gpu", "01:00.0", "--gpu", "02:00.0", "--allow-boot-gpu"]
+    assert main(["plan", *both, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["schema"] == "passthrough.plan/v1" and plan["reboot_required"] is True
-    assert (
-        main(
-            [
-                "apply",
-                "--root",
-                str(path),
-                "--gpu",
-                "01:00.0",
-                "--gpu",
-                "02:00.0",
-                "--allow-boot-gpu",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    assert main(["apply", *both, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["changed"] is True
     grubby = [c for c in result["commands_not_run"] if c[0] == "grubby"]

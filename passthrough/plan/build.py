@@ -61,9 +61,13 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
         actions.append(
             RemoveFile(vfio.UDEV_RULE, "IDs are unambiguous now; per-device overrides not needed")
         )
-    init_actions, init_notes = vfio.initramfs_actions(root, host, others_changed=bool(actions))
+    init_writes, rebuild, init_notes = vfio.initramfs_actions(root, host)
     notes += init_notes
-    actions += init_actions  # its writes, then the rebuild that reads them all
+    for write in init_writes:
+        actions += _write_if_changed(root, write)
+    # the image carries modprobe.d and the udev rule as well: any change above rebuilds it
+    if rebuild is not None and actions:
+        actions.append(rebuild)
     change = ArgChange()
     if loader is None:
         missing = needed(list(host.kernel.cmdline), target)

@@ -13,7 +13,7 @@ import re
 from passthrough.analysis.viability import kernel_version
 from passthrough.host.root import HostRoot
 from passthrough.model import Host, InitramfsKind, PciFunction
-from passthrough.plan.actions import Action, Run, WriteFile
+from passthrough.plan.actions import Run, WriteFile
 from passthrough.plan.kargs import UnsafeCmdline
 
 MODPROBE = "etc/modprobe.d/passthrough-vfio.conf"
@@ -115,17 +115,15 @@ def udev_rule(functions: list[PciFunction]) -> str:
     return "".join(lines)
 
 
-def initramfs_actions(
-    root: HostRoot, host: Host, others_changed: bool = False
-) -> tuple[list[Action], list[str]]:
-    """The early-loading edit for the host's initramfs tool and its rebuild. The rebuild is
-    also due when only ``others_changed`` (the modprobe.d file or the udev rule): every one
+def initramfs_actions(root: HostRoot, host: Host) -> tuple[list[WriteFile], Run | None, list[str]]:
+    """The early-loading edits for the host's initramfs tool (as they should read; the
+    planner drops those already in place) and the command that rebuilds the image. Every one
     of these tools copies /etc/modprobe.d into the image, and initramfs-tools copies the
-    custom rules of /etc/udev/rules.d too — the lab saw the driver_override rule applied
-    inside the initramfs, before the root filesystem was even mounted."""
+    custom rules of /etc/udev/rules.d too (the lab saw the driver_override rule applied inside
+    the initramfs): a change to any of those files needs the rebuild, not only these edits."""
     mods = early_modules(host)
     notes: list[str] = []
-    writes: list[Action] = []
+    writes: list[WriteFile] = []
     kind = host.boot.initramfs
     if kind is InitramfsKind.INITRAMFS_TOOLS:
         text = root.read(INITRAMFS_TOOLS)
@@ -146,31 +144,36 @@ def initramfs_actions(
                     "vfio modules in the initramfs, before GPU drivers",
                 )
             )
-        regen = Run(
-            ("update-initramfs", "-u", "-k", "all"),
-            "rebuild every initramfs",
-            touches=("boot/initrd.img-*",),
-            regenerate=True,
+        return (
+            writes,
+            Run(
+                ("update-initramfs", "-u", "-k", "all"),
+                "rebuild every initramfs",
+                touches=("boot/initrd.img-*",),
+                regenerate=True,
+            ),
+            notes,
         )
-    elif kind is InitramfsKind.DRACUT:
+    if kind is InitramfsKind.DRACUT:
         body = (
             HEADER + f'force_drivers+=" {" ".join(mods)} "\n' + f'install_items+=" /{MODPROBE} "\n'
         )
-        if root.read_bytes(DRACUT) != body.encode():
-            writes.append(
-                WriteFile(
-                    DRACUT,
-                    body.encode(),
-                    "vfio modules in the initramfs (dracut reads only *.conf)",
-                )
+        writes.append(
+            WriteFile(
+                DRACUT, body.encode(), "vfio modules in the initramfs (dracut reads only *.conf)"
             )
-        regen = Run(
-            ("dracut", "-f", "--regenerate-all"),
-            "rebuild every initramfs",
-            touches=("boot/initramfs-*.img",),
-            regenerate=True,
         )
-    elif kind is InitramfsKind.MKINITCPIO:
+        return (
+            writes,
+            Run(
+                ("dracut", "-f", "--regenerate-all"),
+                "rebuild every initramfs",
+                touches=("boot/initramfs-*.img",),
+                regenerate=True,
+            ),
+            notes,
+        )
+    if kind is InitramfsKind.MKINITCPIO:
         regen = Run(
             ("mkinitcpio", "-P"),
             "rebuild every preset's initramfs",
@@ -184,32 +187,30 @@ def initramfs_actions(
             )
         if root.isdir("etc/mkinitcpio.conf.d"):
             body = HEADER + f"MODULES+=({' '.join(mods)})\n"
-            if root.read_bytes(MKINITCPIO_DROPIN) != body.encode():
-                writes.append(
-                    WriteFile(MKINITCPIO_DROPIN, body.encode(), "vfio modules in the initramfs")
+            writes.append(
+                WriteFile(MKINITCPIO_DROPIN, body.encode(), "vfio modules in the initramfs")
+            )
+            return writes, regen, notes
+        m = re.search(r"^MODULES=\(([^)]*)\)", conf, re.MULTILINE)
+        if m is None:
+            raise UnsafeCmdline(
+                "/etc/mkinitcpio.conf", "has no MODULES=(...) line the planner can edit"
+            )
+        present = m[1].split()
+        missing = [x for x in mods if x not in present]
+        if missing:
+            new = (
+                conf[: m.start()]
+                + "MODULES=("
+                + " ".join(missing + present)
+                + ")"
+                + conf[m.end() :]
+            )
+            writes.append(
+                WriteFile(
+                    "etc/mkinitcpio.conf", new.encode(), "vfio modules first in the initramfs"
                 )
-        else:
-            m = re.search(r"^MODULES=\(([^)]*)\)", conf, re.MULTILINE)
-            if m is None:
-                raise UnsafeCmdline(
-                    "/etc/mkinitcpio.conf", "has no MODULES=(...) line the planner can edit"
-                )
-            present = m[1].split()
-            missing = [x for x in mods if x not in present]
-            if missing:
-                new = (
-                    conf[: m.start()]
-                    + "MODULES=("
-                    + " ".join(missing + present)
-                    + ")"
-                    + conf[m.end() :]
-                )
-                writes.append(
-                    WriteFile(
-                        "etc/mkinitcpio.conf", new.encode(), "vfio modules first in the initramfs"
-                    )
-                )
-    else:
-        notes.append("no initramfs tool recognised: vfio-pci binds once the root filesystem is up")
-        return [], notes
-    return ([*writes, regen] if writes or others_changed else []), notes
+            )
+        return writes, regen, notes
+    notes.append("no initramfs tool recognised: vfio-pci binds once the root filesystem is up")
+    return [], None, notes

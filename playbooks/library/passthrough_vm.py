@@ -85,23 +85,10 @@ def main() -> None:
                 lv.undefine(p["uri"], p["name"])
             module.exit_json(changed=exists)
         host = discover(p["root"])
+        # the module's options carry VmOptions' names: every one of them maps straight across
+        known = VmOptions.__dataclass_fields__
         opts = VmOptions(
-            name=p["name"],
-            vcpus=p["vcpus"],
-            memory_mib=p["memory_mib"],
-            gpus=tuple(p["gpus"]),
-            disk=p["disk"],
-            base_image=p["base_image"],
-            image_dir=p["image_dir"],
-            bridge=p["bridge"],
-            network=p["network"],
-            seed=p["seed"],
-            profile=p["profile"],
-            hide=p["hide"],
-            vendor_id=p["vendor_id"],
-            rom=p["rom"],
-            hugepages=p["hugepages"],
-            virt_type=p["virt_type"],
+            **{k: v for k, v in p.items() if k in known and k != "gpus"}, gpus=tuple(p["gpus"])
         )
         spec = build_spec(host, opts)
         if p["require_handed_over"]:
