@@ -6,10 +6,13 @@ line and exits with ``exit_code``. Tracebacks are shown only with ``--debug``.
 
 from __future__ import annotations
 
-# Documented exit codes (README "Exit codes").
+# Documented exit codes (README "Exit codes"): one meaning each.
 EXIT_OK = 0
-EXIT_CHECK_FAILED = 1
-EXIT_USAGE = 2
+EXIT_CHECK_FAILED = 1  # a check / verify / validate found problems
+EXIT_USAGE = 2  # usage, input or a refusal: nothing was changed
+EXIT_HOST_STEP = 3  # a step on the host failed part-way: `status` / `undo` say what to do
+EXIT_BACKEND = 4  # libvirt or Ansible failed underneath
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 
 
 class PassthroughError(Exception):

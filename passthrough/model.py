@@ -328,6 +328,26 @@ class Gpu:
         return tuple(ids)
 
 
+class Severity(StrEnum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One judgement about the host or a guest: code decides, the message only explains.
+
+    ``code`` is stable (tests and tools match on it, e.g. ``group-shared``,
+    ``root-disk-in-group``); ``devices`` are the functions it is about.
+    """
+
+    code: str
+    severity: Severity
+    message: str
+    devices: tuple[PciAddress, ...] = ()
+
+
 class Level(StrEnum):
     PASS = "PASS"
     WARN = "WARN"
