@@ -274,7 +274,7 @@ def check(opt: VmOption, value: Any, where: str) -> Any:
     if opt.kind is Kind.ROM and value in ("on", "off"):
         return value
     if opt.kind in (Kind.PATH, Kind.ROM):
-        if opt.pattern is not None and not opt.pattern.match(value):
+        if opt.pattern is not None and not opt.pattern.fullmatch(value):
             raise BadVmSpec(
                 where,
                 f"{_show(value)} is not a safe path (no quotes, <, &, ] or control characters)",
@@ -282,7 +282,7 @@ def check(opt: VmOption, value: Any, where: str) -> Any:
         if not value.startswith("/"):
             raise BadVmSpec(where, f"{_show(value)} is not an absolute path (libvirt needs one)")
         return value
-    if opt.pattern is not None and not opt.pattern.match(value):
+    if opt.pattern is not None and not opt.pattern.fullmatch(value):
         raise BadVmSpec(where, f"{_show(value)} is not {opt.what}")
     return value
 

@@ -42,7 +42,7 @@ def _number(loader: _Loader, node: yaml.ScalarNode, base: str) -> Any:
         else yaml.SafeLoader.construct_yaml_float(loader, node)
     )
     text = str(node.value)
-    if ":" in text or (base == "int" and _OCTAL.match(text)):
+    if ":" in text or (base == "int" and _OCTAL.fullmatch(text)):
         return Retyped(text, value)
     return value
 
