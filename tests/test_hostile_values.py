@@ -86,16 +86,29 @@ def test_hugepages_up_to_what_the_host_can_spare(host: Path) -> None:
     assert "hugepages=56" in r.stdout
 
 
-def test_grub_value_not_utf8_is_refused_with_file_and_line(host: Path) -> None:
-    grub = host / "etc/default/grub"
-    grub.write_bytes(grub.read_bytes() + b'GRUB_CMDLINE_LINUX="console=tty\xff0"\n')
-    line = grub.read_bytes().count(b"\n")
-    before = tree_hash(host)
+@pytest.mark.parametrize(
+    ("sample", "rel"),
+    [
+        ("consumer-intel", "etc/default/grub"),
+        ("acs-override-proxmox", "etc/kernel/cmdline"),
+        ("consumer-intel", "etc/initramfs-tools/modules"),
+    ],
+)
+def test_file_not_utf8_is_refused_with_file_and_line(tmp_path: Path, sample: str, rel: str) -> None:
+    """Edited files are never written back with U+FFFD where a byte was not UTF-8."""
+    root = build_variant(tmp_path, sample)
+    path = root / rel
+    if rel == "etc/default/grub":
+        path.write_bytes(path.read_bytes() + b'GRUB_CMDLINE_LINUX="console=tty\xff0"\n')
+    else:
+        path.write_bytes(path.read_bytes().rstrip(b"\n") + b" caf\xe9\n")
+    line = path.read_bytes().count(b"\n")
+    before = tree_hash(root)
     for command in ("plan", "apply"):
-        r = run(command, "--root", str(host))
-        refused(r, f"/etc/default/grub:{line}")
+        r = run(command, "--root", str(root))
+        refused(r, f"/{rel}:{line}")
         assert "UTF-8" in r.stderr
-        assert tree_hash(host) == before
+        assert tree_hash(root) == before
 
 
 # -- render: the spec file -----------------------------------------------------------------
@@ -128,6 +141,7 @@ SPEC_CASES: dict[str, tuple[bytes, str]] = {
     "empty-value": (b"bridge:\n", "bridge"),
     "not-utf8": (b"vendor_id: \xff\xfe\n", "line 2"),
     "not-a-mapping": (b"- vcpus\n", "--spec"),
+    "larger-than-1-MiB": (b"name: t\n" + b"#" * (1 << 20) + b"\nvcpus: 2\n", "--spec"),
 }
 
 

@@ -231,7 +231,8 @@ def size_mib(text: str, where: str) -> int:
 
 
 def _show(value: object) -> str:
-    text = repr(value)
+    """A value as the user wrote it (booleans as YAML and JSON spell them), cut short."""
+    text = str(value).lower() if isinstance(value, bool) else repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 

@@ -16,6 +16,7 @@ import yaml
 
 from passthrough.vm.options import BY_KEY, BadVmSpec, Kind, check, size_mib, unknown_key
 
+MAX_SPEC_BYTES = 1 << 20
 # integers YAML 1.1 reads in a base the writer probably did not mean
 _OCTAL = re.compile(r"^[-+]?0[0-7_]+$")
 
@@ -116,9 +117,11 @@ def load_spec_file(path: str) -> dict[str, Any]:
     where = f"--spec {path}"
     try:
         with open(path, "rb") as fh:
-            data = fh.read(1 << 20)
+            data = fh.read(MAX_SPEC_BYTES + 1)
     except OSError as exc:
         raise BadVmSpec(where, exc.strerror or "cannot read it") from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise BadVmSpec(where, "larger than 1 MiB: not a VM spec file")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
