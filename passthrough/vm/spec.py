@@ -129,7 +129,7 @@ def mmio_window_mib(functions: list[PciFunction]) -> int | None:
 def build_spec(host: Host, opts: VmOptions) -> VmSpec:
     # types, ranges and patterns from the options table, then what only the host can say
     check_options({f: getattr(opts, f) for f in VmOptions.__dataclass_fields__})
-    check_against_host(host, opts.vcpus, opts.memory_mib, opts.overcommit)
+    unchecked = check_against_host(host, opts.vcpus, opts.memory_mib, opts.overcommit)
     for field_name in ("disk", "base_image", "seed"):
         value = getattr(opts, field_name)
         if value is not None and not Path(value).exists():
@@ -153,7 +153,7 @@ def build_spec(host: Host, opts: VmOptions) -> VmSpec:
                 chosen.append(match[0])
     else:
         chosen = [v for v in verdicts if v.viable and v.gpu.primary.vendor_id == 0x10DE]
-    warnings: list[str] = []
+    warnings: list[str] = list(unchecked)
     for v in chosen:
         if not v.viable:
             warnings.append(f"{v.gpu.address} is not viable: {v.reasons[0] if v.reasons else ''}")
