@@ -249,6 +249,29 @@ def test_overcommit_is_explicit(hosts: dict[str, Path], tmp_path: Path) -> None:
     assert r.returncode == 0 and out.exists(), r.stderr  # all of the host's RAM: allowed
 
 
+def test_memory_ceiling_is_libvirts() -> None:
+    """The table's memory maximum is exactly what libvirt parses (its test driver, private
+    to this process): one MiB more overflows there, so the table refuses it first."""
+    import libvirt
+
+    conn = libvirt.open("test:///default")
+    try:
+
+        def define(mib: int) -> None:
+            conn.defineXML(
+                f"<domain type='test'><name>hostile-values-mem</name><memory unit='MiB'>{mib}"
+                "</memory><vcpu>1</vcpu><os><type>hvm</type></os></domain>"
+            ).undefine()
+
+        define(options.MAX_MEMORY_MIB)
+        with pytest.raises(libvirt.libvirtError, match="too large"):
+            define(options.MAX_MEMORY_MIB + 1)
+    finally:
+        conn.close()
+    with pytest.raises(BadVmSpec, match="above the maximum"):
+        options.check(options.BY_NAME["memory_mib"], options.MAX_MEMORY_MIB + 1, "memory")
+
+
 def test_spec_file_and_flags_agree(hosts: dict[str, Path], tmp_path: Path) -> None:
     """The same options as flags and as spec keys give the same XML."""
     root = str(hosts["consumer-intel"])
