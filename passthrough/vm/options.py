@@ -31,6 +31,7 @@ NETWORK_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
 MAX_MEMORY_MIB = (2**63 - 1) >> 20
 MIN_MEMORY_MIB = 256
 MAX_VCPUS = 4096
+DEFAULT_VENDOR_ID = "passthrough"  # any ≤ 12-character string works; the point is not "KVMKVMKVM"
 
 
 class BadVmSpec(PassthroughError):
@@ -176,7 +177,7 @@ OPTIONS: tuple[VmOption, ...] = (
         Kind.TEXT,
         "Hyper-V vendor_id (1-12 characters, no commas)",
         metavar="TEXT",
-        default="passthrough",  # any ≤ 12 characters; the point is not "KVMKVMKVM"
+        default=DEFAULT_VENDOR_ID,
         pattern=VENDOR_ID_RE,
         what="a Hyper-V vendor_id (1 to 12 letters/digits, no commas)",
     ),
@@ -204,7 +205,7 @@ OPTIONS: tuple[VmOption, ...] = (
         flag_help="do not pin to the GPUs' NUMA node",
         negated=True,
     ),
-    VmOption(
+    VmOption(  # kvm: hardware virtualization, every real GPU guest; qemu: TCG
         "virt_type",
         Kind.CHOICE,
         "kvm (default) or qemu: software emulation (TCG) for a lab or CI machine without "

@@ -1,8 +1,8 @@
 """A guest's specification, built from discovery and options; every decision made here.
 
 The template only loops and branches over what this module computed: guest PCI
-addresses, the MMIO window, vCPU pins, hiding. Values that would break the XML are
-refused here with the field named, before any rendering.
+addresses, the MMIO window, vCPU pins, hiding. Every value is checked against the options
+table (options.py) and against the host before any rendering, the field named.
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from typing import Any
 
 from passthrough.analysis.viability import judge_all, mmio_window_bytes
 from passthrough.model import Host, PciAddress, PciFunction
-from passthrough.vm.options import BadVmSpec, check_against_host, check_options
+from passthrough.vm.options import (
+    DEFAULT_VENDOR_ID,
+    BadVmSpec,
+    check_against_host,
+    check_options,
+)
 
-DEFAULT_VENDOR_ID = "passthrough"  # any ≤ 12-character string works; the point is not "KVMKVMKVM"
 OVMF_DEFAULT_MMIO = 32 << 30
-# libvirt domain types: kvm (hardware virtualization: every real GPU guest) and qemu (TCG,
-# software emulation: a lab or CI machine without a working /dev/kvm)
-VIRT_TYPES = ("kvm", "qemu")
 NO_NETWORK = "none"  # --network none: a guest without a NIC
 
 
