@@ -36,6 +36,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"passthrough: error: {message} (see --help)\n")
 
 
+def _positive_int(text: str) -> int:
+    """A count given on purpose: 1 or more (leaving the flag out means none)."""
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number of 1 or more")
+    return int(text)
+
+
 def _common(p: argparse.ArgumentParser, root: bool = True) -> None:
     if root:
         p.add_argument(
@@ -160,10 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--no-iommu-pt", action="store_true", help="do not add iommu=pt")
         p.add_argument(
             "--hugepages",
-            type=int,
+            type=_positive_int,
             default=0,
             metavar="N",
-            help="reserve N x 1 GiB huge pages at boot",
+            help="reserve N x 1 GiB huge pages at boot (at most what the host's RAM can spare)",
         )
 
     plan_p = sub.add_parser(
@@ -245,69 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     render_p.add_argument(
         "--spec", metavar="FILE.yaml", help="VM options as YAML (flags given too win)"
     )
-    render_p.add_argument("--name", help="domain name")
-    render_p.add_argument(
-        "--gpu",
-        action="append",
-        default=None,
-        metavar="ADDRESS",
-        help="a card (repeatable); default: every viable NVIDIA GPU",
-    )
-    render_p.add_argument("--vcpus", type=int)
-    render_p.add_argument(
-        "--memory", metavar="SIZE", help="guest memory: MiB, or with a G/M suffix (16G)"
-    )
-    render_p.add_argument("--disk", metavar="PATH", help="an existing disk image or volume")
-    render_p.add_argument(
-        "--base-image",
-        metavar="PATH",
-        help="a cloud image; `vm define` makes a qcow2 overlay on it",
-    )
-    render_p.add_argument(
-        "--image-dir",
-        metavar="DIR",
-        help="where the overlay goes (default /var/lib/libvirt/images)",
-    )
-    render_p.add_argument("--bridge", metavar="BRIDGE", help="attach to a host bridge")
-    render_p.add_argument(
-        "--network",
-        metavar="NAME",
-        help="attach to a libvirt network (default: default; none: no NIC)",
-    )
-    render_p.add_argument("--seed", metavar="ISO", help="cloud-init seed ISO (user, SSH key)")
-    render_p.add_argument("--profile", choices=("linux", "windows"))
-    render_p.add_argument(
-        "--no-hide",
-        action="store_true",
-        default=None,
-        help="do not hide the hypervisor (drivers from R465 on do not need it)",
-    )
-    render_p.add_argument(
-        "--vendor-id", metavar="TEXT", help="Hyper-V vendor_id (1-12 characters, no commas)"
-    )
-    render_p.add_argument(
-        "--hide-hypervisor-cpuid",
-        action="store_true",
-        default=None,
-        help="also clear the CPUID hypervisor bit: costs Windows every Hyper-V enlightenment (timers, TLB flush)",
-    )
-    render_p.add_argument(
-        "--rom",
-        metavar="on|off|FILE",
-        help="the cards' option ROM: on (default), off (ROM BAR off) or a ROM file",
-    )
-    render_p.add_argument(
-        "--hugepages", action="store_true", default=None, help="back memory with huge pages, locked"
-    )
-    render_p.add_argument(
-        "--no-numa-pin", action="store_true", default=None, help="do not pin to the GPUs' NUMA node"
-    )
-    render_p.add_argument(
-        "--virt-type",
-        choices=("kvm", "qemu"),
-        help="kvm (default) or qemu: software emulation (TCG) for a lab or CI machine without "
-        "a working /dev/kvm; the CPU model becomes QEMU's max instead of host-passthrough",
-    )
+    from passthrough.vm.options import add_flags
+
+    add_flags(render_p)  # one flag per row of the VM options table
     render_p.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
 
     validate_p = sub.add_parser(
@@ -710,36 +657,12 @@ def cmd_bind(args: argparse.Namespace, stack: list[str]) -> int:
 
 
 def _vm_options(args: argparse.Namespace) -> Any:
-    from passthrough.vm.spec import VmOptions, load_spec_file, size_mib
+    from passthrough.vm.options import from_flags
+    from passthrough.vm.spec import VmOptions
+    from passthrough.vm.specfile import load_spec_file
 
     values: dict[str, Any] = load_spec_file(args.spec) if args.spec else {}
-    flags = {
-        "name": args.name,
-        "vcpus": args.vcpus,
-        "disk": args.disk,
-        "base_image": args.base_image,
-        "image_dir": args.image_dir,
-        "bridge": args.bridge,
-        "network": args.network,
-        "seed": args.seed,
-        "profile": args.profile,
-        "vendor_id": args.vendor_id,
-        "rom": args.rom,
-        "virt_type": args.virt_type,
-    }
-    values.update({k: v for k, v in flags.items() if v is not None})
-    if args.memory:
-        values["memory_mib"] = size_mib(args.memory, "--memory")
-    if args.gpu:
-        values["gpus"] = tuple(args.gpu)
-    if args.no_hide:
-        values["hide"] = False
-    if args.hide_hypervisor_cpuid:
-        values["hide_hypervisor_cpuid"] = True
-    if args.hugepages:
-        values["hugepages"] = True
-    if args.no_numa_pin:
-        values["numa_pin"] = False
+    values.update(from_flags(args))  # flags given too win
     if "name" not in values:
         raise PassthroughError("render: a domain name is needed (--name, or name: in --spec)")
     return VmOptions(**values)

@@ -288,6 +288,7 @@ class Host:
     groups: tuple[IommuGroup, ...]
     problems: tuple[str, ...] = ()  # things discovery tolerated (dangling links, ...)
     numa_cpus: dict[int, tuple[int, ...]] = field(default_factory=dict, hash=False)  # node → CPUs
+    memory_mib: int | None = None  # MemTotal of /proc/meminfo; None: not known (a bare tree)
 
     @property
     def group_index(self) -> dict[int, IommuGroup]:

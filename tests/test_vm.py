@@ -131,8 +131,8 @@ def test_bad_values_never_reach_the_xml(
         (["--name", "ok", "--bridge", "br0'/><x"], "bridge: "),
         (["--name", "ok", "--network", "net]]>"], "network: "),
         (["--name", "ok", "--seed", "/tmp/a\nb"], "seed: "),
-        (["--name", "ok", "--vendor-id", "thirteenchars"], "vendor_id: "),
-        (["--name", "ok", "--vendor-id", "a,b"], "vendor_id: "),
+        (["--name", "ok", "--vendor-id", "thirteenchars"], "--vendor-id: "),
+        (["--name", "ok", "--vendor-id", "a,b"], "--vendor-id: "),
         (["--name", "ok", "--gpu", "0000:99:00.0"], "not a GPU on this host"),
         (
             ["--name", "ok", "--disk", "/nonexistent/disk.qcow2"],

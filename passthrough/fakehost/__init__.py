@@ -260,6 +260,8 @@ class Description:
         self.cpu_model = str(cpu.get("model", "Generic CPU"))
         self.cpus = int(cpu.get("cpus", 4))
         self.cpu_virt = bool(cpu.get("virt", True))
+        # RAM, for /proc/meminfo: what guest memory and huge pages are checked against
+        self.memory_gib = int(data.get("memory_gib", 64))
         kernel = data.get("kernel", {})
         self.release = str(kernel.get("release", self.distro["release"]))
         self.cmdline = str(
@@ -574,6 +576,7 @@ def _write_host_files(desc: Description, w: _Writer, by_addr: dict[PciAddress, N
         )
     w.file("proc/cpuinfo", "\n".join(blocks) + "\n")
     w.file("proc/cmdline", desc.cmdline + "\n")
+    w.file("proc/meminfo", f"MemTotal:       {desc.memory_gib << 20} kB\n")
     nodes = sorted({n.numa for n in desc.nodes if n.numa >= 0}) or [0]
     per = max(1, desc.cpus // len(nodes))
     for i, node in enumerate(nodes):

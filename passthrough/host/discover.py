@@ -75,4 +75,5 @@ def discover(
         groups=group_functions(functions),
         problems=tuple(root.problems),
         numa_cpus=facts.read_numa(root),
+        memory_mib=facts.read_memory_mib(root),
     )

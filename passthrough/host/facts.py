@@ -62,6 +62,16 @@ def read_cpu(root: HostRoot) -> Cpu:
     return Cpu(vendor=vendor, model=model, virt_flag=virt, logical_cpus=count)
 
 
+def read_memory_mib(root: HostRoot) -> int | None:
+    """The host's RAM (MemTotal), which guest memory and boot-time huge pages must fit in."""
+    for line in (root.read("proc/meminfo") or "").splitlines():
+        key, _, value = line.partition(":")
+        number, _, unit = value.strip().partition(" ")
+        if key == "MemTotal" and number.isdigit() and unit == "kB":
+            return int(number) >> 10
+    return None
+
+
 def read_kernel(root: HostRoot) -> Kernel:
     release = root.read("proc/sys/kernel/osrelease")
     cmdline = tuple((root.read("proc/cmdline") or "").split())

@@ -14,7 +14,7 @@ from passthrough.errors import PassthroughError
 from passthrough.host.root import HostRoot
 from passthrough.model import BootloaderKind, Host
 from passthrough.plan.actions import Action, Run, WriteFile
-from passthrough.plan.kargs import ArgChange, UnsafeCmdline, edit, key_of
+from passthrough.plan.kargs import ArgChange, UnsafeCmdline, edit, key_of, utf8_text
 from passthrough.plan.shellvars import quote, read_assignments
 
 HEADER = (
@@ -68,12 +68,10 @@ class Grub(Bootloader):
         for rel in self._files():
             if skip_ours and rel == self.DROPIN:
                 continue
-            data = self.root.read_bytes(rel)
-            if data is None:
+            text = utf8_text(self.root.read_bytes(rel), "/" + rel)
+            if text is None:
                 continue
-            found = read_assignments(
-                data.decode("utf-8", "replace"), "/" + rel, set(self.VARS), known
-            )
+            found = read_assignments(text, "/" + rel, set(self.VARS), known)
             if rel > self.DROPIN and found:
                 raise UnsafeCmdline(
                     "/" + rel, f"sorts after {self.DROPIN} and sets the command line itself"
@@ -153,7 +151,7 @@ class KernelCmdlineFile(Bootloader):
     PATH = "etc/kernel/cmdline"
 
     def configured(self) -> list[str]:
-        text = self.root.read(self.PATH)
+        text = self._read(self.PATH)
         if text is not None:
             return text.split()
         entry = self._entry()
@@ -166,8 +164,11 @@ class KernelCmdlineFile(Bootloader):
                     return f"{base}/{name}"
         return None
 
+    def _read(self, rel: str) -> str | None:
+        return utf8_text(self.root.read_bytes(rel), "/" + rel)
+
     def _options(self, rel: str) -> list[str]:
-        for line in (self.root.read(rel) or "").splitlines():
+        for line in (self._read(rel) or "").splitlines():
             if line.startswith("options"):
                 return line.split()[1:]
         return []
@@ -182,7 +183,7 @@ class KernelCmdlineFile(Bootloader):
         )
 
     def actions(self, change: ArgChange) -> list[Action]:
-        text = self.root.read(self.PATH)
+        text = self._read(self.PATH)
         if text is not None:
             new = " ".join(edit(text.split(), change)) + "\n"
             return [
@@ -192,7 +193,7 @@ class KernelCmdlineFile(Bootloader):
         entry = self._entry()
         if entry is None:
             raise UnsafeCmdline("/etc/kernel/cmdline", "missing, and no loader entry found")
-        data = self.root.read(entry) or ""
+        data = self._read(entry) or ""
         out = []
         for line in data.splitlines():
             if line.startswith("options"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from passthrough.errors import PassthroughError
 from passthrough.host.root import HostRoot
 from passthrough.model import Host
 from passthrough.plan import vfio
@@ -23,12 +24,47 @@ class PlanOptions:
     hugepages_1g: int = 0
 
 
+# what the host keeps for itself beyond boot-time 1 GiB huge pages (which it can never use)
+HOST_RESERVE_MIB_MIN = 2048
+HOST_RESERVE_FRACTION = 8  # at least an eighth of its RAM
+
+
+class BadHugepages(PassthroughError):
+    def __init__(self, count: int, why: str) -> None:
+        super().__init__(f"hugepages: {count} {why}")
+
+
+def check_hugepages(count: int, host: Host) -> str | None:
+    """1 GiB pages reserved at boot are gone for the host: they must leave it room to boot
+    and run (an oversized reservation is a host that does not come up). Returns a note when
+    the root does not say how much RAM there is (an image's tree, no /proc/meminfo)."""
+    if count < 0:
+        raise BadHugepages(count, "is not a number of 1 GiB pages (0 for none)")
+    if count == 0:
+        return None
+    if host.memory_mib is None:
+        return (
+            f"{count} x 1 GiB huge pages not checked against the RAM: this root has no "
+            "/proc/meminfo; make sure the machine that boots it has more"
+        )
+    reserve = max(HOST_RESERVE_MIB_MIN, host.memory_mib // HOST_RESERVE_FRACTION)
+    most = max(0, (host.memory_mib - reserve) >> 10)
+    if count > most:
+        raise BadHugepages(
+            count,
+            f"x 1 GiB is more than this host's {host.memory_mib} MiB of RAM can give: "
+            f"at most {most}, leaving the host {reserve} MiB",
+        )
+    return None
+
+
 def _write_if_changed(root: HostRoot, action: WriteFile) -> list[Action]:
     current = root.read_bytes(action.path)
     return [] if current == action.content else [action]
 
 
 def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Selection]:
+    hugepages_note = check_hugepages(opts.hugepages_1g, host)
     scan = analyse(host)
     sel = select(host, scan.verdicts, list(opts.gpus), opts.include_group, opts.allow_boot_gpu)
     loader = for_host(root, host)
@@ -41,6 +77,8 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
     configured = loader.configured() if loader else list(host.kernel.cmdline)
     target = desired(host, kopts, configured)
     notes = list(sel.notes)
+    if hugepages_note:
+        notes.append(hugepages_note)
     actions: list[Action] = []
     # Files first, commands after them (the initramfs reads modprobe.d).
     deps = vfio.softdeps(root, host, sel.functions)

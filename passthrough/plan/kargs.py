@@ -18,6 +18,20 @@ class UnsafeCmdline(PassthroughError):
         super().__init__(f"{where}: {why}; edit it by hand or fix the file, then re-run")
 
 
+def utf8_text(data: bytes | None, path: str) -> str | None:
+    """A file the planner edits and writes back, decoded strictly: a byte that is not UTF-8
+    would otherwise come back as U+FFFD in the new file. Refused with the file and line."""
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise UnsafeCmdline(
+            f"{path}:{line}", f"byte 0x{data[exc.start]:02x} is not UTF-8 text"
+        ) from None
+
+
 def key_of(arg: str) -> str:
     """``vfio-pci.ids=10de:2684`` → ``vfio-pci.ids``; module names compare with - and _ alike."""
     name = arg.split("=", 1)[0]

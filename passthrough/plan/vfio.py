@@ -14,7 +14,7 @@ from passthrough.analysis.viability import kernel_version
 from passthrough.host.root import HostRoot
 from passthrough.model import Host, InitramfsKind, PciFunction
 from passthrough.plan.actions import Run, WriteFile
-from passthrough.plan.kargs import UnsafeCmdline
+from passthrough.plan.kargs import UnsafeCmdline, utf8_text
 
 MODPROBE = "etc/modprobe.d/passthrough-vfio.conf"
 UDEV_RULE = "etc/udev/rules.d/40-passthrough-vfio.rules"
@@ -126,7 +126,7 @@ def initramfs_actions(root: HostRoot, host: Host) -> tuple[list[WriteFile], Run 
     writes: list[WriteFile] = []
     kind = host.boot.initramfs
     if kind is InitramfsKind.INITRAMFS_TOOLS:
-        text = root.read(INITRAMFS_TOOLS)
+        text = utf8_text(root.read_bytes(INITRAMFS_TOOLS), "/" + INITRAMFS_TOOLS)
         existing = text.splitlines() if text is not None else []
         have = {line.split("#", 1)[0].strip() for line in existing}
         missing = [m for m in mods if m not in have]

@@ -1,35 +1,27 @@
 """A guest's specification, built from discovery and options; every decision made here.
 
 The template only loops and branches over what this module computed: guest PCI
-addresses, the MMIO window, vCPU pins, hiding. Values that would break the XML are
-refused here with the field named, before any rendering.
+addresses, the MMIO window, vCPU pins, hiding. Every value is checked against the options
+table (options.py) and against the host before any rendering, the field named.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from passthrough.analysis.viability import judge_all, mmio_window_bytes
-from passthrough.errors import PassthroughError
 from passthrough.model import Host, PciAddress, PciFunction
+from passthrough.vm.options import (
+    DEFAULT_VENDOR_ID,
+    BadVmSpec,
+    check_against_host,
+    check_options,
+)
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
-VENDOR_ID_RE = re.compile(r"^[A-Za-z0-9_ .-]{1,12}$")
-PATH_SAFE = re.compile(r"^[^\x00-\x1f<>&\"'\]]+$")
-DEFAULT_VENDOR_ID = "passthrough"  # any ≤ 12-character string works; the point is not "KVMKVMKVM"
 OVMF_DEFAULT_MMIO = 32 << 30
-# libvirt domain types: kvm (hardware virtualization: every real GPU guest) and qemu (TCG,
-# software emulation: a lab or CI machine without a working /dev/kvm)
-VIRT_TYPES = ("kvm", "qemu")
 NO_NETWORK = "none"  # --network none: a guest without a NIC
-
-
-class BadVmSpec(PassthroughError):
-    def __init__(self, field_name: str, why: str) -> None:
-        super().__init__(f"{field_name}: {why}")
 
 
 @dataclass(frozen=True)
@@ -78,6 +70,7 @@ class VmOptions:
     hugepages: bool = False
     numa_pin: bool = True
     virt_type: str = "kvm"  # kvm | qemu (software emulation: labs and CI without /dev/kvm)
+    overcommit: bool = False  # allow more guest memory than the host's RAM
 
 
 @dataclass(frozen=True)
@@ -108,53 +101,6 @@ class VmSpec:
     meta: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
-def size_mib(text: str, where: str) -> int:
-    """``16G`` / ``16384M`` / ``16384`` → MiB."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    factor = 1
-    if t.endswith("G"):
-        factor, t = 1024, t[:-1]
-    elif t.endswith("M"):
-        t = t[:-1]
-    if not t.isdigit():
-        raise BadVmSpec(where, f"{text!r} is not MiB or a size such as 16G")
-    return int(t) * factor
-
-
-def load_spec_file(path: str) -> dict[str, Any]:
-    """VM options from a YAML file, with the names of the command-line flags."""
-    import yaml
-
-    where = f"--spec {path}"
-    try:
-        with open(path) as fh:
-            loaded = yaml.safe_load(fh) or {}
-    except OSError as exc:
-        raise BadVmSpec(where, exc.strerror or "cannot read it") from None
-    except yaml.YAMLError:
-        raise BadVmSpec(where, "not valid YAML") from None
-    if not isinstance(loaded, dict):
-        raise BadVmSpec(where, "expected a mapping of VM options")
-    known = set(VmOptions.__dataclass_fields__)
-    values: dict[str, Any] = {}
-    for key, value in loaded.items():
-        k = str(key).replace("-", "_")
-        if k == "memory":
-            values["memory_mib"] = size_mib(str(value), where)
-        elif k in ("gpus", "gpu"):
-            values["gpus"] = tuple(str(g) for g in (value if isinstance(value, list) else [value]))
-        elif k in known:
-            values[k] = value
-        else:
-            raise BadVmSpec(where, f"unknown option {key!r}")
-    return values
-
-
-def _check_text(field_name: str, value: str | None, pattern: re.Pattern[str], what: str) -> None:
-    if value is not None and not pattern.match(value):
-        raise BadVmSpec(field_name, f"{value!r} is not {what}")
-
-
 def _cpuset(cpus: tuple[int, ...]) -> str:
     """(0,1,2,3,8) → ``0-3,8``."""
     parts: list[str] = []
@@ -182,31 +128,9 @@ def mmio_window_mib(functions: list[PciFunction]) -> int | None:
 
 
 def build_spec(host: Host, opts: VmOptions) -> VmSpec:
-    _check_text("name", opts.name, NAME_RE, "a domain name (letters, digits, _ . + -; up to 64)")
-    if opts.hide:
-        _check_text(
-            "vendor_id",
-            opts.vendor_id,
-            VENDOR_ID_RE,
-            "a Hyper-V vendor_id (1 to 12 letters/digits, no commas)",
-        )
-    for field_name in ("disk", "base_image", "seed", "bridge", "network", "image_dir"):
-        _check_text(
-            field_name,
-            getattr(opts, field_name),
-            PATH_SAFE,
-            "a safe path or name (no quotes, <, &, ] or control characters)",
-        )
-    if opts.rom not in ("on", "off"):
-        _check_text("rom", opts.rom, PATH_SAFE, "on, off or a ROM file path")
-    if opts.virt_type not in VIRT_TYPES:
-        raise BadVmSpec("virt_type", f"{opts.virt_type!r} is not {' or '.join(VIRT_TYPES)}")
-    if opts.profile not in ("linux", "windows"):
-        raise BadVmSpec("profile", f"{opts.profile!r} is not linux or windows")
-    if not 1 <= opts.vcpus <= 4096:
-        raise BadVmSpec("vcpus", f"{opts.vcpus} is out of range")
-    if opts.memory_mib < 256:
-        raise BadVmSpec("memory", f"{opts.memory_mib} MiB is too little for a GPU guest")
+    # types, ranges and patterns from the options table, then what only the host can say
+    check_options({f: getattr(opts, f) for f in VmOptions.__dataclass_fields__})
+    unchecked = check_against_host(host, opts.vcpus, opts.memory_mib, opts.overcommit)
     for field_name in ("disk", "base_image", "seed"):
         value = getattr(opts, field_name)
         if value is not None and not Path(value).exists():
@@ -230,7 +154,7 @@ def build_spec(host: Host, opts: VmOptions) -> VmSpec:
                 chosen.append(match[0])
     else:
         chosen = [v for v in verdicts if v.viable and v.gpu.primary.vendor_id == 0x10DE]
-    warnings: list[str] = []
+    warnings: list[str] = list(unchecked)
     for v in chosen:
         if not v.viable:
             warnings.append(f"{v.gpu.address} is not viable: {v.reasons[0] if v.reasons else ''}")
