@@ -64,6 +64,14 @@ CASES: dict[str, tuple[str, dict[str, Any], PlanOptions, Callable[[Path], None]]
     ),
     "popos-kernelstub-intel": ("consumer-intel", {"distro": "popos-22.04"}, PlanOptions(), nothing),
     "ubuntu2404-hgx-default-on-hugepages": ("hgx-h100", {}, PlanOptions(hugepages_1g=64), nothing),
+    "debian12-apu-igpu": (
+        "amd-apu-desktop",
+        {},
+        PlanOptions(gpus=("30:00.0",), allow_boot_gpu=True),
+        nothing,
+    ),
+    "ubuntu2404-arc-a770": ("intel-arc-a770", {}, PlanOptions(gpus=("03:00.0",)), nothing),
+    "arch-turing-4fn": ("turing-desktop", {}, PlanOptions(), nothing),
     "debian12-iommu-off": (
         "iommu-off",
         {},
