@@ -10,6 +10,7 @@ domain XML meet the same refusals.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from passthrough.analysis.viability import (
     LARGE_BAR as LARGE_BAR_BYTES,
@@ -30,6 +31,7 @@ from passthrough.model import (
     Gpu,
     GpuVerdict,
     Host,
+    IommuGroup,
     PciAddress,
     PciFunction,
     Severity,
@@ -100,6 +102,23 @@ class Refused(PassthroughError):
         return tuple(dict.fromkeys(f.code for f in self.findings))
 
 
+@dataclass(frozen=True)
+class HostIndex:
+    """Lookups built once per host, not once per card (a 2,000-function host has hundreds)."""
+
+    by_addr: dict[PciAddress, PciFunction]
+    groups: dict[int, IommuGroup]
+    nvswitches: tuple[PciFunction, ...]
+
+    @classmethod
+    def of(cls, host: Host) -> HostIndex:
+        return cls(
+            {f.address: f for f in host.functions},
+            host.group_index,
+            tuple(f for f in host.functions if f.vendor_id == NVIDIA and f.subclass == 0x0680),
+        )
+
+
 def errors(findings: Iterable[Finding]) -> list[Finding]:
     return [f for f in findings if f.severity is ERROR]
 
@@ -114,14 +133,13 @@ def _console_arg(host: Host) -> str:
 
 
 def _group_findings(
-    host: Host,
     taken: set[PciAddress],
     number: int,
+    members: Sequence[PciAddress],
     by_addr: dict[PciAddress, PciFunction],
 ) -> list[Finding]:
     """What a guest taking ``taken`` would also drag along from group ``number``."""
     found: list[Finding] = []
-    members = host.group_index[number].members
     others = [
         by_addr[a]
         for a in members
@@ -188,11 +206,15 @@ def _critical(host: Host, where: str, addresses: Iterable[PciAddress]) -> list[F
 
 
 def selection_findings(
-    host: Host, addresses: Iterable[PciAddress], allow_boot_gpu: bool = False
+    host: Host,
+    addresses: Iterable[PciAddress],
+    allow_boot_gpu: bool = False,
+    index: HostIndex | None = None,
 ) -> list[Finding]:
     """The policy on any set of functions a guest would take (a plan's cards, a domain's
     hostdevs): errors refuse it, warnings are told."""
-    by_addr = {f.address: f for f in host.functions}
+    index = index or HostIndex.of(host)
+    by_addr = index.by_addr
     taken = set(addresses)
     found: list[Finding] = []
     chosen: list[PciFunction] = []
@@ -245,10 +267,11 @@ def selection_findings(
                     tuple(f.address for f in ungrouped),
                 )
             )
-        groups = host.group_index
+        groups = index.groups
         for number in sorted({f.iommu_group for f in chosen if f.iommu_group is not None}):
-            found += _group_findings(host, taken, number, by_addr)
-            found += _critical(host, f"IOMMU group {number}", groups[number].members)
+            members = groups[number].members
+            found += _group_findings(taken, number, members, by_addr)
+            found += _critical(host, f"IOMMU group {number}", members)
     for fn in chosen:
         if fn.is_display and fn.boot_vga and fn.vendor_id not in BMC_VGA_VENDORS:
             if allow_boot_gpu:
@@ -275,12 +298,10 @@ def selection_findings(
     return found
 
 
-def card_findings(
-    host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], nvswitches: Sequence[PciFunction]
-) -> list[Finding]:
+def card_findings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostIndex) -> list[Finding]:
     """Everything scan says about one card: refusals first, then warnings."""
     primary = gpu.primary
-    found = selection_findings(host, (f.address for f in gpu.functions), allow_boot_gpu=True)
+    found = selection_findings(host, (f.address for f in gpu.functions), True, index)
     if any(f.code == BMC_VGA for f in found):
         return [f for f in found if f.severity is ERROR]
     found.sort(key=lambda f: f.severity is not ERROR)  # stable: refusals first
@@ -322,10 +343,10 @@ def card_findings(
             "integrated GPU: assigning an Intel iGPU (GVT-d) needs its legacy IGD setup and "
             "OpRegion; this toolkit targets discrete cards",
         )
-    if nvswitches and primary.vendor_id == NVIDIA:
+    if index.nvswitches and primary.vendor_id == NVIDIA:
         warn(
             NVSWITCH,
-            f"NVSwitch system ({len(nvswitches)} NVSwitches): NVLink needs either every GPU and "
+            f"NVSwitch system ({len(index.nvswitches)} NVSwitches): NVLink needs either every GPU and "
             "NVSwitch in one guest (Fabric Manager inside it) or GPUs only with Fabric Manager "
             "on the host (shared NVSwitch)",
         )
@@ -349,29 +370,19 @@ def card_findings(
     return found
 
 
-def nvswitches(host: Host) -> list[PciFunction]:
-    return [f for f in host.functions if f.vendor_id == NVIDIA and f.subclass == 0x0680]
-
-
 def judge(
-    host: Host,
-    gpu: Gpu,
-    all_gpus: Sequence[Gpu],
-    switches: Sequence[PciFunction] | None = None,
+    host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostIndex | None = None
 ) -> GpuVerdict:
-    members = sorted(
-        {a for n in gpu.groups if n in host.group_index for a in host.group_index[n].members}
-    )
-    if switches is None:
-        switches = nvswitches(host)
+    index = index or HostIndex.of(host)
+    members = sorted({a for n in gpu.groups if n in index.groups for a in index.groups[n].members})
     return GpuVerdict(
         gpu=gpu,
         group_members=tuple(members),
-        findings=tuple(card_findings(host, gpu, all_gpus, switches)),
+        findings=tuple(card_findings(host, gpu, all_gpus, index)),
     )
 
 
 def judge_all(host: Host) -> list[GpuVerdict]:
     gpus = find_gpus(host)
-    switches = nvswitches(host)
-    return [judge(host, g, gpus, switches) for g in gpus]
+    index = HostIndex.of(host)
+    return [judge(host, g, gpus, index) for g in gpus]

@@ -1,4 +1,5 @@
-"""Which GPUs can be handed to a guest, and why or why not."""
+"""What a card is (the display function and the functions that belong to it), and the
+sizes and words the verdicts use. The verdicts themselves: ``analysis/policy.py``."""
 
 from __future__ import annotations
 
