@@ -92,9 +92,11 @@ class Refused(PassthroughError):
     """Nothing is written: the policy refuses. Carries the findings that decided it."""
 
     def __init__(self, findings: Sequence[Finding], hint: str = "") -> None:
-        self.findings = tuple(findings)
+        # what no flag can override is told first
+        self.findings = tuple(sorted(findings, key=lambda f: f.code not in HOST_HARM))
         first = self.findings[0]
-        more = f" (+{len(self.findings) - 1} more)" if len(self.findings) > 1 else ""
+        others = [c for c in dict.fromkeys(f.code for f in self.findings) if c != first.code]
+        more = f" (also: {', '.join(others)})" if others else ""
         super().__init__(f"{first.message} [{first.code}]{more}{hint}")
 
     @property
@@ -121,10 +123,6 @@ class HostIndex:
 
 def errors(findings: Iterable[Finding]) -> list[Finding]:
     return [f for f in findings if f.severity is ERROR]
-
-
-def codes(findings: Iterable[Finding]) -> set[str]:
-    return {f.code for f in findings}
 
 
 def _console_arg(host: Host) -> str:

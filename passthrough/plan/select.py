@@ -100,7 +100,7 @@ def select(
     # The plan turns the IOMMU on: groups are told after the reboot, not a refusal here.
     refusals = [f for f in policy.errors(findings) if f.code != policy.NO_IOMMU]
     if refusals:
-        grouped = refusals[0].code in (policy.GROUP_SHARED, policy.GROUP_OTHER_GPU)
+        grouped = {f.code for f in refusals} <= {policy.GROUP_SHARED, policy.GROUP_OTHER_GPU}
         hint = (
             "; select every GPU of the group (--gpu), or --include-group hands the whole group "
             "over knowingly"
