@@ -176,36 +176,49 @@ def test_include_group_with_the_boot_vga_is_refused_without_allow_boot_gpu(
     assert "initcall_blacklist=sysfb_init" in plan["kernel_args"]["set"]
 
 
-def test_refusal_carries_codes(hosts: dict[str, Path]) -> None:
+def test_refusal_tells_first_what_no_flag_overrides(hosts: dict[str, Path]) -> None:
     host = discover(str(hosts["amd-b550-chipset"]))
+    verdicts = policy.judge_all(host)
     with pytest.raises(SelectionRefused) as info:
-        select(host, policy.judge_all(host), ["2b:00.0"], include_group=True)
-    assert "route-nic-in-group" in info.value.codes
+        select(host, verdicts, ["2b:00.0"])
+    assert info.value.codes == ("route-nic-in-group", "group-shared")
+    assert "--include-group" not in str(info.value)  # it would not help
+    with pytest.raises(SelectionRefused) as info:
+        select(host, verdicts, ["2b:00.0"], include_group=True)
+    assert info.value.codes == ("route-nic-in-group",)
+    # where the group alone stands in the way, the refusal says how to take it knowingly
+    epyc = discover(str(hosts["epyc-v100"]))
+    with pytest.raises(SelectionRefused) as info:
+        select(epyc, policy.judge_all(epyc), ["03:00.0"])
+    assert info.value.codes == ("group-other-gpu",) and "--include-group" in str(info.value)
+    sel = select(epyc, policy.judge_all(epyc), ["03:00.0", "04:00.0"])
+    assert [str(f.address) for f in sel.functions] == ["0000:03:00.0", "0000:04:00.0"]
 
 
 # -- render refuses what would harm the host --------------------------------------------------
 
 
-def test_render_refuses_a_route_nic_group(
-    hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("sample", "gpu", "code"),
+    [
+        ("amd-b550-chipset", "2b:00.0", "route-nic-in-group"),
+        ("root-nvme-in-group", "05:00.0", "root-disk-in-group"),
+        ("bmc-only-server", "03:00.0", "bmc-vga"),
+    ],
+)
+def test_render_refuses_what_harms_the_host(
+    sample: str,
+    gpu: str,
+    code: str,
+    hosts: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     out = tmp_path / "guest.xml"
-    code = main(
-        [
-            "render",
-            "--root",
-            str(hosts["amd-b550-chipset"]),
-            "--name",
-            "safety-policy-nic",
-            "--gpu",
-            "2b:00.0",
-            "-o",
-            str(out),
-        ]
-    )
-    assert code == 2
+    args = ["render", "--root", str(hosts[sample]), "--name", "sp", "--gpu", gpu, "-o", str(out)]
+    assert main(args) == 2
     err = capsys.readouterr().err
-    assert "[route-nic-in-group]" in err and err.count("\n") == 1
+    assert f"[{code}]" in err and err.count("\n") == 1
     assert not out.exists()
 
 
