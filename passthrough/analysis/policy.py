@@ -12,9 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from passthrough.analysis.viability import (
-    LARGE_BAR as LARGE_BAR_BYTES,
-)
+from passthrough.analysis import viability
 from passthrough.analysis.viability import (
     describe,
     find_gpus,
@@ -38,6 +36,8 @@ from passthrough.model import (
 )
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
+INTEL = 0x8086
+SUBCLASS_OTHER_BRIDGE = 0x0680  # an NVSwitch's class
 
 # -- codes: short and stable; tools and tests match on them --------------------------------
 BMC_VGA = "bmc-vga"
@@ -117,7 +117,11 @@ class HostIndex:
         return cls(
             {f.address: f for f in host.functions},
             host.group_index,
-            tuple(f for f in host.functions if f.vendor_id == NVIDIA and f.subclass == 0x0680),
+            tuple(
+                f
+                for f in host.functions
+                if f.vendor_id == NVIDIA and f.subclass == SUBCLASS_OTHER_BRIDGE
+            ),
         )
 
 
@@ -325,7 +329,10 @@ def card_findings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostInde
             "reboot or a VM restart",
         )
     large = [
-        (f, b) for f in gpu.functions for b in f.bars if not b.is_io and b.size >= LARGE_BAR_BYTES
+        (f, b)
+        for f in gpu.functions
+        for b in f.bars
+        if not b.is_io and b.size >= viability.LARGE_BAR
     ]
     if large:
         _fn, bar = max(large, key=lambda fb: fb[1].size)
@@ -335,7 +342,7 @@ def card_findings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostInde
             f"of at least {human_size(mmio_window(gpu))} for this card (pcihole64 and OVMF "
             "X-PciMmio64Mb), more than OVMF's old 32 GiB default",
         )
-    if primary.vendor_id == 0x8086 and not primary.parents and primary.address.bus == 0:
+    if primary.vendor_id == INTEL and not primary.parents and primary.address.bus == 0:
         warn(
             INTEL_IGPU,
             "integrated GPU: assigning an Intel iGPU (GVT-d) needs its legacy IGD setup and "

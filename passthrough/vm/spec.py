@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from passthrough.analysis import policy
-from passthrough.analysis.policy import judge_all
 from passthrough.analysis.viability import mmio_window_bytes
 from passthrough.errors import PassthroughError
 from passthrough.model import Host, PciAddress, PciFunction
@@ -218,7 +217,7 @@ def build_spec(host: Host, opts: VmOptions) -> VmSpec:
             "disk", "give either an existing disk or a base image for an overlay, not both"
         )
 
-    verdicts = judge_all(host)
+    verdicts = policy.judge_all(host)
     chosen = []
     if opts.gpus:
         for token in opts.gpus:
