@@ -100,6 +100,7 @@ SUBCLASS_VGA = 0x0300
 SUBCLASS_3D = 0x0302
 SUBCLASS_AUDIO_HDA = 0x0403
 SUBCLASS_USB = 0x0C03
+SUBCLASS_SERIAL_OTHER = 0x0C80  # UCSI (USB Type-C) on a card
 SUBCLASS_STORAGE = 0x01
 
 # Server management controllers whose VGA is the host console (never a candidate).
@@ -307,7 +308,8 @@ class Host:
 
 @dataclass(frozen=True, slots=True)
 class Gpu:
-    """A card: the display function and every other function on its slot."""
+    """A card: the display function and the functions that belong to it (see
+    ``analysis.viability.find_gpus``): never another vendor's device on its slot."""
 
     primary: PciFunction
     functions: tuple[PciFunction, ...]
@@ -365,8 +367,25 @@ class CheckResult:
 
 @dataclass(frozen=True, slots=True)
 class GpuVerdict:
+    """A card and what the safety policy (``analysis/policy.py``) says about it."""
+
     gpu: Gpu
-    viable: bool
     group_members: tuple[PciAddress, ...]
-    reasons: tuple[str, ...]
-    warnings: tuple[str, ...]
+    findings: tuple[Finding, ...]
+
+    @property
+    def viable(self) -> bool:
+        return not any(f.severity is Severity.ERROR for f in self.findings)
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """Why not viable: the messages of the refusals."""
+        return tuple(f.message for f in self.findings if f.severity is Severity.ERROR)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return tuple(f.message for f in self.findings if f.severity is not Severity.ERROR)
+
+    @property
+    def codes(self) -> frozenset[str]:
+        return frozenset(f.code for f in self.findings)

@@ -7,7 +7,7 @@ import sys
 from typing import TextIO
 
 from passthrough.analysis.viability import CLASS_WORDS
-from passthrough.model import CheckResult, GpuVerdict, Level, PciAddress, PciFunction
+from passthrough.model import CheckResult, GpuVerdict, Level, PciAddress, PciFunction, Severity
 from passthrough.report import Scan
 
 RESET = "\033[0m"
@@ -154,10 +154,10 @@ def render_gpus(scan: Scan, paint: Painter) -> str:
             f"      group {groups} · numa {numa} · driver {p.driver or '-'} · ids {','.join(v.gpu.vfio_ids)}"
             + (f" · {bars}" if bars else "")
         )
-        for r in v.reasons:
-            lines.append(f"      {paint('✘', 'red')} {r}")
-        for w in v.warnings:
-            lines.append(f"      {paint('!', 'yellow')} {w}")
+        # refusals first, then warnings; the code is what README "Safety policy" lists
+        for f in v.findings:
+            mark = paint("✘", "red") if f.severity is Severity.ERROR else paint("!", "yellow")
+            lines.append(f"      {mark} {f.message} {paint(f'[{f.code}]', 'dim')}")
     return "\n".join(lines)
 
 

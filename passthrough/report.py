@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from passthrough.analysis.checks import iommu_default_on, run_checks
-from passthrough.analysis.viability import judge_all
-from passthrough.model import CheckResult, GpuVerdict, Host, Level, PciFunction
+from passthrough.analysis.policy import judge_all
+from passthrough.model import CheckResult, Finding, GpuVerdict, Host, Level, PciFunction
 
 SCHEMA = "passthrough.scan/v1"
 
@@ -56,6 +56,15 @@ def _bars(f: PciFunction) -> list[dict[str, Any]]:
     ]
 
 
+def finding_json(f: Finding) -> dict[str, Any]:
+    return {
+        "code": f.code,
+        "severity": f.severity.value,
+        "message": f.message,
+        "devices": [str(a) for a in f.devices],
+    }
+
+
 def gpu_json(v: GpuVerdict) -> dict[str, Any]:
     p = v.gpu.primary
     return {
@@ -69,6 +78,7 @@ def gpu_json(v: GpuVerdict) -> dict[str, Any]:
         "viable": v.viable,
         "reasons": list(v.reasons),
         "warnings": list(v.warnings),
+        "findings": [finding_json(f) for f in v.findings],
         "vfio_ids": list(v.gpu.vfio_ids),
         "driver": p.driver,
         "boot_vga": bool(p.boot_vga),

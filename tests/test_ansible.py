@@ -351,3 +351,23 @@ def test_kubernetes_manifests_validate_offline(sharing: str, tmp_path: Path) -> 
     win = yaml.safe_load((out / "windows-directx-device-plugin.yaml").read_text())
     env = win["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"]
     assert env == "class/5B45201D-F2F2-4F3B-85BB-30FF1F953599"
+
+
+def test_host_module_refuses_a_route_nic_group_with_its_code(tmp_path: Path) -> None:
+    """The module goes through the same policy as `passthrough plan`: --include-group on the
+    B550 chipset GPU would take the default-route NIC."""
+    root = _root(tmp_path, "b550", "amd-b550-chipset")
+    inv = _inventory(
+        tmp_path,
+        {
+            "b550": {
+                "passthrough_root": str(root),
+                "passthrough_host_gpus": ["0000:2b:00.0"],
+                "passthrough_host_include_group": True,
+            }
+        },
+    )
+    result = run(str(inv), "host.yml")
+    assert not result.ok
+    assert "[route-nic-in-group]" in (result.hosts["b550"].reason or ""), summary_table(result)
+    assert not (root / "etc/modprobe.d/passthrough-vfio.conf").exists()

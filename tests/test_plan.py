@@ -64,6 +64,14 @@ CASES: dict[str, tuple[str, dict[str, Any], PlanOptions, Callable[[Path], None]]
     ),
     "popos-kernelstub-intel": ("consumer-intel", {"distro": "popos-22.04"}, PlanOptions(), nothing),
     "ubuntu2404-hgx-default-on-hugepages": ("hgx-h100", {}, PlanOptions(hugepages_1g=64), nothing),
+    "debian12-apu-igpu": (
+        "amd-apu-desktop",
+        {},
+        PlanOptions(gpus=("30:00.0",), allow_boot_gpu=True),
+        nothing,
+    ),
+    "ubuntu2404-arc-a770": ("intel-arc-a770", {}, PlanOptions(gpus=("03:00.0",)), nothing),
+    "arch-turing-4fn": ("turing-desktop", {}, PlanOptions(), nothing),
     "debian12-iommu-off": (
         "iommu-off",
         {},
@@ -182,15 +190,15 @@ def test_identical_kept_cards_switch_to_driver_override(tmp_path: Path) -> None:
 
 
 REFUSALS = [
-    ("bmc-only-server", ["--gpu", "03:00.0"], "server management VGA"),
+    ("bmc-only-server", ["--gpu", "03:00.0"], "[bmc-vga]"),
     (
         "root-nvme-in-group",
         ["--gpu", "05:00.0", "--include-group"],
-        "root-disk controller 0000:04:00.0",
+        "[root-disk-in-group]",
     ),
-    ("amd-b550-chipset", ["--gpu", "2b:00.0", "--include-group"], "default-route NIC 0000:2a:00.0"),
-    ("epyc-v100", ["--gpu", "03:00.0"], "also holds the GPU 0000:04:00.0"),
-    ("consumer-intel", ["--gpu", "00:02.0"], "boot VGA"),
+    ("amd-b550-chipset", ["--gpu", "2b:00.0", "--include-group"], "[route-nic-in-group]"),
+    ("epyc-v100", ["--gpu", "03:00.0"], "[group-other-gpu]"),
+    ("consumer-intel", ["--gpu", "00:02.0"], "[boot-gpu]"),
     ("consumer-intel", ["--gpu", "0000:99:00.0"], "matches no GPU"),
     ("consumer-intel", ["--gpu", "01:00"], "neither a PCI address"),
     ("consumer-intel", ["--gpu", "10de:zzzz"], "neither a PCI address"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from passthrough.analysis.policy import BMC_VGA
 from passthrough.analysis.viability import kernel_version
 from passthrough.model import CheckResult, GpuVerdict, Host, Level
 
@@ -192,9 +193,7 @@ def _boot(host: Host) -> CheckResult:
 
 
 def _gpus(host: Host, verdicts: list[GpuVerdict]) -> CheckResult:
-    candidates = [
-        v for v in verdicts if not v.reasons or "server management VGA" not in v.reasons[0]
-    ]
+    candidates = [v for v in verdicts if BMC_VGA not in v.codes]
     viable = [v for v in verdicts if v.viable]
     if viable:
         return CheckResult(

@@ -3,16 +3,32 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+from passthrough.analysis import policy
 from passthrough.errors import PassthroughError
-from passthrough.model import BMC_VGA_VENDORS, NVIDIA, GpuVerdict, Host, PciAddress, PciFunction
+from passthrough.model import (
+    NVIDIA,
+    Finding,
+    GpuVerdict,
+    Host,
+    PciAddress,
+    PciFunction,
+)
 
 ID_RE = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{4}$")
 
 
-class SelectionRefused(PassthroughError):
+class SelectionRefused(policy.Refused):
     """Nothing is written: the selection would harm the host or cannot work."""
+
+    def __init__(self, findings: Sequence[Finding] | str, hint: str = "") -> None:
+        if isinstance(findings, str):  # a usage problem (no such GPU), not a policy finding
+            PassthroughError.__init__(self, findings)
+            self.findings = ()
+            return
+        super().__init__(findings, hint)
 
 
 @dataclass(frozen=True)
@@ -23,6 +39,7 @@ class Selection:
     ids_ambiguous: bool  # some kept device shares an ID: bind per device instead
     boot_gpu: bool
     notes: list[str]
+    findings: list[Finding] = field(default_factory=list)  # the policy's, warnings included
 
 
 def _match(verdicts: list[GpuVerdict], token: str) -> list[GpuVerdict]:
@@ -61,67 +78,48 @@ def select(
             raise SelectionRefused(
                 "no viable NVIDIA GPU on this host; name cards with --gpu (see `passthrough scan`)"
             )
-    by_addr = {f.address: f for f in host.functions}
-    critical = set(host.critical.root_pci) | set(host.critical.nic_pci)
-    notes: list[str] = []
-    functions: dict[PciAddress, PciFunction] = {}
+    taken: dict[PciAddress, PciFunction] = {}
     for v in chosen:
-        p = v.gpu.primary
-        if p.vendor_id in BMC_VGA_VENDORS:
-            raise SelectionRefused(
-                f"{p.address}: server management VGA ({BMC_VGA_VENDORS[p.vendor_id]}) is the host console; never passed through"
-            )
         for f in v.gpu.functions:
-            functions[f.address] = f
-    for v in chosen:
-        p = v.gpu.primary
-        if not host.groups:
-            notes.append(
-                f"{p.address}: IOMMU groups are unknown until the IOMMU is on; run `passthrough scan` after the reboot"
-            )
-            continue
-        for addr in v.group_members:
-            member = by_addr.get(addr)
-            if member is None or member.is_bridge_like or addr in functions:
-                continue
-            if addr in critical:
-                what = (
-                    "root-disk controller"
-                    if addr in host.critical.root_pci
-                    else "default-route NIC"
+            taken[f.address] = f
+    notes: list[str] = []
+    if include_group:
+        # The whole group goes over: the same policy then judges every added function.
+        by_addr = {f.address: f for f in host.functions}
+        for v in chosen:
+            for addr in v.group_members:
+                member = by_addr.get(addr)
+                if member is None or member.is_bridge_like or addr in taken:
+                    continue
+                taken[addr] = member
+                notes.append(
+                    f"{addr} ({member.name}) goes to vfio-pci with the group of {v.gpu.address} "
+                    "(--include-group)"
                 )
-                raise SelectionRefused(
-                    f"{p.address}: its IOMMU group holds the host's {what} {addr}; binding it would cut the "
-                    "host off — move the card to another slot"
-                )
-            if (
-                member.is_display
-                and member.address.slot not in {c.gpu.address.slot for c in chosen}
-                and not include_group
-            ):
-                raise SelectionRefused(
-                    f"{p.address}: its IOMMU group also holds the GPU {addr}; select both (--gpu) or use --include-group"
-                )
-            if not include_group:
-                raise SelectionRefused(
-                    f"{p.address}: its IOMMU group also holds {addr} ({member.name}); "
-                    "--include-group hands the whole group to the guest knowingly"
-                )
-            functions[addr] = member
-            notes.append(
-                f"{addr} ({member.name}) goes to vfio-pci with the group of {p.address} (--include-group)"
-            )
-    boot = [v for v in chosen if v.gpu.primary.boot_vga]
-    if boot and not allow_boot_gpu:
-        raise SelectionRefused(
-            f"{boot[0].gpu.address} is the boot VGA (the host console draws on it); --allow-boot-gpu takes it knowingly"
+    findings = policy.selection_findings(host, taken, allow_boot_gpu)
+    # The plan turns the IOMMU on: groups are told after the reboot, not a refusal here.
+    refusals = [f for f in policy.errors(findings) if f.code != policy.NO_IOMMU]
+    if refusals:
+        grouped = {f.code for f in refusals} <= {policy.GROUP_SHARED, policy.GROUP_OTHER_GPU}
+        hint = (
+            "; select every GPU of the group (--gpu), or --include-group hands the whole group "
+            "over knowingly"
+            if grouped
+            else ""
         )
-    selected = sorted(functions.values(), key=lambda f: f.address)
+        raise SelectionRefused(refusals, hint)
+    if any(f.code == policy.NO_IOMMU for f in findings):
+        notes += [
+            f"{v.gpu.address}: IOMMU groups are unknown until the IOMMU is on; run "
+            "`passthrough scan` after the reboot"
+            for v in chosen
+        ]
+    selected = sorted(taken.values(), key=lambda f: f.address)
     ids: list[str] = []
     for f in selected:
         if f.id not in ids:
             ids.append(f.id)
-    kept = [f for f in host.functions if f.address not in functions and f.id in ids]
+    kept = [f for f in host.functions if f.address not in taken and f.id in ids]
     if kept:
         notes.append(
             "the host keeps "
@@ -133,6 +131,8 @@ def select(
         functions=selected,
         vfio_ids=ids,
         ids_ambiguous=bool(kept),
-        boot_gpu=bool(boot),
+        # any boot VGA handed over, a card's or one taken with its group: the console moves off
+        boot_gpu=any(f.is_display and f.boot_vga for f in selected),
         notes=notes,
+        findings=findings,
     )

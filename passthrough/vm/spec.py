@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from passthrough.analysis.viability import judge_all, mmio_window_bytes
+from passthrough.analysis import policy
+from passthrough.analysis.viability import mmio_window_bytes
 from passthrough.model import Host, PciAddress, PciFunction
 from passthrough.vm.options import (
     DEFAULT_VENDOR_ID,
@@ -140,7 +141,7 @@ def build_spec(host: Host, opts: VmOptions) -> VmSpec:
             "disk", "give either an existing disk or a base image for an overlay, not both"
         )
 
-    verdicts = judge_all(host)
+    verdicts = policy.judge_all(host)
     chosen = []
     if opts.gpus:
         for token in opts.gpus:
@@ -154,10 +155,15 @@ def build_spec(host: Host, opts: VmOptions) -> VmSpec:
                 chosen.append(match[0])
     else:
         chosen = [v for v in verdicts if v.viable and v.gpu.primary.vendor_id == 0x10DE]
-    warnings: list[str] = list(unchecked)
-    for v in chosen:
-        if not v.viable:
-            warnings.append(f"{v.gpu.address} is not viable: {v.reasons[0] if v.reasons else ''}")
+    # The same policy as plan: what would harm the host is refused, the rest is told.
+    # Boot VGA and shared groups stay warnings: the host may have been set up for them.
+    findings = policy.selection_findings(
+        host, (f.address for v in chosen for f in v.gpu.functions), allow_boot_gpu=True
+    )
+    harm = [f for f in policy.errors(findings) if f.code in policy.HOST_HARM]
+    if harm:
+        raise policy.Refused(harm)
+    warnings = list(unchecked) + [f"{f.message} [{f.code}]" for f in policy.errors(findings)]
     cards: list[GuestCard] = []
     functions: list[PciFunction] = []
     for i, v in enumerate(chosen):

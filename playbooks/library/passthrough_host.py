@@ -30,6 +30,7 @@ RETURN = r"""
 changed: {description: whether anything was (or in check mode would be) changed, type: bool}
 reboot_required: {description: whether a reboot is needed for the change to take effect, type: bool}
 plan: {description: the plan as passthrough plan --json prints it, type: dict}
+codes: {description: on a safety-policy refusal, its codes (README "Safety policy"), type: list}
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 (Ansible wants DOCUMENTATION first)
@@ -107,7 +108,8 @@ def main() -> None:
         result["commands_not_run"] = [s["argv"] for s in tx["steps"] if s["state"] == "listed"]
         module.exit_json(**result)
     except PassthroughError as exc:
-        module.fail_json(msg=str(exc))
+        # a safety-policy refusal carries its codes (README "Safety policy") for tools
+        module.fail_json(msg=str(exc), codes=list(getattr(exc, "codes", ())))
 
 
 if __name__ == "__main__":

@@ -135,7 +135,8 @@ def main() -> None:
             changed=True, xml=xml, status=status, diff=diff, warnings_list=list(spec.warnings)
         )
     except PassthroughError as exc:
-        module.fail_json(msg=str(exc))
+        # a safety-policy refusal carries its codes (README "Safety policy") for tools
+        module.fail_json(msg=str(exc), codes=list(getattr(exc, "codes", ())))
 
 
 if __name__ == "__main__":

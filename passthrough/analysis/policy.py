@@ -1,0 +1,393 @@
+"""The safety policy: the one place that decides what may be handed to a guest.
+
+Every refusal and warning is a :class:`~passthrough.model.Finding` with a stable code
+(README "Safety policy"). scan and check read a card's findings; plan, bind, render,
+validate and the Ansible modules ask :func:`selection_findings` about the exact set of
+functions a guest would take, so a direct selection, a group expansion and a hand-written
+domain XML meet the same refusals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from passthrough.analysis import viability
+from passthrough.analysis.viability import (
+    describe,
+    find_gpus,
+    human_size,
+    kernel_version,
+    mmio_window,
+)
+from passthrough.errors import PassthroughError
+from passthrough.model import (
+    BMC_VGA_VENDORS,
+    NVIDIA,
+    SUBCLASS_3D,
+    Finding,
+    Gpu,
+    GpuVerdict,
+    Host,
+    IommuGroup,
+    PciAddress,
+    PciFunction,
+    Severity,
+)
+
+ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
+INTEL = 0x8086
+SUBCLASS_OTHER_BRIDGE = 0x0680  # an NVSwitch's class
+
+# -- codes: short and stable; tools and tests match on them --------------------------------
+BMC_VGA = "bmc-vga"
+NO_IOMMU = "no-iommu"
+NO_IOMMU_GROUP = "no-iommu-group"
+GROUP_SHARED = "group-shared"
+GROUP_OTHER_GPU = "group-other-gpu"
+ROOT_DISK = "root-disk-in-group"
+ROUTE_NIC = "route-nic-in-group"
+BRIDGE_SELECTED = "bridge-selected"
+UNKNOWN_DEVICE = "unknown-device"
+BOOT_GPU = "boot-gpu"
+ONLY_GPU = "only-gpu"
+ACS_OVERRIDE = "acs-override"
+NO_RESET = "no-reset"
+LARGE_BAR = "large-bar"
+INTEL_IGPU = "intel-igpu"
+NVSWITCH = "nvswitch"
+LAPTOP_3D = "laptop-3d"
+SRIOV_VF = "sriov-vf"
+VFIO_BOUND = "vfio-bound"
+VFIO_PARTLY = "vfio-partly"
+
+CODES: dict[str, str] = {
+    BMC_VGA: "the BMC's VGA (ASPEED, Matrox) is the host console: never handed over",
+    NO_IOMMU: "no IOMMU groups: the IOMMU is off or absent (plan turns it on; re-check after)",
+    NO_IOMMU_GROUP: "a function has no IOMMU group while others do: it cannot be isolated",
+    GROUP_SHARED: "the IOMMU group holds a device outside the card: the guest would take it too",
+    GROUP_OTHER_GPU: "the IOMMU group holds another GPU: both cards would go to one guest",
+    ROOT_DISK: "the root disk's controller is in the group: the host would lose its root fs",
+    ROUTE_NIC: "the default route's NIC is in the group: the host would lose the network",
+    BRIDGE_SELECTED: "a PCI bridge or root port was selected: bridges stay with the host",
+    UNKNOWN_DEVICE: "the address names no PCI function on this host",
+    BOOT_GPU: "the boot VGA: needs --allow-boot-gpu and the console moved off it",
+    ONLY_GPU: "the host's only display controller: the host keeps no local display",
+    ACS_OVERRIDE: "pcie_acs_override is in effect: the groups are synthetic, isolation is not real",
+    NO_RESET: "no reset method: the card may not survive a guest reboot",
+    LARGE_BAR: "a BAR of 32 GiB or more: the guest needs a larger 64-bit MMIO window",
+    INTEL_IGPU: "an Intel integrated GPU: GVT-d needs legacy IGD setup (not targeted)",
+    NVSWITCH: "an NVSwitch system: NVLink needs the whole fabric or Fabric Manager on the host",
+    LAPTOP_3D: "a laptop 3D controller (Optimus): no display outputs, may need the ACPI vBIOS",
+    SRIOV_VF: "an SR-IOV virtual function",
+    VFIO_BOUND: "already bound to vfio-pci (INFO)",
+    VFIO_PARTLY: "only some functions are bound to vfio-pci",
+}
+
+# Refused whatever the flags: handing these over harms the host itself.
+HOST_HARM = frozenset({BMC_VGA, ROOT_DISK, ROUTE_NIC, BRIDGE_SELECTED, UNKNOWN_DEVICE})
+
+
+class Refused(PassthroughError):
+    """Nothing is written: the policy refuses. Carries the findings that decided it."""
+
+    def __init__(self, findings: Sequence[Finding], hint: str = "") -> None:
+        # what no flag can override is told first
+        self.findings = tuple(sorted(findings, key=lambda f: f.code not in HOST_HARM))
+        first = self.findings[0]
+        others = [c for c in dict.fromkeys(f.code for f in self.findings) if c != first.code]
+        more = f" (also: {', '.join(others)})" if others else ""
+        super().__init__(f"{first.message} [{first.code}]{more}{hint}")
+
+    @property
+    def codes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(f.code for f in self.findings))
+
+
+@dataclass(frozen=True)
+class HostIndex:
+    """Lookups built once per host, not once per card (a 2,000-function host has hundreds)."""
+
+    by_addr: dict[PciAddress, PciFunction]
+    groups: dict[int, IommuGroup]
+    nvswitches: tuple[PciFunction, ...]
+
+    @classmethod
+    def of(cls, host: Host) -> HostIndex:
+        return cls(
+            {f.address: f for f in host.functions},
+            host.group_index,
+            tuple(
+                f
+                for f in host.functions
+                if f.vendor_id == NVIDIA and f.subclass == SUBCLASS_OTHER_BRIDGE
+            ),
+        )
+
+
+def errors(findings: Iterable[Finding]) -> list[Finding]:
+    return [f for f in findings if f.severity is ERROR]
+
+
+def _console_arg(host: Host) -> str:
+    simplefb = host.kernel.config.get("CONFIG_SYSFB_SIMPLEFB") == "y"
+    return "initcall_blacklist=sysfb_init" if simplefb else "video=efifb:off"
+
+
+def _group_findings(
+    taken: set[PciAddress],
+    number: int,
+    members: Sequence[PciAddress],
+    by_addr: dict[PciAddress, PciFunction],
+) -> list[Finding]:
+    """What a guest taking ``taken`` would also drag along from group ``number``."""
+    found: list[Finding] = []
+    others = [
+        by_addr[a]
+        for a in members
+        if a not in taken and a in by_addr and not by_addr[a].is_bridge_like
+    ]
+    gpu_slots = {f.address.slot for f in others if f.is_display}
+    for other in others:
+        if other.address.slot in gpu_slots:
+            if not other.is_display:
+                continue  # told with its card below
+            siblings = [
+                str(f.address)
+                for f in others
+                if f.address.slot == other.address.slot and f is not other
+            ]
+            extra = f" with its functions {', '.join(siblings)}" if siblings else ""
+            found.append(
+                Finding(
+                    GROUP_OTHER_GPU,
+                    ERROR,
+                    f"IOMMU group {number} also holds another GPU: {describe(other)}{extra}; "
+                    "both cards would have to go to the same guest",
+                    (other.address,),
+                )
+            )
+        else:
+            found.append(
+                Finding(
+                    GROUP_SHARED,
+                    ERROR,
+                    f"IOMMU group {number} also holds a device outside the card: "
+                    f"{describe(other)}; it would have to go to the same guest",
+                    (other.address,),
+                )
+            )
+    return found
+
+
+def _critical(host: Host, where: str, addresses: Iterable[PciAddress]) -> list[Finding]:
+    found: list[Finding] = []
+    for addr in addresses:
+        if addr in host.critical.root_pci:
+            found.append(
+                Finding(
+                    ROOT_DISK,
+                    ERROR,
+                    f"{where} holds the host's root-disk controller {addr} "
+                    f"({host.critical.root_device or '/'}): binding it to vfio-pci would cut "
+                    "the host off its root filesystem — refused",
+                    (addr,),
+                )
+            )
+        if addr in host.critical.nic_pci:
+            found.append(
+                Finding(
+                    ROUTE_NIC,
+                    ERROR,
+                    f"{where} holds the default-route NIC {addr} ({host.critical.default_nic}): "
+                    "binding it to vfio-pci would cut the host off the network — refused",
+                    (addr,),
+                )
+            )
+    return found
+
+
+def selection_findings(
+    host: Host,
+    addresses: Iterable[PciAddress],
+    allow_boot_gpu: bool = False,
+    index: HostIndex | None = None,
+) -> list[Finding]:
+    """The policy on any set of functions a guest would take (a plan's cards, a domain's
+    hostdevs): errors refuse it, warnings are told."""
+    index = index or HostIndex.of(host)
+    by_addr = index.by_addr
+    taken = set(addresses)
+    found: list[Finding] = []
+    chosen: list[PciFunction] = []
+    for addr in sorted(taken):
+        fn = by_addr.get(addr)
+        if fn is None:
+            found.append(
+                Finding(UNKNOWN_DEVICE, ERROR, f"{addr} is no PCI function on this host", (addr,))
+            )
+            continue
+        chosen.append(fn)
+        if fn.is_display and fn.vendor_id in BMC_VGA_VENDORS:
+            found.append(
+                Finding(
+                    BMC_VGA,
+                    ERROR,
+                    f"{addr}: server management VGA ({BMC_VGA_VENDORS[fn.vendor_id]}): the host "
+                    "console through the BMC, never a candidate",
+                    (addr,),
+                )
+            )
+        if fn.is_bridge_like:
+            found.append(
+                Finding(
+                    BRIDGE_SELECTED,
+                    ERROR,
+                    f"{describe(fn)} is a bridge: bridges and root ports stay with the host",
+                    (addr,),
+                )
+            )
+    if not host.groups:
+        if chosen:
+            found.append(
+                Finding(
+                    NO_IOMMU,
+                    ERROR,
+                    "no IOMMU groups on this host: the IOMMU is off or absent",
+                    tuple(f.address for f in chosen),
+                )
+            )
+        found += _critical(host, "the selection", (f.address for f in chosen))
+    else:
+        ungrouped = [f for f in chosen if f.iommu_group is None and not f.is_bridge_like]
+        if ungrouped:
+            found.append(
+                Finding(
+                    NO_IOMMU_GROUP,
+                    ERROR,
+                    "no IOMMU group for " + ", ".join(str(f.address) for f in ungrouped),
+                    tuple(f.address for f in ungrouped),
+                )
+            )
+        groups = index.groups
+        for number in sorted({f.iommu_group for f in chosen if f.iommu_group is not None}):
+            members = groups[number].members
+            found += _group_findings(taken, number, members, by_addr)
+            found += _critical(host, f"IOMMU group {number}", members)
+    for fn in chosen:
+        if fn.is_display and fn.boot_vga and fn.vendor_id not in BMC_VGA_VENDORS:
+            if allow_boot_gpu:
+                found.append(
+                    Finding(
+                        BOOT_GPU,
+                        WARNING,
+                        "boot VGA: firmware and the host console draw on it; handing it over "
+                        f"needs the console moved off it ({_console_arg(host)}) and may need "
+                        "the card's ROM for the guest",
+                        (fn.address,),
+                    )
+                )
+            else:
+                found.append(
+                    Finding(
+                        BOOT_GPU,
+                        ERROR,
+                        f"{fn.address} is the boot VGA (the host console draws on it); "
+                        "--allow-boot-gpu takes it knowingly",
+                        (fn.address,),
+                    )
+                )
+    return found
+
+
+def card_findings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostIndex) -> list[Finding]:
+    """Everything scan says about one card: refusals first, then warnings."""
+    primary = gpu.primary
+    found = selection_findings(host, (f.address for f in gpu.functions), True, index)
+    if any(f.code == BMC_VGA for f in found):
+        return [f for f in found if f.severity is ERROR]
+    found.sort(key=lambda f: f.severity is not ERROR)  # stable: refusals first
+
+    def warn(code: str, message: str, severity: Severity = WARNING) -> None:
+        found.append(Finding(code, severity, message, (primary.address,)))
+
+    if len(all_gpus) == 1:
+        warn(ONLY_GPU, "the host's only display controller: the host keeps no local display")
+    if host.acs_override is not None:
+        warn(
+            ACS_OVERRIDE,
+            f"pcie_acs_override={host.acs_override} is in effect: these IOMMU groups are "
+            "synthetic and the isolation they suggest is not real",
+        )
+    version = kernel_version(host.kernel.release)
+    if primary.reset_methods == () or (
+        primary.reset_methods is None and version is not None and version >= (5, 15)
+    ):
+        warn(
+            NO_RESET,
+            "no reset method (sysfs reset_method is empty): the card may not survive a guest "
+            "reboot or a VM restart",
+        )
+    large = [
+        (f, b)
+        for f in gpu.functions
+        for b in f.bars
+        if not b.is_io and b.size >= viability.LARGE_BAR
+    ]
+    if large:
+        _fn, bar = max(large, key=lambda fb: fb[1].size)
+        warn(
+            LARGE_BAR,
+            f"BAR{bar.index} is {human_size(bar.size)}: the guest needs a 64-bit MMIO window "
+            f"of at least {human_size(mmio_window(gpu))} for this card (pcihole64 and OVMF "
+            "X-PciMmio64Mb), more than OVMF's old 32 GiB default",
+        )
+    if primary.vendor_id == INTEL and not primary.parents and primary.address.bus == 0:
+        warn(
+            INTEL_IGPU,
+            "integrated GPU: assigning an Intel iGPU (GVT-d) needs its legacy IGD setup and "
+            "OpRegion; this toolkit targets discrete cards",
+        )
+    if index.nvswitches and primary.vendor_id == NVIDIA:
+        warn(
+            NVSWITCH,
+            f"NVSwitch system ({len(index.nvswitches)} NVSwitches): NVLink needs either every GPU and "
+            "NVSwitch in one guest (Fabric Manager inside it) or GPUs only with Fabric Manager "
+            "on the host (shared NVSwitch)",
+        )
+    if host.dmi.is_portable and primary.subclass == SUBCLASS_3D:
+        warn(
+            LAPTOP_3D,
+            "laptop 3D controller (Optimus/muxless): no display outputs of its own; the guest "
+            "gets rendering and compute only, and its driver may need the vBIOS from ACPI",
+        )
+    if primary.physfn is not None:
+        warn(SRIOV_VF, f"SR-IOV virtual function of {primary.physfn}")
+    bound = [f for f in gpu.functions if f.driver == "vfio-pci"]
+    if bound and len(bound) == len(gpu.functions):
+        warn(VFIO_BOUND, "already bound to vfio-pci: ready for a guest", INFO)
+    elif bound:
+        warn(
+            VFIO_PARTLY,
+            "partly bound to vfio-pci: "
+            + ", ".join(f"{f.address} → {f.driver or 'no driver'}" for f in gpu.functions),
+        )
+    return found
+
+
+def judge(
+    host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostIndex | None = None
+) -> GpuVerdict:
+    index = index or HostIndex.of(host)
+    members = sorted({a for n in gpu.groups if n in index.groups for a in index.groups[n].members})
+    return GpuVerdict(
+        gpu=gpu,
+        group_members=tuple(members),
+        findings=tuple(card_findings(host, gpu, all_gpus, index)),
+    )
+
+
+def judge_all(host: Host) -> list[GpuVerdict]:
+    gpus = find_gpus(host)
+    index = HostIndex.of(host)
+    return [judge(host, g, gpus, index) for g in gpus]

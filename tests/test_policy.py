@@ -1,0 +1,302 @@
+"""The safety policy, by its codes: what a card is, what plan/render refuse, and that no plan
+ever hands a host device outside the card to vfio-pci.
+
+Real trees only: every bundled sample host built by fakehost, and a real snapshot taken on
+an H100 passthrough guest (tests/data/h100-guest-snapshot.tar.gz, copied from the shared
+fixtures), unpacked by the project's own snapshot code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from passthrough import fakehost
+from passthrough.analysis import policy
+from passthrough.cli import main
+from passthrough.host.discover import discover
+from passthrough.host.root import HostRoot
+from passthrough.host.snapshot import unpack
+from passthrough.model import Host, PciAddress, Severity
+from passthrough.plan import vfio
+from passthrough.plan.actions import Action, WriteFile
+from passthrough.plan.bootloaders import UnknownBootloader
+from passthrough.plan.build import PlanOptions, make_plan
+from passthrough.plan.kargs import ArgChange
+from passthrough.plan.select import SelectionRefused, select
+
+from .test_plan import tree_hash
+
+SNAPSHOT = Path(__file__).parent / "data" / "h100-guest-snapshot.tar.gz"
+
+
+def _a(text: str) -> PciAddress:
+    return PciAddress.parse(text)
+
+
+def _codes(host: Host, *addresses: str, allow_boot_gpu: bool = False) -> dict[str, Severity]:
+    found = policy.selection_findings(host, [_a(a) for a in addresses], allow_boot_gpu)
+    return {f.code: f.severity for f in found}
+
+
+@pytest.fixture(scope="module")
+def snapshot_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(unpack(str(SNAPSHOT), str(tmp_path_factory.mktemp("h100-guest"))))
+
+
+# -- the card ------------------------------------------------------------------------------
+
+
+def test_apu_card_is_the_igpu_and_its_audio_never_the_cpus_usb(hosts: dict[str, Path]) -> None:
+    host = discover(str(hosts["amd-apu-desktop"]))
+    gpus = {str(v.gpu.address): v for v in policy.judge_all(host)}
+    apu = gpus["0000:30:00.0"]
+    assert [str(f.address) for f in apu.gpu.functions] == ["0000:30:00.0", "0000:30:00.1"]
+    assert apu.gpu.vfio_ids == ("1002:1638", "1002:1637")
+    assert apu.viable and "boot-gpu" in apu.codes
+    # the PSP, both USB controllers and the CPU's audio share the slot, not the card
+    for other in ("30:00.2", "30:00.3", "30:00.4", "30:00.6"):
+        assert all(f.address != _a(other) for v in gpus.values() for f in v.gpu.functions)
+    assert gpus["0000:01:00.0"].viable and not gpus["0000:01:00.0"].findings
+
+
+def test_apu_plan_binds_only_the_card(tmp_path: Path) -> None:
+    root = fakehost.build(fakehost.load("amd-apu-desktop"), tmp_path / "root")
+    plan, sel = make_plan(
+        HostRoot(str(root)),
+        discover(str(root)),
+        PlanOptions(gpus=("30:00.0",), allow_boot_gpu=True),
+    )
+    assert sel.vfio_ids == ["1002:1638", "1002:1637"] and not sel.ids_ambiguous
+    assert plan.target_args.set["vfio-pci.ids"] == "vfio-pci.ids=1002:1638,1002:1637"
+    assert plan.target_args.set["initcall_blacklist"] == "initcall_blacklist=sysfb_init"
+    assert _bound(discover(str(root)), plan.actions, plan.target_args) == {
+        _a("30:00.0"),
+        _a("30:00.1"),
+    }
+
+
+def test_arc_audio_behind_the_cards_switch_belongs_to_the_card(hosts: dict[str, Path]) -> None:
+    host = discover(str(hosts["intel-arc-a770"]))
+    arc = next(v for v in policy.judge_all(host) if v.gpu.address == _a("03:00.0"))
+    assert [str(f.address) for f in arc.gpu.functions] == ["0000:03:00.0", "0000:04:00.0"]
+    assert arc.viable and not arc.findings
+    # the switch ports are group members, never card functions
+    assert {_a("01:00.0"), _a("02:01.0"), _a("02:04.0")} <= set(arc.group_members)
+    sel = select(host, policy.judge_all(host), ["03:00.0"])
+    assert sel.vfio_ids == ["8086:56a0", "8086:4f90"]
+
+
+def test_arc_audio_in_another_group_is_not_taken(tmp_path: Path) -> None:
+    """Same layout, but the audio's downstream port has its own group: then it is no
+    companion, and the card is the GPU alone."""
+    desc = fakehost.load("intel-arc-a770")
+    data = json.loads(json.dumps(desc.data))
+    switch = data["pci"][1]["children"][0]
+    switch["children"][1]["group"] = 30
+    switch["children"][1]["group_children"] = True
+    root = fakehost.build(fakehost.Description(data, "arc-split"), tmp_path / "root")
+    host = discover(str(root))
+    arc = next(v for v in policy.judge_all(host) if v.gpu.address == _a("03:00.0"))
+    assert [str(f.address) for f in arc.gpu.functions] == ["0000:03:00.0"]
+    assert arc.viable
+
+
+def test_turing_card_has_four_functions(hosts: dict[str, Path]) -> None:
+    host = discover(str(hosts["turing-desktop"]))
+    rtx = next(v for v in policy.judge_all(host) if v.gpu.address == _a("01:00.0"))
+    assert [f.address.function for f in rtx.gpu.functions] == [0, 1, 2, 3]
+    assert rtx.gpu.vfio_ids == ("10de:1e87", "10de:10f8", "10de:1ad8", "10de:1ad9")
+    assert rtx.viable
+    sel = select(host, policy.judge_all(host), [])  # the default: every viable NVIDIA GPU
+    assert [str(f.address) for f in sel.functions] == [
+        "0000:01:00.0",
+        "0000:01:00.1",
+        "0000:01:00.2",
+        "0000:01:00.3",
+    ]
+
+
+# -- selection_findings ----------------------------------------------------------------------
+
+
+def test_selection_findings_codes(hosts: dict[str, Path]) -> None:
+    b550 = discover(str(hosts["amd-b550-chipset"]))
+    assert _codes(b550, "2a:00.0")["route-nic-in-group"] is Severity.ERROR
+    assert _codes(b550, "21:08.0")["bridge-selected"] is Severity.ERROR
+    assert set(_codes(b550, "2b:00.0", "2b:00.1")) == {"group-shared", "route-nic-in-group"}
+    assert _codes(b550, "2d:00.0", "2d:00.1") == {"boot-gpu": Severity.ERROR}
+    assert _codes(b550, "7f:00.0") == {"unknown-device": Severity.ERROR}
+    nvme = discover(str(hosts["root-nvme-in-group"]))
+    assert _codes(nvme, "04:00.0")["root-disk-in-group"] is Severity.ERROR
+    bmc = discover(str(hosts["bmc-only-server"]))
+    assert "bmc-vga" in _codes(bmc, "03:00.0", allow_boot_gpu=True)
+    intel = discover(str(hosts["consumer-intel"]))
+    assert _codes(intel, "00:02.0") == {"boot-gpu": Severity.ERROR}
+    assert _codes(intel, "00:02.0", allow_boot_gpu=True) == {"boot-gpu": Severity.WARNING}
+    assert _codes(intel, "01:00.0") == {"group-shared": Severity.ERROR}  # its audio left behind
+    two = discover(str(hosts["two-gpus-one-group"]))
+    assert set(_codes(two, "02:00.0", "02:00.1", "02:00.2", "02:00.3")) == {"group-other-gpu"}
+    off = discover(str(hosts["iommu-off"]))
+    assert _codes(off, "01:00.0", allow_boot_gpu=True) == {
+        "no-iommu": Severity.ERROR,
+        "boot-gpu": Severity.WARNING,
+    }
+    apu = discover(str(hosts["amd-apu-desktop"]))
+    assert _codes(apu, "30:00.3") == {}  # a USB controller alone in its group may go
+
+
+def test_every_code_is_documented() -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for code in policy.CODES:
+        assert f"`{code}`" in readme, code
+
+
+# -- plan: group expansion meets the same refusals ------------------------------------------
+
+
+def test_include_group_with_the_boot_vga_is_refused_without_allow_boot_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # two-gpus-one-group: the RTX 3090 (boot VGA) shares group 1 with the Turing card
+    root = fakehost.build(fakehost.load("two-gpus-one-group"), tmp_path / "root")
+    before = tree_hash(root)
+    args = ["plan", "--root", str(root), "--gpu", "02:00.0", "--include-group"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "[boot-gpu]" in err and err.count("\n") == 1
+    assert tree_hash(root) == before
+    assert main([*args, "--allow-boot-gpu", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert "0000:01:00.0" in plan["functions"]
+    # the console moves off the boot VGA that came with the group
+    assert "initcall_blacklist=sysfb_init" in plan["kernel_args"]["set"]
+
+
+def test_refusal_tells_first_what_no_flag_overrides(hosts: dict[str, Path]) -> None:
+    host = discover(str(hosts["amd-b550-chipset"]))
+    verdicts = policy.judge_all(host)
+    with pytest.raises(SelectionRefused) as info:
+        select(host, verdicts, ["2b:00.0"])
+    assert info.value.codes == ("route-nic-in-group", "group-shared")
+    assert "--include-group" not in str(info.value)  # it would not help
+    with pytest.raises(SelectionRefused) as info:
+        select(host, verdicts, ["2b:00.0"], include_group=True)
+    assert info.value.codes == ("route-nic-in-group",)
+    # where the group alone stands in the way, the refusal says how to take it knowingly
+    epyc = discover(str(hosts["epyc-v100"]))
+    with pytest.raises(SelectionRefused) as info:
+        select(epyc, policy.judge_all(epyc), ["03:00.0"])
+    assert info.value.codes == ("group-other-gpu",) and "--include-group" in str(info.value)
+    sel = select(epyc, policy.judge_all(epyc), ["03:00.0", "04:00.0"])
+    assert [str(f.address) for f in sel.functions] == ["0000:03:00.0", "0000:04:00.0"]
+
+
+# -- render refuses what would harm the host --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sample", "gpu", "code"),
+    [
+        ("amd-b550-chipset", "2b:00.0", "route-nic-in-group"),
+        ("root-nvme-in-group", "05:00.0", "root-disk-in-group"),
+        ("bmc-only-server", "03:00.0", "bmc-vga"),
+    ],
+)
+def test_render_refuses_what_harms_the_host(
+    sample: str,
+    gpu: str,
+    code: str,
+    hosts: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = tmp_path / "guest.xml"
+    args = ["render", "--root", str(hosts[sample]), "--name", "sp", "--gpu", gpu, "-o", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"[{code}]" in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_render_of_a_shared_group_card_warns_with_its_code(
+    hosts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["render", "--root", str(hosts["epyc-v100"]), "--name", "sp", "--gpu", "03:00.0"]
+    assert main(args) == 0
+    assert "[group-other-gpu]" in capsys.readouterr().err
+
+
+# -- done when: nothing outside the card (or its group, with --include-group) is bound ------
+
+
+def _bound(host: Host, plan_actions: list[Action], target_args: ArgChange) -> set[PciAddress]:
+    """Every host function the plan's files and arguments would hand to vfio-pci."""
+    ids: set[str] = set()
+    addresses: set[PciAddress] = set()
+    for arg in target_args.set.values():
+        if arg.startswith("vfio-pci.ids="):
+            ids.update(arg.split("=", 1)[1].split(","))
+    for action in plan_actions:
+        if not isinstance(action, WriteFile):
+            continue
+        text = action.content.decode()
+        if action.path == vfio.MODPROBE:
+            for m in re.finditer(r"^options vfio-pci ids=(\S+)", text, re.M):
+                ids.update(m[1].split(","))
+        if action.path == vfio.UDEV_RULE:
+            addresses.update(_a(m[1]) for m in re.finditer(r'KERNEL=="([^"]+)"', text))
+    return addresses | {f.address for f in host.functions if f.id in ids}
+
+
+def _is_bridge(host: Host, address: PciAddress) -> bool:
+    fn = host.function(address)
+    return fn is not None and fn.is_bridge_like
+
+
+def _roots(hosts: dict[str, Path], snapshot_root: Path) -> dict[str, Path]:
+    return {**hosts, "h100-guest-snapshot": snapshot_root}
+
+
+def test_no_plan_binds_a_device_outside_the_card(
+    hosts: dict[str, Path], snapshot_root: Path
+) -> None:
+    accepted = 0
+    for name, path in _roots(hosts, snapshot_root).items():
+        host = discover(str(path))
+        verdicts = policy.judge_all(host)
+        critical = set(host.critical.root_pci) | set(host.critical.nic_pci)
+        choices: list[tuple[str, ...]] = [()] + [(str(v.gpu.address),) for v in verdicts]
+        for gpus in choices:
+            for include_group in (False, True):
+                opts = PlanOptions(gpus=gpus, include_group=include_group, allow_boot_gpu=True)
+                try:
+                    sel = select(host, verdicts, list(gpus), include_group, True)
+                except SelectionRefused:
+                    continue
+                cards = {f.address for v in sel.cards for f in v.gpu.functions}
+                allowed = set(cards)
+                if include_group:
+                    allowed |= {
+                        a for v in sel.cards for a in v.group_members if not _is_bridge(host, a)
+                    }
+                where = f"{name} --gpu {gpus} include_group={include_group}"
+                assert {f.address for f in sel.functions} <= allowed, where
+                try:
+                    plan, _ = make_plan(HostRoot(str(path)), host, opts)
+                except UnknownBootloader:  # the snapshot has no bootloader: the files still
+                    bound = {f.address for f in sel.functions}  # come from the selection
+                    if not sel.ids_ambiguous:
+                        bound |= {f.address for f in host.functions if f.id in sel.vfio_ids}
+                else:
+                    bound = _bound(host, plan.actions, plan.target_args)
+                accepted += 1
+                assert bound <= allowed, f"{where}: {sorted(map(str, bound - allowed))}"
+                assert not bound & critical, where
+                assert not any(_is_bridge(host, a) for a in bound), where
+                if not include_group:
+                    assert bound <= cards, where
+    assert accepted >= len(hosts)  # the check ran on real plans, not only on refusals
