@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from passthrough.analysis.viability import judge_all, mmio_window_bytes
+from passthrough.analysis.viability import judge_all
 from passthrough.errors import PassthroughError
 from passthrough.model import Host, PciAddress, PciFunction
+from passthrough.vm.layout import Layout, Versions, plan_layout, read_versions
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 VENDOR_ID_RE = re.compile(r"^[A-Za-z0-9_ .-]{1,12}$")
@@ -106,6 +107,7 @@ class VmSpec:
     virt_type: str = "kvm"
     warnings: tuple[str, ...] = ()
     meta: dict[str, Any] = field(default_factory=dict, hash=False)
+    layout: Layout | None = None  # the address planner's decisions (vm/layout.py)
 
 
 def size_mib(text: str, where: str) -> int:
@@ -172,16 +174,7 @@ def _cpuset(cpus: tuple[int, ...]) -> str:
     return ",".join(parts)
 
 
-def mmio_window_mib(functions: list[PciFunction]) -> int | None:
-    """The guest's 64-bit MMIO window (MiB), when OVMF's 32 GiB default is too small."""
-    large = any(b.size >= OVMF_DEFAULT_MMIO for f in functions for b in f.bars if not b.is_io)
-    window = mmio_window_bytes(functions)
-    if not large and window <= OVMF_DEFAULT_MMIO:
-        return None
-    return max(window, OVMF_DEFAULT_MMIO) >> 20
-
-
-def build_spec(host: Host, opts: VmOptions) -> VmSpec:
+def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) -> VmSpec:
     _check_text("name", opts.name, NAME_RE, "a domain name (letters, digits, _ . + -; up to 64)")
     if opts.hide:
         _check_text(
@@ -235,7 +228,7 @@ def build_spec(host: Host, opts: VmOptions) -> VmSpec:
         if not v.viable:
             warnings.append(f"{v.gpu.address} is not viable: {v.reasons[0] if v.reasons else ''}")
     cards: list[GuestCard] = []
-    functions: list[PciFunction] = []
+    functions: list[list[PciFunction]] = []  # per root port, what the guest gets
     for i, v in enumerate(chosen):
         port = i + 1
         fns = tuple(
@@ -254,7 +247,7 @@ def build_spec(host: Host, opts: VmOptions) -> VmSpec:
         cards.append(
             GuestCard(port_index=port, port_slot=1 + i // 8, port_function=i % 8, functions=fns)
         )
-        functions.extend(v.gpu.functions)
+        functions.append([f for f in v.gpu.functions if not f.is_bridge_like])
 
     # NUMA: pin to the GPUs' node when they share one.
     nodes = {v.gpu.primary.numa_node for v in chosen if v.gpu.primary.numa_node is not None}
@@ -273,6 +266,16 @@ def build_spec(host: Host, opts: VmOptions) -> VmSpec:
         emulator = _cpuset(cpus)
     elif node is not None and opts.numa_pin:
         warnings.append(f"NUMA node {node} has no CPU list in sysfs: not pinned")
+    # refuses (exit 2) a layout the guest cannot address, before anything is rendered
+    layout = plan_layout(
+        functions,
+        host_bits=host.cpu.phys_bits,
+        iommu_bits=host.iommu.address_bits,
+        cpu_vendor=host.cpu.vendor,
+        memory_mib=opts.memory_mib,
+        versions=versions if versions is not None else read_versions(host.root),
+        virt_type=opts.virt_type,
+    )
     return VmSpec(
         name=opts.name,
         vcpus=opts.vcpus,
@@ -291,10 +294,11 @@ def build_spec(host: Host, opts: VmOptions) -> VmSpec:
         bridge=opts.bridge,
         network=None if opts.bridge or opts.network == NO_NETWORK else opts.network,
         seed=opts.seed,
-        mmio_window_mib=mmio_window_mib(functions),
+        mmio_window_mib=layout.fwcfg_mib,
         numa_node=node if pins else None,
         vcpu_pins=tuple(pins),
         emulator_cpus=emulator,
         virt_type=opts.virt_type,
         warnings=tuple(warnings),
+        layout=layout,
     )
