@@ -32,6 +32,7 @@ MAXPHYSADDR_LIMIT_SINCE = (9, 3)  # libvirt <maxphysaddr mode='passthrough' limi
 # later refuse them as reserved. When one does, set its version here and the planner uses it.
 FWCFG_OVMF_NATIVE_SINCE: tuple[int, int] | None = None
 QEMU_DEFAULT_PHYS_BITS = 40  # what QEMU's CPU models report when nobody sets phys-bits
+QEMU_HOST_BITS_SINCE = (6, 0)  # -cpu host under KVM turns host-phys-bits on by itself
 Q35_LOWMEM = 2 * GIB  # q35 keeps 2 GiB of RAM below 4 GiB once RAM reaches 2.75 GiB
 Q35_LOWMEM_THRESHOLD = 0xB000_0000
 FOUR_GIB = 4 * GIB
@@ -327,11 +328,17 @@ def _choose_bits(
         else "IOMMU address width unknown (only Intel VT-d reports one)"
     )
     if versions.libvirt < MAXPHYSADDR_SINCE:
-        say.append(
-            f"libvirt {_dotted(versions.libvirt)} has no <maxphysaddr> "
-            f"(8.7+): QEMU's default {QEMU_DEFAULT_PHYS_BITS} bits assumed"
+        # QEMU 6.0+ gives -cpu host (KVM) the host's bits by itself; otherwise its default
+        bits = (
+            host_bits
+            if virt_type == "kvm" and versions.qemu >= QEMU_HOST_BITS_SINCE
+            else QEMU_DEFAULT_PHYS_BITS
         )
-        return QEMU_DEFAULT_PHYS_BITS, None
+        say.append(
+            f"libvirt {_dotted(versions.libvirt)} has no <maxphysaddr> (8.7+): the guest "
+            f"gets QEMU {_dotted(versions.qemu)}'s {bits} bits"
+        )
+        return bits, None
     why = f"host CPU has {host_bits} bits, {iommu_note}"
     if virt_type == "kvm" and target == host_bits:
         say.append(f"guest gets the host's {host_bits} physical address bits ({why})")
