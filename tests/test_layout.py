@@ -208,6 +208,23 @@ def test_rebar_off_has_no_window_element_and_rebar_on_has_one(rendered: dict[str
     assert "<pcihole64 unit='KiB'>67108864</pcihole64>" in on  # 32 GiB + 32 MiB → 64 GiB
 
 
+@pytest.mark.parametrize(
+    ("hole", "starts"), [("268435456K", True), ("2147483648K", False)], ids=["fits", "too-big"]
+)
+def test_real_qemu_refuses_a_hole_past_the_guest_bits(hole: str, starts: bool) -> None:
+    """QEMU itself (7.1+) checks RAM + the 64-bit PCI hole against phys-bits at start-up:
+    the one-H100 plan on a 39-bit host starts; the eight-H100 window would not. TCG and no
+    devices: only the address-space check runs, then the monitor quits."""
+    argv = ["qemu-system-x86_64", "-machine", "q35,accel=tcg", "-cpu", "max,phys-bits=39"]
+    argv += ["-global", f"q35-pcihost.pci-hole64-size={hole}", "-m", "8G", "-S"]
+    argv += ["-display", "none", "-monitor", "stdio", "-nodefaults"]
+    r = subprocess.run(argv, input="quit\n", capture_output=True, text=True, timeout=60)
+    if starts:
+        assert r.returncode == 0, r.stderr
+    else:
+        assert r.returncode != 0 and "phys-bits too low (39)" in r.stderr, r.stderr
+
+
 def test_the_real_capture_and_the_hgx_sample_have_the_same_bars(roots: dict[str, Path]) -> None:
     capture = discover(str(roots["h100-capture"]))
     hgx = discover(str(roots["hgx"]))
@@ -365,14 +382,18 @@ def _codes(doc: bytes, host: Host) -> list[str]:
 
 def test_findings_window_too_small_with_the_arithmetic(roots: dict[str, Path]) -> None:
     host = discover(str(roots["hgx"]))
-    # no <maxphysaddr>: QEMU's 40 bits, which OVMF does not trust → only X-PciMmio64Mb counts
-    doc = _hand_written("", 32768)
+    # QEMU's default 40 bits, which OVMF does not trust on Intel → only X-PciMmio64Mb counts
+    doc = _hand_written("    <maxphysaddr mode='emulate' bits='40'/>\n", 32768)
     found = layout_findings(etree.fromstring(doc), host, KNOWN_DEBIAN12)
     assert [f.code for f in found] == ["mmio-window-too-small"]
     assert "1920.05 GiB" in found[0].message and "32 GiB" in found[0].message
     assert len(found[0].devices) == 8
-    # the same X with the host's 46 bits: OVMF's own 8 TiB window holds them
+    # the same X with the host's 46 bits (given, or QEMU's own for -cpu host under KVM):
+    # OVMF's own 8 TiB window holds them
     assert _codes(_hand_written("    <maxphysaddr mode='passthrough'/>\n", 32768), host) == []
+    assert _codes(_hand_written("", 32768), host) == []
+    tcg = _hand_written("", 32768).replace(b"<domain type='kvm'", b"<domain type='qemu'")
+    assert _codes(tcg, host) == ["mmio-window-too-small"]  # TCG: QEMU's 40 bits
 
 
 def test_findings_window_above_the_limit_and_bits_above_the_iommu(

@@ -501,11 +501,20 @@ def _x_pcimmio64(doc: Any) -> int | None:
     return max(sizes) if sizes else None
 
 
-def _guest_bits(doc: Any, host: Host) -> tuple[int, str]:
+def _guest_bits(doc: Any, host: Host, versions: Versions) -> tuple[int, str]:
     addr = doc.find("cpu/maxphysaddr")
-    if addr is None:
-        return QEMU_DEFAULT_PHYS_BITS, "no <maxphysaddr>: QEMU's default"
     host_bits = host.cpu.phys_bits
+    if addr is None:
+        cpu = doc.find("cpu")
+        mode = cpu.get("mode") if cpu is not None else None
+        if (
+            doc.get("type") == "kvm"
+            and mode in ("host-passthrough", "maximum")
+            and host_bits
+            and versions.qemu >= QEMU_HOST_BITS_SINCE
+        ):
+            return host_bits, "no <maxphysaddr>: QEMU gives -cpu host the host's bits"
+        return QEMU_DEFAULT_PHYS_BITS, "no <maxphysaddr>: QEMU's default"
     if addr.get("mode") == "emulate":
         bits = _int(addr.get("bits"))
         if bits is not None:
@@ -544,7 +553,7 @@ def layout_findings(domain: Any, host: Host, versions: Versions | None = None) -
         return out
     devices = tuple(sorted(f.address for fns in by_bus.values() for f in fns))
     need, _ = pack(card_bars(fns) for fns in by_bus.values())
-    bits, bits_why = _guest_bits(domain, host)
+    bits, bits_why = _guest_bits(domain, host, versions)
     iommu = host.iommu.address_bits
     if iommu and bits > iommu:
         out.append(
