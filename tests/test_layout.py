@@ -6,6 +6,7 @@ numbers; the planner's decisions for firmware and libvirt versions this machine 
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -362,6 +363,19 @@ def test_versions_from_a_dpkg_database(tmp_path: Path) -> None:
     v = read_versions(str(tmp_path))
     assert (v.libvirt, v.qemu, v.ovmf, v.assumed) == ((9, 0), (7, 2), (2022, 11), True)
     assert "ovmf" in v.source  # removed package: its version is not believed
+
+
+def test_versions_of_this_machine_match_dpkg_query() -> None:
+    """The live root: the same versions dpkg-query reports (CI runs on Debian)."""
+    v = read_versions("/")
+    for what, package in (("libvirt", "libvirt-daemon"), ("qemu", "qemu-system-x86")):
+        r = subprocess.run(
+            ["dpkg-query", "-W", "-f", "${Version}", package], capture_output=True, text=True
+        )
+        assert r.returncode == 0, r.stderr
+        major, minor = re.findall(r"\d+", r.stdout.split(":", 1)[-1])[:2]  # 1:7.2+dfsg-7 → 7, 2
+        assert getattr(v, what) == (int(major), int(minor)), (what, r.stdout)
+    assert v.source == "dpkg status" and not v.assumed
 
 
 # -- layout_findings on hand-written domains ------------------------------------------------
