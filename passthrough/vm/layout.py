@@ -425,9 +425,12 @@ def plan_layout(
             f"{iommu_bits if iommu_bits else 'unknown'} bits)"
         )
     if need:
+        # (when OVMF picks its dynamic window over X, X's classic placement would end
+        # below base + 2^(bits-3) < 2^bits too: an older firmware than assumed still fits)
         say.append(
-            f"window {window.base:#x}..{window.end:#x} ends below the guest's limit "
-            f"{human(limit)} (2^{limit.bit_length() - 1})"
+            f"OVMF's {window.how} window {window.base:#x}..{window.end:#x} "
+            f"({human(window.size)}) ends within the guest's limit {human(limit)} "
+            f"(2^{limit.bit_length() - 1})"
         )
     via: str | None = None
     hole: int | None = None
