@@ -21,22 +21,20 @@ from passthrough.host.discover import discover
 from passthrough.host.snapshot import unpack
 from passthrough.model import Host, PciFunction
 from passthrough.vm.layout import (
-    DEFAULT_VERSIONS,
     GIB,
     MIB,
     TIB,
     LayoutRefused,
     MaxPhysAddr,
-    Versions,
     card_bars,
     layout_findings,
     pack,
     plan_layout,
-    read_versions,
 )
 from passthrough.vm.render import render
 from passthrough.vm.spec import VmOptions, build_spec
 from passthrough.vm.validate import validate_text
+from passthrough.vm.versions import DEFAULT_VERSIONS, Versions, read_versions
 
 from .conftest import GOLDEN, assert_golden
 from .test_vm import _native, libvirtd  # noqa: F401  (the real-libvirtd fixture)

@@ -15,7 +15,8 @@ from typing import Any
 from passthrough.analysis.viability import judge_all
 from passthrough.errors import PassthroughError
 from passthrough.model import Host, PciAddress, PciFunction
-from passthrough.vm.layout import Layout, Versions, plan_layout, read_versions
+from passthrough.vm.layout import Layout, plan_layout
+from passthrough.vm.versions import Versions, read_versions
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 VENDOR_ID_RE = re.compile(r"^[A-Za-z0-9_ .-]{1,12}$")
