@@ -678,6 +678,10 @@ def cmd_render(args: argparse.Namespace, stack: list[str]) -> int:
     xml = render(spec)
     for w in spec.warnings:
         sys.stderr.write(f"passthrough: warning: {w}\n")
+    layout = spec.layout.as_json() if spec.layout else None
+    if layout and not args.json:
+        for line in layout["decisions"]:  # the address planner's reasons, beside the XML
+            sys.stderr.write(f"passthrough: layout: {line}\n")
     if args.output:
         from passthrough.apply import atomic_write
 
@@ -688,7 +692,13 @@ def cmd_render(args: argparse.Namespace, stack: list[str]) -> int:
             )
     if args.json:
         _dump(
-            {"name": spec.name, "xml": xml, "warnings": list(spec.warnings), "output": args.output}
+            {
+                "name": spec.name,
+                "xml": xml,
+                "warnings": list(spec.warnings),
+                "output": args.output,
+                "layout": layout,
+            }
         )
     elif not args.output:
         sys.stdout.write(xml)

@@ -187,6 +187,7 @@ class Cpu:
     model: str | None
     virt_flag: str | None  # vmx, svm or None
     logical_cpus: int
+    phys_bits: int | None = None  # /proc/cpuinfo "address sizes: N bits physical"
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +198,8 @@ class Iommu:
     interrupt_remapping: bool | None  # None: cannot tell
     interrupt_remapping_evidence: str
     allow_unsafe_interrupts: bool | None
+    # the narrowest DMA address width of the IOMMU units (Intel VT-d MGAW); None: unknown
+    address_bits: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

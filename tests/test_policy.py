@@ -2,7 +2,7 @@
 ever hands a host device outside the card to vfio-pci.
 
 Real trees only: every bundled sample host built by fakehost, and a real snapshot taken on
-an H100 passthrough guest (tests/data/h100-guest-snapshot.tar.gz, copied from the shared
+an H100 passthrough guest (tests/fixtures/h100-guest-snapshot.tar.gz, copied from the shared
 fixtures), unpacked by the project's own snapshot code.
 """
 
@@ -30,7 +30,7 @@ from passthrough.plan.select import SelectionRefused, select
 
 from .test_plan import tree_hash
 
-SNAPSHOT = Path(__file__).parent / "data" / "h100-guest-snapshot.tar.gz"
+SNAPSHOT = Path(__file__).parent / "fixtures" / "h100-guest-snapshot.tar.gz"
 
 
 def _a(text: str) -> PciAddress:

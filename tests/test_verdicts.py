@@ -107,7 +107,7 @@ def test_hgx_h100_every_gpu_viable_with_large_bar_and_numa(hosts: dict[str, Path
     for g in h100.values():
         assert g["viable"], g["reasons"]
         assert max(b["size"] for b in g["bars"]) == 128 << 30
-        assert _has(g["warnings"], "BAR1 is 128 GiB", "256 GiB")
+        assert _has(g["warnings"], "BAR2 is 128 GiB", "256 GiB")
         assert {"large-bar", "nvswitch"} <= _codes(g, "warning")
         assert len(g["parents"]) == 3  # root port → switch upstream → switch downstream
     assert gpus["0000:02:00.0"]["viable"] is False  # the BMC console

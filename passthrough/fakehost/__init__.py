@@ -262,6 +262,9 @@ class Description:
         self.cpu_virt = bool(cpu.get("virt", True))
         # RAM, for /proc/meminfo: what guest memory and huge pages are checked against
         self.memory_gib = int(data.get("memory_gib", 64))
+        # /proc/cpuinfo "address sizes": 46 bits is a typical Xeon, 48 an EPYC
+        default_bits = 46 if self.cpu_vendor == "GenuineIntel" else 48
+        self.phys_bits = int(cpu.get("phys_bits", default_bits))
         kernel = data.get("kernel", {})
         self.release = str(kernel.get("release", self.distro["release"]))
         self.cmdline = str(
@@ -284,6 +287,8 @@ class Description:
         self.iommu_enabled = bool(iommu.get("enabled", True))
         self.firmware_iommu = bool(iommu.get("firmware", True))
         self.intremap = bool(iommu.get("intremap", True))
+        # VT-d MGAW: the widest guest address the IOMMU can map for DMA (48: 4-level tables)
+        self.iommu_bits = int(iommu.get("address_bits", 48))
         self.kvm = bool(data.get("kvm", True))
         self.dmi = data.get("dmi", {})
         self.vendors = {int(str(k), 16): str(v) for k, v in data.get("vendors", {}).items()}
@@ -565,6 +570,15 @@ def build(desc: Description, dest: str | Path) -> Path:
     return out
 
 
+def _vtd_cap(mgaw: int) -> int:
+    """A VT-d capability register: a real client part's value with MGAW (bits 21:16, the
+    width minus one) and SAGAW (bits 12:8: 39-bit 3-level, 48-bit 4-level, 57-bit 5-level
+    tables) set for this width."""
+    sagaw = 0x2 if mgaw <= 39 else 0x4 if mgaw <= 48 else 0x8
+    base = 0xD2008C40660462 & ~(0x3F << 16) & ~(0x1F << 8)
+    return base | ((mgaw - 1) << 16) | (sagaw << 8)
+
+
 def _write_host_files(desc: Description, w: _Writer, by_addr: dict[PciAddress, Node]) -> None:
     # CPU
     virt = ("vmx" if desc.cpu_vendor == "GenuineIntel" else "svm") if desc.cpu_virt else ""
@@ -573,6 +587,7 @@ def _write_host_files(desc: Description, w: _Writer, by_addr: dict[PciAddress, N
         blocks.append(
             f"processor\t: {i}\nvendor_id\t: {desc.cpu_vendor}\nmodel name\t: {desc.cpu_model}\n"
             f"flags\t\t: {CPU_FLAGS} {virt}\n"
+            f"address sizes\t: {desc.phys_bits} bits physical, 48 bits virtual\n"
         )
     w.file("proc/cpuinfo", "\n".join(blocks) + "\n")
     w.file("proc/cmdline", desc.cmdline + "\n")
@@ -620,7 +635,10 @@ def _write_host_files(desc: Description, w: _Writer, by_addr: dict[PciAddress, N
             if intel:
                 ecap = 0xF050DA | (0x8 if desc.intremap else 0)
                 w.file(f"sys/devices/virtual/iommu/{unit}/intel-iommu/ecap", f"{ecap:x}\n")
-                w.file(f"sys/devices/virtual/iommu/{unit}/intel-iommu/cap", "d2008c40660462\n")
+                w.file(
+                    f"sys/devices/virtual/iommu/{unit}/intel-iommu/cap",
+                    f"{_vtd_cap(desc.iommu_bits):x}\n",
+                )
             else:
                 w.file(f"sys/devices/virtual/iommu/{unit}/amd-iommu/features", "25bf732fa2295afe\n")
     w.dir("sys/kernel/iommu_groups")

@@ -46,6 +46,7 @@ def read_cpu(root: HostRoot) -> Cpu:
     vendor = model = None
     flags: set[str] = set()
     count = 0
+    phys_bits = None
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()
@@ -58,8 +59,11 @@ def read_cpu(root: HostRoot) -> Cpu:
             model = value
         elif key == "flags" and not flags:
             flags = set(value.split())
+        elif key == "address sizes" and phys_bits is None:
+            m = re.match(r"(\d+) bits physical", value)
+            phys_bits = int(m[1]) if m else None
     virt = "vmx" if "vmx" in flags else "svm" if "svm" in flags else None
-    return Cpu(vendor=vendor, model=model, virt_flag=virt, logical_cpus=count)
+    return Cpu(vendor=vendor, model=model, virt_flag=virt, logical_cpus=count, phys_bits=phys_bits)
 
 
 def read_memory_mib(root: HostRoot) -> int | None:
@@ -144,7 +148,26 @@ def read_iommu(root: HostRoot, kernel: Kernel) -> Iommu:
         interrupt_remapping=ir,
         interrupt_remapping_evidence=evidence,
         allow_unsafe_interrupts=unsafe,
+        address_bits=_iommu_address_bits(root, units),
     )
+
+
+def _iommu_address_bits(root: HostRoot, units: tuple[str, ...]) -> int | None:
+    """The narrowest Intel VT-d MGAW (capability register bits 21:16, plus one) over the
+    units: a guest address above it cannot be mapped for DMA. AMD-Vi exposes no such width
+    in sysfs that this code trusts, so AMD hosts stay unknown (None)."""
+    widths = []
+    for unit in units:
+        raw = root.read(f"sys/class/iommu/{unit}/intel-iommu/cap")
+        if raw is None:
+            continue
+        try:
+            cap = int(raw.strip(), 16)
+        except ValueError:
+            root.problems.append(f"sys/class/iommu/{unit}/intel-iommu/cap: not hexadecimal")
+            continue
+        widths.append(((cap >> 16) & 0x3F) + 1)
+    return min(widths) if widths else None
 
 
 def _interrupt_remapping(

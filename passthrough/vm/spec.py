@@ -12,14 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from passthrough.analysis import policy
-from passthrough.analysis.viability import mmio_window_bytes
 from passthrough.model import Host, PciAddress, PciFunction
+from passthrough.vm.layout import Layout, plan_layout
 from passthrough.vm.options import (
     DEFAULT_VENDOR_ID,
     BadVmSpec,
     check_against_host,
     check_options,
 )
+from passthrough.vm.versions import Versions, read_versions
 
 OVMF_DEFAULT_MMIO = 32 << 30
 NO_NETWORK = "none"  # --network none: a guest without a NIC
@@ -100,6 +101,7 @@ class VmSpec:
     virt_type: str = "kvm"
     warnings: tuple[str, ...] = ()
     meta: dict[str, Any] = field(default_factory=dict, hash=False)
+    layout: Layout | None = None  # the address planner's decisions (vm/layout.py)
 
 
 def _cpuset(cpus: tuple[int, ...]) -> str:
@@ -119,16 +121,7 @@ def _cpuset(cpus: tuple[int, ...]) -> str:
     return ",".join(parts)
 
 
-def mmio_window_mib(functions: list[PciFunction]) -> int | None:
-    """The guest's 64-bit MMIO window (MiB), when OVMF's 32 GiB default is too small."""
-    large = any(b.size >= OVMF_DEFAULT_MMIO for f in functions for b in f.bars if not b.is_io)
-    window = mmio_window_bytes(functions)
-    if not large and window <= OVMF_DEFAULT_MMIO:
-        return None
-    return max(window, OVMF_DEFAULT_MMIO) >> 20
-
-
-def build_spec(host: Host, opts: VmOptions) -> VmSpec:
+def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) -> VmSpec:
     # types, ranges and patterns from the options table, then what only the host can say
     check_options({f: getattr(opts, f) for f in VmOptions.__dataclass_fields__})
     unchecked = check_against_host(host, opts.vcpus, opts.memory_mib, opts.overcommit)
@@ -165,7 +158,7 @@ def build_spec(host: Host, opts: VmOptions) -> VmSpec:
         raise policy.Refused(harm)
     warnings = list(unchecked) + [f"{f.message} [{f.code}]" for f in policy.errors(findings)]
     cards: list[GuestCard] = []
-    functions: list[PciFunction] = []
+    functions: list[list[PciFunction]] = []  # per root port, what the guest gets
     for i, v in enumerate(chosen):
         port = i + 1
         fns = tuple(
@@ -184,7 +177,7 @@ def build_spec(host: Host, opts: VmOptions) -> VmSpec:
         cards.append(
             GuestCard(port_index=port, port_slot=1 + i // 8, port_function=i % 8, functions=fns)
         )
-        functions.extend(v.gpu.functions)
+        functions.append([f for f in v.gpu.functions if not f.is_bridge_like])
 
     # NUMA: pin to the GPUs' node when they share one.
     nodes = {v.gpu.primary.numa_node for v in chosen if v.gpu.primary.numa_node is not None}
@@ -203,6 +196,16 @@ def build_spec(host: Host, opts: VmOptions) -> VmSpec:
         emulator = _cpuset(cpus)
     elif node is not None and opts.numa_pin:
         warnings.append(f"NUMA node {node} has no CPU list in sysfs: not pinned")
+    # refuses (exit 2) a layout the guest cannot address, before anything is rendered
+    layout = plan_layout(
+        functions,
+        host_bits=host.cpu.phys_bits,
+        iommu_bits=host.iommu.address_bits,
+        cpu_vendor=host.cpu.vendor,
+        memory_mib=opts.memory_mib,
+        versions=versions if versions is not None else read_versions(host.root),
+        virt_type=opts.virt_type,
+    )
     return VmSpec(
         name=opts.name,
         vcpus=opts.vcpus,
@@ -221,10 +224,11 @@ def build_spec(host: Host, opts: VmOptions) -> VmSpec:
         bridge=opts.bridge,
         network=None if opts.bridge or opts.network == NO_NETWORK else opts.network,
         seed=opts.seed,
-        mmio_window_mib=mmio_window_mib(functions),
+        mmio_window_mib=layout.fwcfg_mib,
         numa_node=node if pins else None,
         vcpu_pins=tuple(pins),
         emulator_cpus=emulator,
         virt_type=opts.virt_type,
         warnings=tuple(warnings),
+        layout=layout,
     )

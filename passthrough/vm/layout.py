@@ -1,0 +1,498 @@
+"""The guest's address layout for large BARs: the 64-bit MMIO window, the guest's physical
+address bits, and the elements that carry them — decided before any domain exists.
+
+The firmware model is OVMF's (edk2 ``OvmfPkg/Library/PlatformInitLib/MemDetect.c``); the
+README section "Large BARs" lists each fact and where it was checked. A layout that cannot
+work is refused here with the numbers (exit 2), never rendered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from passthrough.errors import PassthroughError
+from passthrough.model import Finding, Host, PciAddress, PciFunction, Severity
+from passthrough.vm.versions import DEFAULT_VERSIONS, Versions, dotted, read_versions
+
+MIB = 1 << 20
+GIB = 1 << 30
+TIB = 1 << 40
+OVMF_FALLBACK = 32 * GIB  # OVMF's 64-bit aperture when it does not size one itself
+OVMF_MAX_BITS = 46  # OVMF clamps trusted CPU bits to this (it avoids 5-level paging)
+OVMF_DYNAMIC_SINCE = (2022, 11)  # edk2-stable202211: the window sized from the CPU's bits
+X_PCIMMIO64_MAX_MIB = 0x1000000  # OVMF ignores opt/ovmf/X-PciMmio64Mb above 16 TiB
+MAXPHYSADDR_SINCE = (8, 7)  # libvirt <maxphysaddr mode='passthrough|emulate'>
+MAXPHYSADDR_LIMIT_SINCE = (9, 3)  # libvirt <maxphysaddr mode='passthrough' limit='N'>
+# No libvirt release is known to accept opt/ovmf/ names in <sysinfo type='fwcfg'>: 9.0 and
+# later refuse them as reserved. When one does, set its version here and the planner uses it.
+FWCFG_OVMF_NATIVE_SINCE: tuple[int, int] | None = None
+QEMU_DEFAULT_PHYS_BITS = 40  # what QEMU's CPU models report when nobody sets phys-bits
+QEMU_HOST_BITS_SINCE = (6, 0)  # -cpu host under KVM turns host-phys-bits on by itself
+Q35_LOWMEM = 2 * GIB  # q35 keeps 2 GiB of RAM below 4 GiB once RAM reaches 2.75 GiB
+Q35_LOWMEM_THRESHOLD = 0xB000_0000
+FOUR_GIB = 4 * GIB
+QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
+X_PCIMMIO64 = "opt/ovmf/X-PciMmio64Mb"
+
+
+class LayoutRefused(PassthroughError):
+    """The guest cannot address what its cards need: nothing is rendered."""
+
+
+def human(size: int) -> str:
+    for unit, factor in (("TiB", TIB), ("GiB", GIB), ("MiB", MIB)):
+        if size >= factor and size % (factor // 1024 or 1) == 0:
+            return f"{size / factor:g} {unit}"
+    return f"{size} B"
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (n.bit_length() - 1) if n > 0 else 0
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a if a > 1 else n
+
+
+# -- BARs -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CardBars:
+    """One guest root port's devices: the BARs that go in the 64-bit window and the rest."""
+
+    address: PciAddress
+    high: tuple[int, ...]  # 64-bit prefetchable BAR sizes, largest first
+    low: int  # bytes of the other memory BARs (32-bit, or 64-bit non-prefetchable)
+
+    @property
+    def alignment(self) -> int:
+        return self.high[0] if self.high else 0
+
+    @property
+    def size(self) -> int:
+        # naturally aligned BARs, largest first, pack without gaps
+        return sum(self.high)
+
+
+def card_bars(functions: Sequence[PciFunction]) -> CardBars:
+    """Only 64-bit prefetchable BARs can sit above 4 GiB behind a root port (a bridge's
+    non-prefetchable window is 32-bit), so the others count towards the low window."""
+    high = sorted(
+        (b.size for f in functions for b in f.bars if b.is_64bit and b.prefetchable and b.size),
+        reverse=True,
+    )
+    low = sum(
+        b.size
+        for f in functions
+        for b in f.bars
+        if not b.is_io and not (b.is_64bit and b.prefetchable)
+    )
+    return CardBars(min(f.address for f in functions), tuple(high), low)
+
+
+def pack(cards: Iterable[CardBars]) -> tuple[int, int]:
+    """(bytes, alignment) of the 64-bit window the root ports need: the firmware places
+    bridge windows largest alignment first, each on its own alignment."""
+    end = 0
+    ordered = sorted((c for c in cards if c.high), key=lambda c: c.alignment, reverse=True)
+    for c in ordered:
+        end = _align(end, c.alignment) + c.size
+    return end, ordered[0].alignment if ordered else 0
+
+
+# -- the firmware model ---------------------------------------------------------------------
+
+
+def ram_end(memory_mib: int) -> int:
+    """First address above the guest's RAM on q35 (QEMU splits RAM at 2 GiB below 4 GiB)."""
+    ram = memory_mib * MIB
+    high = ram - Q35_LOWMEM if ram >= Q35_LOWMEM_THRESHOLD else 0
+    return FOUR_GIB + high
+
+
+def ovmf_trusts(bits: int, vendor: str | None) -> bool:
+    """OVMF believes the CPU's bit count when it is 41 or more, or exactly what real parts
+    report below that (Intel 36 or 39, AMD 40); QEMU's historic default 40 is not believed
+    on Intel."""
+    if bits >= 41:
+        return True
+    if vendor == "GenuineIntel":
+        return bits in (36, 39)
+    if vendor == "AuthenticAMD":
+        return bits == 40
+    return False
+
+
+@dataclass(frozen=True)
+class Window:
+    base: int
+    size: int
+    how: str  # "dynamic" (OVMF sized it from the bits) or "classic" (32 GiB or X-PciMmio64Mb)
+
+    @property
+    def end(self) -> int:
+        return self.base + self.size
+
+
+def firmware_window(
+    guest_bits: int, vendor: str | None, memory_mib: int, ovmf: tuple[int, int], x_mib: int | None
+) -> tuple[Window, int]:
+    """Where OVMF puts its 64-bit aperture, and the highest address it lets itself use."""
+    trusted = ovmf >= OVMF_DYNAMIC_SINCE and ovmf_trusts(guest_bits, vendor)
+    size = _align(x_mib * MIB, GIB) if x_mib else OVMF_FALLBACK
+    base = _align(_align(ram_end(memory_mib), GIB), _pow2_floor(size))
+    if not trusted:
+        return Window(base, size, "classic"), 1 << guest_bits
+    bits = min(guest_bits, OVMF_MAX_BITS)
+    space, mmio = 1 << bits, 1 << (bits - 3)
+    if size < mmio and base + mmio < space:
+        return Window(space - mmio, mmio, "dynamic"), space
+    return Window(base, size, "classic"), space
+
+
+# -- the plan -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MaxPhysAddr:
+    mode: str  # passthrough | emulate
+    bits: int | None = None  # emulate
+    limit: int | None = None  # passthrough, libvirt >= 9.3
+
+
+@dataclass(frozen=True)
+class Layout:
+    need: int  # bytes of 64-bit window the cards' BARs need, packed
+    alignment: int
+    low: int  # bytes of BARs below 4 GiB
+    guest_bits: int
+    maxphysaddr: MaxPhysAddr | None
+    window: Window  # where OVMF will put the aperture
+    address_limit: int
+    fwcfg_mib: int | None  # opt/ovmf/X-PciMmio64Mb, or None: OVMF's own sizing suffices
+    fwcfg_via: str | None  # "qemu:commandline" or "sysinfo"
+    pcihole64_kib: int | None
+    versions: Versions
+    decisions: tuple[str, ...] = field(default=())
+
+    def as_json(self) -> dict[str, Any]:
+        m = self.maxphysaddr
+        return {
+            "need_bytes": self.need,
+            "alignment_bytes": self.alignment,
+            "low_bytes": self.low,
+            "guest_phys_bits": self.guest_bits,
+            "maxphysaddr": None
+            if m is None
+            else {k: v for k, v in (("mode", m.mode), ("bits", m.bits), ("limit", m.limit)) if v},
+            "window": {"base": self.window.base, "size": self.window.size, "how": self.window.how},
+            "address_limit": self.address_limit,
+            "fwcfg_x_pcimmio64_mb": self.fwcfg_mib,
+            "fwcfg_via": self.fwcfg_via,
+            "pcihole64_kib": self.pcihole64_kib,
+            "versions": self.versions.as_json(),
+            "decisions": list(self.decisions),
+        }
+
+
+def _choose_bits(
+    host_bits: int | None,
+    iommu_bits: int | None,
+    versions: Versions,
+    virt_type: str,
+    say: list[str],
+) -> tuple[int, MaxPhysAddr | None]:
+    if host_bits is None:
+        say.append(
+            "the host CPU's physical address bits are unknown (no 'address sizes' in "
+            f"/proc/cpuinfo): no <maxphysaddr>, QEMU's default {QEMU_DEFAULT_PHYS_BITS} assumed"
+        )
+        return QEMU_DEFAULT_PHYS_BITS, None
+    target = min(host_bits, iommu_bits) if iommu_bits else host_bits
+    iommu_note = (
+        f"IOMMU maps {iommu_bits} bits"
+        if iommu_bits
+        else "IOMMU address width unknown (only Intel VT-d reports one)"
+    )
+    if versions.libvirt < MAXPHYSADDR_SINCE:
+        # QEMU 6.0+ gives -cpu host (KVM) the host's bits by itself; otherwise its default
+        bits = (
+            host_bits
+            if virt_type == "kvm" and versions.qemu >= QEMU_HOST_BITS_SINCE
+            else QEMU_DEFAULT_PHYS_BITS
+        )
+        say.append(
+            f"libvirt {dotted(versions.libvirt)} has no <maxphysaddr> (8.7+): the guest "
+            f"gets QEMU {dotted(versions.qemu)}'s {bits} bits"
+        )
+        return bits, None
+    why = f"host CPU has {host_bits} bits, {iommu_note}"
+    if virt_type == "kvm" and target == host_bits:
+        say.append(f"guest gets the host's {host_bits} physical address bits ({why})")
+        return target, MaxPhysAddr("passthrough")
+    if virt_type == "kvm" and versions.libvirt >= MAXPHYSADDR_LIMIT_SINCE:
+        say.append(f"guest gets the host's bits limited to {target} ({why})")
+        return target, MaxPhysAddr("passthrough", limit=target)
+    say.append(
+        f"guest CPU given {target} physical address bits ({why}; "
+        + (
+            "libvirt before 9.3 has no passthrough limit"
+            if virt_type == "kvm"
+            else "an emulated CPU"
+        )
+        + ")"
+    )
+    return target, MaxPhysAddr("emulate", bits=target)
+
+
+def plan_layout(
+    cards: Sequence[Sequence[PciFunction]],
+    *,
+    host_bits: int | None,
+    iommu_bits: int | None,
+    cpu_vendor: str | None,
+    memory_mib: int,
+    versions: Versions = DEFAULT_VERSIONS,
+    virt_type: str = "kvm",
+) -> Layout:
+    """Decide the guest's layout for these cards (one list of functions per root port)."""
+    say: list[str] = []
+    bars = [card_bars(fns) for fns in cards if fns]
+    need, alignment = pack(bars)
+    low = sum(c.low for c in bars)
+    bits, maxphys = _choose_bits(host_bits, iommu_bits, versions, virt_type, say)
+    if iommu_bits and bits > iommu_bits:
+        raise LayoutRefused(
+            f"guest physical addresses reach 2^{bits} = {human(1 << bits)} but the host IOMMU "
+            f"maps only {iommu_bits} bits ({human(1 << iommu_bits)}), and libvirt "
+            f"{dotted(versions.libvirt)} cannot lower the guest's bits: "
+            "DMA mapping would fail"
+        )
+    if need:
+        say.append(
+            f"64-bit prefetchable BARs need {human(need)} packed largest first "
+            f"(aligned to {human(alignment)}) over {len([c for c in bars if c.high])} root port(s)"
+        )
+    own, limit = firmware_window(bits, cpu_vendor, memory_mib, versions.ovmf, None)
+    x_mib: int | None = None
+    window = own
+    ovmf_text = dotted(versions.ovmf)
+    if (
+        need
+        and need <= own.size
+        and own.end <= limit
+        and not (versions.assumed and need > OVMF_FALLBACK)
+    ):
+        say.append(
+            f"OVMF {ovmf_text} sizes its own {own.how} window of {human(own.size)} at "
+            f"{own.base:#x}: enough, no window element"
+        )
+    elif need:
+        x_mib = max(_pow2_ceil(need), GIB) // MIB
+        if x_mib > X_PCIMMIO64_MAX_MIB:
+            raise LayoutRefused(
+                f"the cards need a {human(need)} 64-bit window; OVMF accepts at most 16 TiB"
+            )
+        window, limit = firmware_window(bits, cpu_vendor, memory_mib, versions.ovmf, x_mib)
+        reason = (
+            f"OVMF's own window ({own.how}, {human(own.size)}) is too small"
+            if need > own.size or own.end > limit
+            else f"the firmware's version is {versions.source}, so its own sizing is not relied on"
+        )
+        say.append(
+            f"{reason}: {X_PCIMMIO64}={x_mib} ({human(x_mib * MIB)}, a power of two: OVMF "
+            "aligns the aperture to it anyway)"
+        )
+    if need and window.end > limit:
+        raise LayoutRefused(
+            f"the cards' 64-bit BARs need {human(need)}; with {human(memory_mib * MIB)} of RAM "
+            f"OVMF puts a {human(window.size)} window at {window.base:#x}..{window.end:#x}, "
+            f"above the guest's address limit 2^{limit.bit_length() - 1} = {human(limit)} "
+            f"(host CPU {host_bits if host_bits else 'unknown'} bits, IOMMU "
+            f"{iommu_bits if iommu_bits else 'unknown'} bits)"
+        )
+    if need:
+        # (when OVMF picks its dynamic window over X, X's classic placement would end
+        # below base + 2^(bits-3) < 2^bits too: an older firmware than assumed still fits)
+        say.append(
+            f"OVMF's {window.how} window {window.base:#x}..{window.end:#x} "
+            f"({human(window.size)}) ends within the guest's limit {human(limit)} "
+            f"(2^{limit.bit_length() - 1})"
+        )
+    via: str | None = None
+    hole: int | None = None
+    if x_mib is not None:
+        if FWCFG_OVMF_NATIVE_SINCE is not None and versions.libvirt >= FWCFG_OVMF_NATIVE_SINCE:
+            via = "sysinfo"
+        else:
+            via = "qemu:commandline"
+            say.append(
+                f"{X_PCIMMIO64} goes through <qemu:commandline>: libvirt refuses opt/ovmf/ "
+                "names in <sysinfo type='fwcfg'> as reserved"
+            )
+        hole = x_mib * 1024
+        say.append(
+            f"<pcihole64> {hole} KiB on pcie-root: QEMU's 64-bit PCI hole "
+            "(q35-pcihost.pci-hole64-size) covers the same window"
+        )
+    elif not need:
+        say.append("no 64-bit prefetchable BARs: no window element")
+    if low:
+        say.append(f"{human(low)} of BARs stay below 4 GiB")
+    return Layout(
+        need=need,
+        alignment=alignment,
+        low=low,
+        guest_bits=bits,
+        maxphysaddr=maxphys,
+        window=window,
+        address_limit=limit,
+        fwcfg_mib=x_mib,
+        fwcfg_via=via,
+        pcihole64_kib=hole,
+        versions=versions,
+        decisions=tuple(say),
+    )
+
+
+# -- a hand-written domain ------------------------------------------------------------------
+
+
+def _int(text: str | None, base: int = 10) -> int | None:
+    try:
+        return int(text or "", base)
+    except ValueError:
+        return None
+
+
+_UNITS = {"b": 1, "bytes": 1, "k": 1024, "kib": 1024, "m": MIB, "mib": MIB, "g": GIB, "gib": GIB}
+_UNITS.update({"kb": 1000, "mb": 1000**2, "gb": 1000**3, "t": TIB, "tib": TIB})
+
+
+def _memory_mib(doc: Any) -> int | None:
+    mem = doc.find("memory")
+    if mem is None:
+        return None
+    value = _int(mem.text)
+    factor = _UNITS.get((mem.get("unit") or "KiB").lower())
+    return None if value is None or factor is None else value * factor // MIB
+
+
+def _x_pcimmio64(doc: Any) -> int | None:
+    values: list[str] = []
+    for entry in doc.findall("sysinfo[@type='fwcfg']/entry"):
+        if entry.get("name") == X_PCIMMIO64:
+            values.append(entry.text or "")
+    args = [a.get("value", "") for a in doc.iter(f"{{{QEMU_NS}}}arg")]
+    for a in args:
+        if f"name={X_PCIMMIO64}," in a:
+            values.append(a.rpartition("string=")[2])
+    sizes = [v for v in (_int(s.strip()) for s in values) if v is not None]
+    return max(sizes) if sizes else None
+
+
+def _guest_bits(doc: Any, host: Host, versions: Versions) -> tuple[int, str]:
+    addr = doc.find("cpu/maxphysaddr")
+    host_bits = host.cpu.phys_bits
+    if addr is None:
+        cpu = doc.find("cpu")
+        mode = cpu.get("mode") if cpu is not None else None
+        if (
+            doc.get("type") == "kvm"
+            and mode in ("host-passthrough", "maximum")
+            and host_bits
+            and versions.qemu >= QEMU_HOST_BITS_SINCE
+        ):
+            return host_bits, "no <maxphysaddr>: QEMU gives -cpu host the host's bits"
+        return QEMU_DEFAULT_PHYS_BITS, "no <maxphysaddr>: QEMU's default"
+    if addr.get("mode") == "emulate":
+        bits = _int(addr.get("bits"))
+        if bits is not None:
+            return bits, "<maxphysaddr mode='emulate'>"
+    if addr.get("mode") == "passthrough" and host_bits:
+        limit = _int(addr.get("limit"))
+        if limit is not None and limit < host_bits:
+            return limit, "the host's bits, limited"
+        return host_bits, "the host's bits"
+    return QEMU_DEFAULT_PHYS_BITS, "unreadable <maxphysaddr>: QEMU's default"
+
+
+def layout_findings(domain: Any, host: Host, versions: Versions | None = None) -> list[Finding]:
+    """Check a domain (an lxml or ElementTree ``<domain>`` element) against this host: can
+    the window OVMF will build hold its hostdevs' BARs, below the guest's address limit and
+    within what the host IOMMU maps? Codes: ``mmio-window-too-small``,
+    ``mmio-window-above-limit``, ``guest-bits-above-iommu``."""
+    if versions is None:
+        versions = read_versions(host.root)
+    by_bus: dict[int, list[PciFunction]] = {}
+    for hd in domain.findall("devices/hostdev[@type='pci']"):
+        src = hd.find("source/address")
+        if src is None:
+            continue
+        parts = [_int(src.get(k), 16) for k in ("domain", "bus", "slot", "function")]
+        if any(p is None for p in parts):
+            continue
+        d, b, s, f = (int(p or 0) for p in parts)
+        fn = host.function(PciAddress(d, b, s, f))
+        guest = hd.find("address")
+        bus = _int(guest.get("bus"), 16) if guest is not None else None
+        if fn is not None:
+            by_bus.setdefault(bus if bus is not None else -1 - len(by_bus), []).append(fn)
+    out: list[Finding] = []
+    if not by_bus:
+        return out
+    devices = tuple(sorted(f.address for fns in by_bus.values() for f in fns))
+    need, _ = pack(card_bars(fns) for fns in by_bus.values())
+    bits, bits_why = _guest_bits(domain, host, versions)
+    iommu = host.iommu.address_bits
+    if iommu and bits > iommu:
+        out.append(
+            Finding(
+                "guest-bits-above-iommu",
+                Severity.ERROR,
+                f"the guest addresses {bits} bits ({bits_why}) but the host IOMMU maps only "
+                f"{iommu}: DMA mapping fails once anything sits above 2^{iommu} = "
+                f"{human(1 << iommu)}; add <maxphysaddr> with {iommu} bits",
+                devices,
+            )
+        )
+    if not need:
+        return out
+    memory = _memory_mib(domain) or 0
+    x_mib = _x_pcimmio64(domain)
+    window, limit = firmware_window(bits, host.cpu.vendor, memory, versions.ovmf, x_mib)
+    how = (
+        f"{X_PCIMMIO64}={x_mib}"
+        if x_mib and window.how == "classic"
+        else f"OVMF's {window.how} window"
+    )
+    if need > window.size:
+        out.append(
+            Finding(
+                "mmio-window-too-small",
+                Severity.ERROR,
+                f"the hostdevs' 64-bit BARs need {human(need)} packed, but {how} gives "
+                f"{human(window.size)} ({need} > {window.size} bytes): the guest sees BARs "
+                f"unassigned; set {X_PCIMMIO64} to at least {max(_pow2_ceil(need), GIB) // MIB}",
+                devices,
+            )
+        )
+    elif window.end > limit:
+        out.append(
+            Finding(
+                "mmio-window-above-limit",
+                Severity.ERROR,
+                f"{how} puts {human(window.size)} at {window.base:#x}..{window.end:#x}, above "
+                f"the guest's address limit 2^{limit.bit_length() - 1} = {human(limit)} "
+                f"({bits} bits: {bits_why}; {human(memory * MIB)} of RAM)",
+                devices,
+            )
+        )
+    return out
