@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from passthrough.errors import PassthroughError
+from passthrough.errors import EXIT_BACKEND, PassthroughError
 
 PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
 
 
 class ProvisionFailed(PassthroughError):
-    exit_code = 1
+    exit_code = EXIT_BACKEND
 
 
 @dataclass
