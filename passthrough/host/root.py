@@ -34,6 +34,10 @@ class HostRoot:
         self.path = os.path.abspath(path)
         self.is_live = self.path == "/"
         self.problems: list[str] = []
+        # Parents already seen to be real directories, not links: a scan reads thousands of
+        # files under the same few directories. Only "not a link" is remembered, never a
+        # link or an absence, and no command here turns a directory into a link.
+        self._plain_dirs: set[str] = set()
 
     # -- containment -------------------------------------------------------
     def _saw_link(self, rel: str, target: str) -> None:
@@ -47,40 +51,45 @@ class HostRoot:
         needs the resolved path itself (``spell_out``)."""
         if self.is_live and not self.walk_live and not spell_out:
             return rel.lstrip("/"), True  # the kernel resolves it as it would in a chroot
-        parts = [p for p in rel.split("/") if p and p != "."]
-        resolved: list[str] = []
+        # ``todo`` holds the components still to walk, last first; ``here`` is the
+        # resolved prefix, which never holds a link (a final one aside).
+        todo = [p for p in reversed(rel.split("/")) if p and p != "."]
+        here = ""
         complete = True
         hops = 0
-        while parts:
-            part = parts.pop(0)
-            if part == ".":
-                continue
+        base = self.path if self.path != "/" else ""
+        while todo:
+            part = todo.pop()
             if part == "..":
-                if resolved:
-                    resolved.pop()
+                here = here.rpartition("/")[0]  # at the root, stays at the root
                 continue
-            candidate = "/".join([*resolved, part])
-            if not parts and not follow_final:
-                if not os.path.lexists(self._join(candidate)):
-                    complete = False
-                resolved.append(part)
+            candidate = f"{here}/{part}" if here else part
+            if todo and candidate in self._plain_dirs:
+                here = candidate
+                continue
+            full = f"{base}/{candidate}"
+            if not todo and not follow_final:
+                complete = complete and os.path.lexists(full)
+                here = candidate
                 break
             try:
-                target = os.readlink(self._join(candidate))
+                target = os.readlink(full)
             except OSError as exc:
                 if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                     complete = False
+                elif exc.errno == errno.EINVAL and todo:
+                    self._plain_dirs.add(candidate)
                 # EINVAL: not a link; anything else: the open that follows reports it
-                resolved.append(part)
+                here = candidate
                 continue
             hops += 1
             if hops > MAX_LINK_HOPS:
                 raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), self._join(rel))
             self._saw_link(candidate, target)
             if target.startswith("/"):
-                resolved = []
-            parts = [p for p in target.split("/") if p and p != "."] + parts
-        return "/".join(resolved), complete
+                here = ""
+            todo.extend(p for p in reversed(target.split("/")) if p and p != ".")
+        return here, complete
 
     def _join(self, contained: str) -> str:
         return self.path + "/" + contained if self.path != "/" else "/" + contained
