@@ -20,6 +20,7 @@ from passthrough.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
+    Interrupted,
     PassthroughError,
     ReadOnlyRoot,
     UnknownPciDevice,
@@ -1029,7 +1030,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"passthrough: error: {where}{exc.strerror or exc}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:
-        sys.stderr.write("passthrough: interrupted\n")
+        sys.stderr.write(f"passthrough: error: {Interrupted()}\n")
         return EXIT_INTERRUPTED
     finally:
         for tmp in stack:

@@ -50,6 +50,15 @@ class PassthroughError(Exception):
         return self.message
 
 
+class Interrupted(PassthroughError):
+    """Ctrl-C, whether Python saw it or a tool underneath (ansible-runner) did."""
+
+    exit_code = EXIT_INTERRUPTED
+
+    def __init__(self) -> None:
+        super().__init__("interrupted")
+
+
 class InvalidPciAddress(PassthroughError):
     def __init__(self, text: str) -> None:
         super().__init__(

@@ -8,11 +8,13 @@ reader-side files a link pointed at are hashed before and after.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -493,15 +495,17 @@ def test_libvirt_failing_underneath_exits_4(tmp_path: Path) -> None:
     assert "cannot connect" in one_error_line(r)
 
 
-def test_ansible_failing_underneath_exits_4(tmp_path: Path) -> None:
+def _local_play(tmp_path: Path, host: str, task: str) -> list[str]:
+    """``provision`` argv for a one-task playbook on a local-connection host."""
     inv = tmp_path / "hosts.yml"
-    inv.write_text("all:\n  hosts:\n    nowhere:\n      ansible_connection: local\n")
-    playbook = tmp_path / "fail.yml"
-    playbook.write_text(
-        "- hosts: all\n  gather_facts: false\n  tasks:\n"
-        "    - ansible.builtin.fail:\n        msg: failing on purpose\n"
-    )
-    r = run("provision", "-i", str(inv), "--playbook", str(playbook), "--log", str(tmp_path / "l"))
+    inv.write_text(f"all:\n  hosts:\n    {host}:\n      ansible_connection: local\n")
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(f"- hosts: all\n  gather_facts: false\n  tasks:\n    - {task}\n")
+    return ["provision", "-i", str(inv), "--playbook", str(playbook), "--log", str(tmp_path / "l")]
+
+
+def test_ansible_failing_underneath_exits_4(tmp_path: Path) -> None:
+    r = run(*_local_play(tmp_path, "nowhere", "ansible.builtin.fail: {msg: failing on purpose}"))
     assert r.returncode == 4, r.stdout + r.stderr
     # progress lines come first; the error is the last line, and the only one
     errors = [line for line in r.stderr.splitlines() if line.startswith("passthrough: error:")]
@@ -537,3 +541,30 @@ def test_help_text_holds_the_table(capsys: pytest.CaptureFixture[str]) -> None:
         out = capsys.readouterr().out
         for code in ("0    ok", "3    a host step failed", "4    libvirt or Ansible", "130  "):
             assert code in out, (argv, code)
+
+
+def test_interrupt_exits_130_with_one_line(tmp_path: Path) -> None:
+    """Ctrl-C while a real playbook runs (a 60 s wait): one line, exit 130."""
+    p = subprocess.Popen(
+        [*PT, *_local_play(tmp_path, "here", "ansible.builtin.wait_for: {timeout: 60}")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: every child is ours to end
+    )
+    try:
+        assert p.stderr is not None
+        seen = ""
+        while "TASK" not in seen:  # the playbook is running: our handler is in place
+            line = p.stderr.readline()
+            assert line, "provision ended before its task started"
+            seen += line
+        p.send_signal(signal.SIGINT)
+        _out, err = p.communicate(timeout=60)
+    finally:
+        # our own process group (start_new_session): the CLI and any ansible child left
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130
+    assert err.strip().splitlines()[-1] == "passthrough: error: interrupted"
+    assert "Traceback" not in err
