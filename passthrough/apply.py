@@ -60,7 +60,10 @@ def atomic_write(path: str, data: bytes, mode: int | None = None) -> None:
         except FileNotFoundError:
             mode = 0o644
     tmp = os.path.join(directory, f".{os.path.basename(path)}.passthrough-tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    # A fresh file, never whatever sits at that name (a link planted there would carry
+    # the write out of the root): remove it, then create exclusively, links not followed.
+    _remove(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         os.write(fd, data)
         os.fchmod(fd, mode)

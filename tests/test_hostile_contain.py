@@ -309,6 +309,18 @@ def test_apply_and_undo_write_inside_the_root_only(how: str, root: Path, outside
     assert not (inside / "mp/passthrough-vfio.conf").exists()
 
 
+def test_a_link_planted_at_the_temporary_name_is_not_followed(root: Path, outside: Path) -> None:
+    """apply writes ``.NAME.passthrough-tmp`` then renames it: a link already sitting
+    at that name (pointing out) is replaced, never written through."""
+    planted = root / "etc/modprobe.d/.passthrough-vfio.conf.passthrough-tmp"
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.symlink_to(outside / "secret.txt")
+    r = run("apply", "--root", str(root))
+    assert r.returncode == 0, r.stderr
+    assert (root / "etc/modprobe.d/passthrough-vfio.conf").is_file()
+    assert not os.path.lexists(planted)
+
+
 def test_journal_paths_cannot_climb_out(root: Path, outside: Path) -> None:
     """A journal (inside the root, so as hostile as the root) naming ``../..`` paths and
     an absolute backup: undo resolves them inside the root too."""
