@@ -259,11 +259,11 @@ def test_scan_never_reads_the_readers_own_files(
     relink(
         link, "/usr/lib/os-release" if how == "absolute" else climb(link, outside / "os-release")
     )
-    r = run("scan", "--root", str(root), "--json")
-    assert r.returncode == 0, r.stderr
-    distro = json.loads(r.stdout)["host"]["distro"]
+    r_scan = run("scan", "--root", str(root), "--json")
+    assert r_scan.returncode == 0, r_scan.stderr
+    distro = json.loads(r_scan.stdout)["host"]["distro"]
     assert distro["id"] is None and distro["pretty_name"] is None  # nothing from outside
-    assert MARK not in r.stdout
+    assert MARK not in r_scan.stdout
     # the snapshot captures no outside content either
     archive = tmp_path / "s.tar.gz"
     r = run("snapshot", "--root", str(root), "-o", str(archive))
@@ -276,6 +276,12 @@ def test_scan_never_reads_the_readers_own_files(
             assert MARK.encode() not in data, m.name
             if os.path.isfile("/usr/lib/os-release") and m.name.endswith("os-release"):
                 assert data != Path("/usr/lib/os-release").read_bytes()
+    # and it unpacks (every link kept inside) to the same report
+    again = run("scan", "--root", str(archive), "--json")
+    assert again.returncode == 0, again.stderr
+    a, b = json.loads(r_scan.stdout), json.loads(again.stdout)
+    a.pop("root"), b.pop("root")
+    assert a == b
 
 
 @pytest.mark.parametrize("how", ["absolute", "relative"])

@@ -184,12 +184,30 @@ def write_snapshot(root: RecordingRoot, host: Host, out_path: str) -> dict[str, 
 
 
 def _relative_target(name: str, target: str) -> str:
-    """An absolute link target as the same place relative to the link (each ``..`` of
-    it stops at the root, as a chroot's would), so the archive holds no absolute link."""
-    if not target.startswith("/"):
+    """A link target the archive can hold: relative, and never above the archive's top.
+
+    An absolute target, or a relative one with more ``..`` than the link is deep, names
+    (as a chroot reads it) a place from the root: it is written as that place relative
+    to the link, so unpacking keeps every link inside and a scan reads the same files."""
+    parent = name.split("/")[:-1]
+    level = len(parent)  # how deep below the top the walk along the target is
+    for part in target.split("/"):
+        if part == "..":
+            level -= 1
+            if level < 0:
+                break
+        elif part not in ("", "."):
+            level += 1
+    if not target.startswith("/") and level >= 0:
         return target
-    depth = name.count("/")
-    return "/".join([".."] * depth + [p for p in target.split("/") if p]) or "."
+    place: list[str] = [] if target.startswith("/") else list(parent)
+    for part in target.split("/"):
+        if part == "..":
+            if place:
+                place.pop()  # at the root, .. stays at the root
+        elif part not in ("", "."):
+            place.append(part)
+    return "/".join([".."] * len(parent) + place) or "."
 
 
 def _kind(member: tarfile.TarInfo) -> str:
