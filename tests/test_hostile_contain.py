@@ -444,10 +444,11 @@ def test_closed_pipe_through_head(hosts: dict[str, Path]) -> None:
         ["scan", "--root", "r" * 100_000],
         ["scan", "--root", "/", "Z" * 100_000],
         ["scan", "--color", "c" * 100_000],
+        ["plan", "--root", "/", "--gpu", "g" * 100_000],
         ["validate", "v" * 100_000],
         ["provision", "-i", "x", "-e", "e" * 100_000],
     ],
-    ids=["root", "address", "argparse-choice", "validate-file", "extra-var"],
+    ids=["root", "address", "argparse-choice", "plan-gpu", "validate-file", "extra-var"],
 )
 def test_echoed_input_is_truncated(argv: list[str]) -> None:
     r = run(*argv)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from passthrough.errors import PassthroughError
+from passthrough.errors import PassthroughError, quote
 from passthrough.model import BMC_VGA_VENDORS, NVIDIA, GpuVerdict, Host, PciAddress, PciFunction
 
 ID_RE = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{4}$")
@@ -32,7 +32,7 @@ def _match(verdicts: list[GpuVerdict], token: str) -> list[GpuVerdict]:
         address = PciAddress.parse(token)
     except PassthroughError:
         raise SelectionRefused(
-            f"--gpu {token!r}: neither a PCI address (0000:01:00.0) nor a vendor:device ID (10de:2684)"
+            f"--gpu {quote(token)}: neither a PCI address (0000:01:00.0) nor a vendor:device ID (10de:2684)"
         ) from None
     return [v for v in verdicts if address in {f.address for f in v.gpu.functions}]
 
