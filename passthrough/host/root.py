@@ -23,7 +23,7 @@ MAX_LINK_HOPS = 40  # the kernel's own limit (ELOOP)
 
 
 class HostRoot:
-    # Walk even the live root: the snapshot recorder needs to see every link it follows.
+    # True: walk the live root too (the snapshot recorder must see every link followed).
     walk_live = False
 
     def __init__(self, path: str) -> None:
@@ -116,9 +116,15 @@ class HostRoot:
         found: list[str] = []
         for entry in self.listdir(parent):
             rel = f"{parent}/{entry}" if parent else entry
-            if fnmatch.fnmatchcase(entry, name) and os.path.isfile(self.real(rel)):
+            if fnmatch.fnmatchcase(entry, name) and self.isfile(rel):
                 found.append(rel)
         return found
+
+    def isfile(self, rel: str) -> bool:
+        try:
+            return os.path.isfile(self.real(rel))
+        except OSError:
+            return False
 
     def exists(self, rel: str) -> bool:
         try:
