@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from passthrough.errors import PassthroughError
+from passthrough.errors import EXIT_BACKEND, Interrupted, PassthroughError
 
 PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
 
 
 class ProvisionFailed(PassthroughError):
-    exit_code = 1
+    exit_code = EXIT_BACKEND
 
 
 @dataclass
@@ -199,6 +199,8 @@ def run(
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         Path(log_path).write_text("\n".join(lines) + "\n")
         result.log = log_path
+    if status == "canceled":  # ansible-runner took the Ctrl-C itself
+        raise Interrupted()
     return result
 
 

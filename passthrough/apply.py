@@ -10,7 +10,6 @@ after. Whatever the moment ``apply`` is killed, each file is entirely old or ent
 from __future__ import annotations
 
 import fcntl
-import glob
 import json
 import os
 import subprocess
@@ -20,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from passthrough.errors import PassthroughError
+from passthrough.errors import EXIT_HOST_STEP, PassthroughError
 from passthrough.host.root import HostRoot
 from passthrough.plan.actions import Plan, RemoveFile, WriteFile
 
@@ -30,7 +29,7 @@ LOCK = f"{STATE}/lock"
 
 
 class ApplyError(PassthroughError):
-    exit_code = 1
+    exit_code = EXIT_HOST_STEP
 
 
 class Busy(PassthroughError):
@@ -61,7 +60,10 @@ def atomic_write(path: str, data: bytes, mode: int | None = None) -> None:
         except FileNotFoundError:
             mode = 0o644
     tmp = os.path.join(directory, f".{os.path.basename(path)}.passthrough-tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    # A fresh file, never whatever sits at that name (a link planted there would carry
+    # the write out of the root): remove it, then create exclusively, links not followed.
+    _remove(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         os.write(fd, data)
         os.fchmod(fd, mode)
@@ -103,7 +105,7 @@ class Journal:
 
     def save(self) -> None:
         atomic_write(
-            self.root.abs(JOURNAL), (json.dumps(self.data, indent=2) + "\n").encode(), 0o600
+            self.root.real(JOURNAL), (json.dumps(self.data, indent=2) + "\n").encode(), 0o600
         )
 
     @property
@@ -114,7 +116,7 @@ class Journal:
 
 @contextmanager
 def locked(root: HostRoot) -> Iterator[None]:
-    path = root.abs(LOCK)
+    path = root.real(LOCK)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -188,12 +190,12 @@ def _execute(root: HostRoot, argv: tuple[str, ...], runner: Runner) -> str:
 
 
 def _backup(root: HostRoot, tx_dir: str, n: int, rel: str) -> dict[str, Any]:
-    path = root.abs(rel)
+    path = root.real(rel)
     entry: dict[str, Any] = {"path": rel, "existed": os.path.lexists(path)}
     if entry["existed"]:
         backup = f"{tx_dir}/{n}-{rel.replace('/', '_')}"
         with open(path, "rb") as src:
-            atomic_write(root.abs(backup), src.read(), 0o600)
+            atomic_write(root.real(backup), src.read(), 0o600)
         entry["backup"] = backup
         entry["mode"] = os.stat(path).st_mode & 0o7777
     return entry
@@ -202,19 +204,14 @@ def _backup(root: HostRoot, tx_dir: str, n: int, rel: str) -> dict[str, Any]:
 def _read_backup(root: HostRoot, rel: str) -> bytes | None:
     """A backup's bytes, whatever its size (an initramfs is tens of MiB)."""
     try:
-        with open(root.abs(rel), "rb") as fh:
+        with open(root.real(rel), "rb") as fh:
             return fh.read()
     except FileNotFoundError:
         return None
 
 
 def _touched(root: HostRoot, patterns: tuple[str, ...]) -> list[str]:
-    found: list[str] = []
-    for pattern in patterns:
-        for path in sorted(glob.glob(root.abs(pattern))):
-            if os.path.isfile(path):
-                found.append(root.rel(path))
-    return found
+    return [rel for pattern in patterns for rel in root.glob(pattern)]
 
 
 def apply(
@@ -264,11 +261,11 @@ def apply(
             try:
                 if isinstance(action, WriteFile):
                     say(f"write /{action.path}")
-                    atomic_write(root.abs(action.path), action.content, action.mode)
+                    atomic_write(root.real(action.path), action.content, action.mode)
                     step["state"] = "done"
                 elif isinstance(action, RemoveFile):
                     say(f"remove /{action.path}")
-                    _remove(root.abs(action.path))
+                    _remove(root.real(action.path, follow_final=False))
                     step["state"] = "done"
                 else:
                     verb = "list (not run)" if command_mode(root) == "list" else "run"
@@ -298,6 +295,8 @@ def undo(
     """Restore every file changed by every transaction not yet undone, newest first, then
     rerun the regeneration commands. Returns the restored paths."""
     say = progress or (lambda _m: None)
+    if not root.exists(JOURNAL):
+        return []  # nothing was ever applied here: leave the root exactly as it is
     with locked(root):
         journal = Journal.load(root)
         pending = [tx for tx in journal.transactions if tx.get("state") != "undone"]
@@ -313,7 +312,7 @@ def undo(
                 if step.get("undo_argv") and step["state"] == "done":
                     inverse.append(step["undo_argv"])
                 for entry in step["files"]:
-                    path = root.abs(entry["path"])
+                    path = root.real(entry["path"], follow_final=entry["existed"])
                     if entry["existed"]:
                         data = _read_backup(root, entry["backup"])
                         if data is None:

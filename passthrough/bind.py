@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from passthrough.errors import PassthroughError
+from passthrough.errors import EXIT_HOST_STEP, PassthroughError
 from passthrough.host.root import HostRoot
 from passthrough.model import Host, PciFunction
 
@@ -24,7 +24,7 @@ class BindRefused(PassthroughError):
 
 
 class BindFailed(PassthroughError):
-    exit_code = 1
+    exit_code = EXIT_HOST_STEP
 
 
 def _in_use(root: HostRoot, host: Host, f: PciFunction) -> str | None:
@@ -43,7 +43,7 @@ def _in_use(root: HostRoot, host: Host, f: PciFunction) -> str | None:
 
 
 def _write(root: HostRoot, rel: str, value: str) -> None:
-    path = root.abs(rel)
+    path = root.real(rel)
     try:
         with open(path, "w") as fh:
             fh.write(value)

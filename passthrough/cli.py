@@ -1,6 +1,6 @@
 """Command line: parse, call the library, print. No logic of its own.
 
-Exit codes: 0 ok, 1 a check failed (check), 2 usage or input error.
+Exit codes: the table in EPILOG (and README "Exit codes"), constants in errors.py.
 """
 
 from __future__ import annotations
@@ -17,23 +17,41 @@ from typing import Any
 from passthrough import __version__
 from passthrough.errors import (
     EXIT_CHECK_FAILED,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
+    Interrupted,
     PassthroughError,
+    ReadOnlyRoot,
     UnknownPciDevice,
+    echo,
+    output_file,
 )
 
 EPILOG = """\
-exit codes: 0 ok · 1 a check failed · 2 usage or input error
+exit codes:
+  0    ok
+  1    a check, verify or validate found problems
+  2    usage, input or a refusal: nothing was changed
+  3    a host step failed part-way: `passthrough undo` puts back what was changed
+  4    libvirt or Ansible failed underneath
+  130  interrupted (Ctrl-C)
 docs: README.md (JSON schema: passthrough/schemas/scan-v1.schema.json)
 """
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that exits 2 with one line, as every other input error does."""
+    """argparse that exits 2 with one line, as every other input error does, and shows
+    the exit-code table under every command's --help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("epilog", EPILOG)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> Any:
-        self.exit(EXIT_USAGE, f"passthrough: error: {message} (see --help)\n")
+        # argparse quotes the offending value back: keep the line short
+        self.exit(EXIT_USAGE, f"passthrough: error: {echo(message, 200)} (see --help)\n")
 
 
 def _positive_int(text: str) -> int:
@@ -361,9 +379,12 @@ def build_parser() -> argparse.ArgumentParser:
 # -- commands ---------------------------------------------------------------------------
 
 
-def _open_root(path: str, stack: list[str]) -> str:
-    """A .tar.gz snapshot is unpacked to a temporary directory (removed on exit)."""
+def _open_root(path: str, stack: list[str], changing: str | None = None) -> str:
+    """A .tar.gz snapshot is unpacked to a temporary directory (removed on exit); a
+    command that changes the host (``changing`` names it) refuses one."""
     if os.path.isfile(path) and path.endswith((".tar.gz", ".tgz", ".tar")):
+        if changing:
+            raise ReadOnlyRoot(changing, path)
         from passthrough.host.snapshot import unpack
 
         tmp = tempfile.mkdtemp(prefix="passthrough-root-")
@@ -472,7 +493,7 @@ def cmd_snapshot(args: argparse.Namespace, stack: list[str]) -> int:
         from passthrough.host.discover import root_pci_source
 
         root_pci_source(recorder[0])
-    stats = write_snapshot(recorder[0], host, args.output)
+    stats = write_snapshot(recorder[0], host, output_file(args.output))
     if args.json:
         _dump({"output": args.output, **stats})
     else:
@@ -520,12 +541,14 @@ def cmd_completion(args: argparse.Namespace, stack: list[str]) -> int:
     return EXIT_OK
 
 
-def _plan(args: argparse.Namespace, stack: list[str]) -> tuple[Any, Any, Any]:
+def _plan(
+    args: argparse.Namespace, stack: list[str], changing: str | None = None
+) -> tuple[Any, Any, Any]:
     from passthrough.host.discover import discover
     from passthrough.host.root import HostRoot
     from passthrough.plan.build import PlanOptions, make_plan
 
-    root_path = _open_root(args.root, stack)
+    root_path = _open_root(args.root, stack, changing)
     host = discover(root_path)
     root = HostRoot(root_path)
     opts = PlanOptions(
@@ -561,7 +584,7 @@ def _progress(args: argparse.Namespace) -> Callable[[str], None]:
 def cmd_apply(args: argparse.Namespace, stack: list[str]) -> int:
     from passthrough.apply import apply, command_mode
 
-    root, _host, plan = _plan(args, stack)
+    root, _host, plan = _plan(args, stack, changing="apply")
     tx = apply(root, plan, plan.record(), progress=_progress(args))
     listed = [s for s in tx["steps"] if s["state"] == "listed"]
     if args.json:
@@ -593,7 +616,7 @@ def cmd_undo(args: argparse.Namespace, stack: list[str]) -> int:
     from passthrough.apply import undo
     from passthrough.host.root import HostRoot
 
-    root = HostRoot(_open_root(args.root, stack))
+    root = HostRoot(_open_root(args.root, stack, changing="undo"))
     restored = undo(root, progress=_progress(args))
     if args.json:
         _dump({"restored": ["/" + p for p in restored]})
@@ -639,7 +662,7 @@ def cmd_bind(args: argparse.Namespace, stack: list[str]) -> int:
     from passthrough.host.root import HostRoot
     from passthrough.plan.select import select
 
-    root_path = _open_root(args.root, stack)
+    root_path = _open_root(args.root, stack, changing="bind")
     host = discover(root_path)
     sel = select(host, judge_all(host), list(args.gpu), args.include_group, args.allow_boot_gpu)
     bound = bind_now(
@@ -673,6 +696,8 @@ def cmd_render(args: argparse.Namespace, stack: list[str]) -> int:
     from passthrough.vm.render import render
     from passthrough.vm.spec import build_spec
 
+    if args.output:
+        output_file(args.output)
     opts = _vm_options(args)
     spec = build_spec(discover(_open_root(args.root, stack)), opts)
     xml = render(spec)
@@ -708,6 +733,8 @@ def cmd_render(args: argparse.Namespace, stack: list[str]) -> int:
 def cmd_validate(args: argparse.Namespace, stack: list[str]) -> int:
     from passthrough.vm.validate import junit, libvirt_check, validate_text
 
+    if args.junit:
+        output_file(args.junit, "--junit")
     host = None
     if args.host_root:
         from passthrough.host.discover import discover
@@ -719,7 +746,7 @@ def cmd_validate(args: argparse.Namespace, stack: list[str]) -> int:
             with open(name, "rb") as fh:
                 data = fh.read()
         except OSError as exc:
-            raise PassthroughError(f"{name}: {exc.strerror}") from None
+            raise PassthroughError(f"{echo(name)}: {exc.strerror}") from None
         findings = validate_text(data, name, host)
         if args.libvirt and not any(f.rule in ("xml", "schema") for f in findings):
             findings += libvirt_check(data.decode("utf-8", "replace"), name, args.libvirt)
@@ -762,7 +789,7 @@ def cmd_vm(args: argparse.Namespace, stack: list[str]) -> int:
     if action == "seed":
         from passthrough.vm.seed import write_seed
 
-        write_seed(args.output, args.hostname, args.user, args.ssh_key)
+        write_seed(output_file(args.output), args.hostname, args.user, args.ssh_key)
         if args.json:
             _dump({"seed": args.output, "user": args.user})
         else:
@@ -779,9 +806,9 @@ def cmd_vm(args: argparse.Namespace, stack: list[str]) -> int:
                 data = fh.read()
             doc = etree.fromstring(data)
         except OSError as exc:
-            raise PassthroughError(f"{args.target}: {exc.strerror}") from None
+            raise PassthroughError(f"{echo(args.target)}: {exc.strerror}") from None
         except etree.XMLSyntaxError as exc:
-            raise PassthroughError(f"{args.target}: not well-formed XML ({exc})") from None
+            raise PassthroughError(f"{echo(args.target)}: not well-formed XML ({exc})") from None
         name = doc.findtext("name") or ""
         overlay = None
         if args.base_image:
@@ -821,7 +848,7 @@ def cmd_provision(args: argparse.Namespace, stack: list[str]) -> int:
     for item in args.extra_var:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise PassthroughError(f"-e {item!r}: expected KEY=VALUE")
+            raise PassthroughError(f"-e '{echo(item)}': expected KEY=VALUE")
         extravars[key] = value
     if args.sample:
         from passthrough import fakehost
@@ -830,7 +857,7 @@ def cmd_provision(args: argparse.Namespace, stack: list[str]) -> int:
         stack.append(tmp)
         root = fakehost.build(fakehost.load("hgx-h100"), os.path.join(tmp, "hgx-h100"))
         os.environ["PASSTHROUGH_SAMPLE_ROOT"] = str(root)
-    log = args.log or os.path.join(
+    log = (args.log and output_file(args.log, "--log")) or os.path.join(
         os.path.expanduser("~/.local/state/passthrough"),
         time.strftime("provision-%Y%m%dT%H%M%S.log"),
     )
@@ -879,7 +906,7 @@ def cmd_provision(args: argparse.Namespace, stack: list[str]) -> int:
         )
     if not result.ok:
         if args.json:
-            return EXIT_CHECK_FAILED
+            return ProvisionFailed.exit_code
         failed = [h.name for h in result.hosts.values() if h.failed or h.unreachable] or [
             "(playbook)"
         ]
@@ -915,23 +942,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     stack: list[str] = []
     try:
-        return COMMANDS[args.command](args, stack)
+        code = COMMANDS[args.command](args, stack)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
     except PassthroughError as exc:
         if getattr(args, "debug", False):
             raise
         sys.stderr.write(f"passthrough: error: {exc}\n")
         return exc.exit_code
+    except BrokenPipeError:
+        # The reader stopped reading (`| head`): not an error. Point stdout at devnull so
+        # the interpreter's final flush cannot fail again (the Python docs' advice).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
     except OSError as exc:
         if getattr(args, "debug", False):
             raise
-        where = f"{exc.filename}: " if exc.filename else ""
+        where = f"{echo(exc.filename)}: " if exc.filename else ""
         sys.stderr.write(f"passthrough: error: {where}{exc.strerror or exc}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:
-        sys.stderr.write("passthrough: interrupted\n")
-        return 130
-    except BrokenPipeError:
-        return EXIT_OK
+        sys.stderr.write(f"passthrough: error: {Interrupted()}\n")
+        return EXIT_INTERRUPTED
     finally:
         for tmp in stack:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -6,6 +6,8 @@ line and exits with ``exit_code``. Tracebacks are shown only with ``--debug``.
 
 from __future__ import annotations
 
+import os
+
 # Documented exit codes (README "Exit codes"): one meaning each.
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1  # a check / verify / validate found problems
@@ -13,6 +15,26 @@ EXIT_USAGE = 2  # usage, input or a refusal: nothing was changed
 EXIT_HOST_STEP = 3  # a step on the host failed part-way: `status` / `undo` say what to do
 EXIT_BACKEND = 4  # libvirt or Ansible failed underneath
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+
+
+ECHO_LIMIT = 80  # characters of user input quoted back in a message
+
+
+def echo(text: object, limit: int = ECHO_LIMIT) -> str:
+    """User input as shown in a message: at most ``limit`` characters, an ellipsis when
+    cut, so a 100 KB argument never comes back whole. Control characters are escaped
+    so a value cannot forge a second line."""
+    shown = str(text)
+    cut = len(shown) > limit
+    shown = shown[:limit]
+    if not shown.isprintable():
+        shown = shown.encode("unicode_escape").decode("ascii")
+    return shown + "…" if cut else shown
+
+
+def quote(text: object, limit: int = ECHO_LIMIT) -> str:
+    """:func:`echo` in quotes, for a value that is not a path."""
+    return f"'{echo(text, limit)}'"
 
 
 class PassthroughError(Exception):
@@ -28,10 +50,19 @@ class PassthroughError(Exception):
         return self.message
 
 
+class Interrupted(PassthroughError):
+    """Ctrl-C, whether Python saw it or a tool underneath (ansible-runner) did."""
+
+    exit_code = EXIT_INTERRUPTED
+
+    def __init__(self) -> None:
+        super().__init__("interrupted")
+
+
 class InvalidPciAddress(PassthroughError):
     def __init__(self, text: str) -> None:
         super().__init__(
-            f"malformed PCI address {text!r}: expected [DOMAIN:]BUS:DEVICE.FUNCTION in hex, "
+            f"malformed PCI address {quote(text)}: expected [DOMAIN:]BUS:DEVICE.FUNCTION in hex, "
             "e.g. 0000:01:00.0"
         )
         self.text = text
@@ -45,7 +76,7 @@ class UnknownPciDevice(PassthroughError):
 
 class NotAHostRoot(PassthroughError):
     def __init__(self, root: str, why: str) -> None:
-        super().__init__(f"--root {root}: {why}")
+        super().__init__(f"--root {echo(root)}: {why}")
         self.root = root
         self.why = why
 
@@ -63,7 +94,7 @@ class BadDescription(PassthroughError):
     """A host description (fixture YAML) that cannot be built."""
 
     def __init__(self, source: str, why: str) -> None:
-        super().__init__(f"{source}: {why}")
+        super().__init__(f"{echo(source)}: {why}")
         self.source = source
         self.why = why
 
@@ -71,3 +102,32 @@ class BadDescription(PassthroughError):
 class SnapshotError(PassthroughError):
     def __init__(self, why: str) -> None:
         super().__init__(f"snapshot: {why}")
+
+
+class NoOutputDirectory(PassthroughError):
+    """``-o DIR/FILE`` where DIR does not exist: we never create it (a typo would
+    otherwise scatter directories)."""
+
+    def __init__(self, option: str, path: str, directory: str) -> None:
+        super().__init__(f"{option} {echo(path)}: no such directory {echo(directory)}")
+        self.path = path
+        self.directory = directory
+
+
+class ReadOnlyRoot(PassthroughError):
+    """A snapshot archive given to a command that changes the host."""
+
+    def __init__(self, command: str, root: str) -> None:
+        super().__init__(
+            f"--root {echo(root)}: a snapshot archive is read-only; {command} changes a host "
+            "(unpack it into a directory of your own to try the change on a copy)"
+        )
+        self.root = root
+
+
+def output_file(path: str, option: str = "-o") -> str:
+    """``path`` when its directory exists, else :class:`NoOutputDirectory`."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise NoOutputDirectory(option, path, directory)
+    return path

@@ -1,19 +1,31 @@
 """Reading a host root: the live ``/``, an unpacked snapshot, or a test fixture.
 
-Every reader of the host goes through :class:`HostRoot`, so nothing below the CLI
-touches ``/`` directly and all three kinds of root take the same code path.
-Reads never write, and never follow a link out of the root.
+Every reader and writer of the host goes through :class:`HostRoot`, so nothing below
+the CLI touches ``/`` directly and all three kinds of root take the same code path.
+
+Containment: a path under the root is resolved the way a chroot resolves it, one
+component at a time. A link's absolute target starts again at the root, and ``..``
+never climbs above it, so neither a snapshot nor a mounted disk image can make us read
+the reading machine's own files or write outside the tree. On the live root ``/`` that
+is exactly what the kernel does, so no walking is needed there.
 """
 
 from __future__ import annotations
 
+import errno
+import fnmatch
 import os
 import posixpath
 
 from passthrough.errors import MalformedHostData, NotAHostRoot
 
+MAX_LINK_HOPS = 40  # the kernel's own limit (ELOOP)
+
 
 class HostRoot:
+    # True: walk the live root too (the snapshot recorder must see every link followed).
+    walk_live = False
+
     def __init__(self, path: str) -> None:
         if not os.path.exists(path):
             raise NotAHostRoot(path, "no such directory")
@@ -22,27 +34,113 @@ class HostRoot:
         self.path = os.path.abspath(path)
         self.is_live = self.path == "/"
         self.problems: list[str] = []
+        # Parents already seen to be real directories, not links: a scan reads thousands of
+        # files under the same few directories. Only "not a link" is remembered, never a
+        # link or an absence, and no command here turns a directory into a link.
+        self._plain_dirs: set[str] = set()
 
-    # -- paths -------------------------------------------------------------
+    # -- containment -------------------------------------------------------
+    def _saw_link(self, rel: str, target: str) -> None:
+        """Called for every link followed while resolving (the recorder keeps them)."""
+
+    def _walk(self, rel: str, follow_final: bool, spell_out: bool = False) -> tuple[str, bool]:
+        """``rel`` resolved inside the root: (path relative to the root with no link in
+        it, except a final one when ``follow_final`` is false; whether every component
+        existed). Raises ELOOP past :data:`MAX_LINK_HOPS` links. On the live root the
+        kernel's own resolution is the same, so the walk is skipped unless the caller
+        needs the resolved path itself (``spell_out``)."""
+        if self.is_live and not self.walk_live and not spell_out:
+            return rel.lstrip("/"), True  # the kernel resolves it as it would in a chroot
+        # ``todo`` holds the components still to walk, last first; ``here`` is the
+        # resolved prefix, which never holds a link (a final one aside).
+        todo = [p for p in reversed(rel.split("/")) if p and p != "."]
+        here = ""
+        complete = True
+        hops = 0
+        base = self.path if self.path != "/" else ""
+        while todo:
+            part = todo.pop()
+            if part == "..":
+                here = here.rpartition("/")[0]  # at the root, stays at the root
+                continue
+            candidate = f"{here}/{part}" if here else part
+            if todo and candidate in self._plain_dirs:
+                here = candidate
+                continue
+            full = f"{base}/{candidate}"
+            if not todo and not follow_final:
+                complete = complete and os.path.lexists(full)
+                here = candidate
+                break
+            try:
+                target = os.readlink(full)
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                    complete = False
+                elif exc.errno == errno.EINVAL and todo:
+                    self._plain_dirs.add(candidate)
+                # EINVAL: not a link; anything else: the open that follows reports it
+                here = candidate
+                continue
+            hops += 1
+            if hops > MAX_LINK_HOPS:
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), self._join(rel))
+            self._saw_link(candidate, target)
+            if target.startswith("/"):
+                here = ""
+            todo.extend(p for p in reversed(target.split("/")) if p and p != ".")
+        return here, complete
+
+    def _join(self, contained: str) -> str:
+        return self.path + "/" + contained if self.path != "/" else "/" + contained
+
+    def contained(self, rel: str, follow_final: bool = True) -> str:
+        """``rel`` resolved inside the root, relative to it (no leading /)."""
+        return self._walk(rel, follow_final)[0]
+
+    def real(self, rel: str, follow_final: bool = True) -> str:
+        """The absolute path to open for ``rel``: every link in it resolved inside the
+        root, the final one too unless ``follow_final`` is false (to remove or read a
+        link itself). Readers and writers alike use this, never a joined string."""
+        return self._join(self._walk(rel, follow_final)[0])
+
     def abs(self, rel: str) -> str:
-        """Absolute path of ``rel`` (a path inside the root, with or without a leading /)."""
+        """How ``rel`` is named in messages (joined, not resolved: never opened)."""
         rel = rel.lstrip("/")
-        return self.path + "/" + rel if self.path != "/" else "/" + rel
+        return self._join(rel)
 
-    def rel(self, absolute: str) -> str:
-        if self.path == "/":
-            return absolute.lstrip("/")
-        return absolute[len(self.path) :].lstrip("/")
+    def glob(self, pattern: str) -> list[str]:
+        """Regular files matching ``pattern`` (wildcards in the last component only),
+        as paths relative to the root."""
+        parent, _, name = pattern.strip("/").rpartition("/")
+        found: list[str] = []
+        for entry in self.listdir(parent):
+            rel = f"{parent}/{entry}" if parent else entry
+            if fnmatch.fnmatchcase(entry, name) and self.isfile(rel):
+                found.append(rel)
+        return found
+
+    def isfile(self, rel: str) -> bool:
+        try:
+            return os.path.isfile(self.real(rel))
+        except OSError:
+            return False
 
     def exists(self, rel: str) -> bool:
-        return os.path.lexists(self.abs(rel))
+        try:
+            return os.path.lexists(self.real(rel, follow_final=False))
+        except OSError:
+            return False
 
     def isdir(self, rel: str) -> bool:
-        return os.path.isdir(self.abs(rel))
+        try:
+            return os.path.isdir(self.real(rel))
+        except OSError:
+            return False
 
     def listdir(self, rel: str) -> list[str]:
         try:
-            return sorted(os.listdir(self.abs(rel)))
+            return sorted(os.listdir(self.real(rel)))
         except FileNotFoundError:
             return []
         except NotADirectoryError:
@@ -50,11 +148,14 @@ class HostRoot:
         except PermissionError:
             self.problems.append(f"{rel}: permission denied")
             return []
+        except OSError as exc:
+            self.problems.append(f"{rel}: {exc.strerror}")
+            return []
 
     # -- contents ----------------------------------------------------------
     def read_bytes(self, rel: str, limit: int = 1 << 24) -> bytes | None:
         try:
-            fd = os.open(self.abs(rel), os.O_RDONLY)
+            fd = os.open(self.real(rel), os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except PermissionError:
@@ -102,7 +203,7 @@ class HostRoot:
 
     def readlink(self, rel: str) -> str | None:
         try:
-            return os.readlink(self.abs(rel))
+            return os.readlink(self.real(rel, follow_final=False))
         except OSError:
             return None
 
@@ -113,34 +214,11 @@ class HostRoot:
             return None
         return posixpath.basename(target.rstrip("/"))
 
-    def resolve(self, rel: str, depth: int = 0) -> str | None:
-        """Follow links inside the root; return the real path relative to the root.
-
-        Absolute link targets are taken relative to the root (as in a chroot), so a
-        snapshot or fixture never resolves into the machine that reads it.
-        """
-        parts = [p for p in rel.strip("/").split("/") if p]
-        resolved: list[str] = []
-        hops = 0
-        while parts:
-            part = parts.pop(0)
-            if part == ".":
-                continue
-            if part == "..":
-                if resolved:
-                    resolved.pop()
-                continue
-            candidate = "/".join([*resolved, part])
-            target = self.readlink(candidate)
-            if target is None:
-                if not self.exists(candidate):
-                    return None
-                resolved.append(part)
-                continue
-            hops += 1
-            if hops > 40:
-                return None
-            if target.startswith("/"):
-                resolved = []
-            parts = [p for p in target.split("/") if p] + parts
-        return "/".join(resolved)
+    def resolve(self, rel: str) -> str | None:
+        """The real path of ``rel`` relative to the root, links followed inside it;
+        None when some component does not exist."""
+        try:
+            contained, complete = self._walk(rel, follow_final=True, spell_out=True)
+        except OSError:
+            return None
+        return contained if complete else None

@@ -15,9 +15,10 @@ import os
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from passthrough.errors import SnapshotError
+from passthrough.errors import SnapshotError, echo, quote
 from passthrough.host.pciids import PCI_IDS_PATHS, render_subset
 from passthrough.host.root import HostRoot
 from passthrough.model import Host
@@ -34,29 +35,30 @@ class _Seen:
 
 
 class RecordingRoot(HostRoot):
+    walk_live = True  # the live root too: every link followed must be seen
+
     def __init__(self, path: str) -> None:
         super().__init__(path)
         self.seen = _Seen()
 
+    def _saw_link(self, rel: str, target: str) -> None:
+        self.seen.links[rel] = target
+
     def _canon(self, rel: str) -> str:
-        """``rel`` with every link in its parents resolved (each link is recorded)."""
-        rel = rel.strip("/")
-        parts = rel.split("/")
-        for i in range(1, len(parts)):
-            prefix = "/".join(parts[:i])
-            target = super().readlink(prefix)
-            if target is not None:
-                self.seen.links[prefix] = target
-        parent = os.path.realpath(self.abs("/".join(parts[:-1]))) if len(parts) > 1 else self.path
-        inside = parent == self.path or parent.startswith(self.path.rstrip("/") + "/")
-        if not inside:
-            return rel
-        base = self.rel(parent)
-        return f"{base}/{parts[-1]}" if base else parts[-1]
+        """``rel`` with every link in its parents resolved inside the root (the walk
+        records each link it follows)."""
+        parent, _, name = rel.strip("/").rpartition("/")
+        if name in ("", ".", ".."):
+            return self.contained(rel)
+        base = self.contained(parent) if parent else ""
+        return f"{base}/{name}" if base else name
 
     def _note(self, rel: str, content: bytes | None = None) -> None:
-        canon = self._canon(rel)
-        full = self.abs(canon)
+        try:
+            canon = self._canon(rel)
+        except OSError:
+            return  # a link loop: nothing there to keep
+        full = self._join(canon)
         if os.path.islink(full):
             self.seen.links[canon] = os.readlink(full)
         elif content is not None:
@@ -69,19 +71,15 @@ class RecordingRoot(HostRoot):
     def read_bytes(self, rel: str, limit: int = 1 << 24) -> bytes | None:
         data = super().read_bytes(rel, limit)
         if data is not None:
-            canon = self._canon(rel)
-            if os.path.islink(self.abs(canon)):
-                # A file read through a final link: keep the link and the real file.
-                self.seen.links[canon] = os.readlink(self.abs(canon))
-                real = os.path.realpath(self.abs(canon))
-                if real.startswith(self.path.rstrip("/") + "/"):
-                    self.seen.files[self.rel(real)] = data
-                else:
-                    del self.seen.links[canon]
-                    self.seen.files[canon] = data
-            else:
-                self.seen.files[canon] = data
+            # Read through links: the walk kept each one, the file lives at its real place.
+            self.seen.files[self.contained(rel)] = data
         return data
+
+    def resolve(self, rel: str) -> str | None:
+        real = super().resolve(rel)
+        if real:
+            self._note(real)  # the place a link led to exists: keep it
+        return real
 
     def readlink(self, rel: str) -> str | None:
         target = super().readlink(rel)
@@ -166,7 +164,7 @@ def write_snapshot(root: RecordingRoot, host: Host, out_path: str) -> dict[str, 
                     _add(tar, d)
                     written.add(d)
             for name, target in sorted(links.items()):
-                _add(tar, name, link=target)
+                _add(tar, name, link=_relative_target(name, target))
             for name, data in sorted(files.items()):
                 if name in links:
                     continue
@@ -185,16 +183,97 @@ def write_snapshot(root: RecordingRoot, host: Host, out_path: str) -> dict[str, 
     }
 
 
+def _relative_target(name: str, target: str) -> str:
+    """A link target the archive can hold: relative, and never above the archive's top.
+
+    An absolute target, or a relative one with more ``..`` than the link is deep, names
+    (as a chroot reads it) a place from the root: it is written as that place relative
+    to the link, so unpacking keeps every link inside and a scan reads the same files."""
+    parent = name.split("/")[:-1]
+    level = len(parent)  # how deep below the top the walk along the target is
+    for part in target.split("/"):
+        if part == "..":
+            level -= 1
+            if level < 0:
+                break
+        elif part not in ("", "."):
+            level += 1
+    if not target.startswith("/") and level >= 0:
+        return target
+    place: list[str] = [] if target.startswith("/") else list(parent)
+    for part in target.split("/"):
+        if part == "..":
+            if place:
+                place.pop()  # at the root, .. stays at the root
+        elif part not in ("", "."):
+            place.append(part)
+    return "/".join([".."] * len(parent) + place) or "."
+
+
+def _kind(member: tarfile.TarInfo) -> str:
+    if member.islnk():
+        return "a hard link"
+    if member.ischr() or member.isblk():
+        return "a device node"
+    if member.isfifo():
+        return "a FIFO"
+    return "a special file"
+
+
+def _refuse(archive: str, member: tarfile.TarInfo, why: str) -> SnapshotError:
+    return SnapshotError(f"{echo(archive)}: unsafe member {quote(member.name)}: {why}")
+
+
+def _safe_member(archive: str, dest: str) -> Callable[[tarfile.TarInfo, str], tarfile.TarInfo]:
+    """The standard library's ``data`` filter, and stricter where a snapshot allows it:
+    only files, directories and symbolic links; no absolute name; and nothing written
+    at or through a link already unpacked (a snapshot made by :func:`write_snapshot`
+    stores every file at its real place), so no link can carry a later member out."""
+    top = os.path.realpath(dest)
+
+    def check(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
+        if not (member.isfile() or member.isdir() or member.issym()):
+            raise _refuse(archive, member, f"{_kind(member)}, not a file, directory or link")
+        if member.name.startswith("/"):
+            raise _refuse(archive, member, "an absolute name")
+        try:
+            checked = tarfile.data_filter(member, path)
+        except tarfile.FilterError as exc:
+            raise _refuse(archive, member, _filter_reason(exc)) from None
+        where = top
+        for part in checked.name.split("/"):
+            where = os.path.join(where, part)
+            if os.path.islink(where):
+                raise _refuse(archive, member, "it would be written through a link")
+        return checked
+
+    return check
+
+
+def _filter_reason(exc: tarfile.FilterError) -> str:
+    if isinstance(exc, tarfile.AbsoluteLinkError):
+        return "a link to an absolute path"
+    if isinstance(exc, tarfile.LinkOutsideDestinationError):
+        return "a link pointing outside the snapshot"
+    if isinstance(exc, tarfile.OutsideDestinationError):
+        return "it would land outside the snapshot"
+    if isinstance(exc, tarfile.SpecialFileError):
+        return "a special file"
+    if isinstance(exc, tarfile.AbsolutePathError):
+        return "an absolute name"
+    return type(exc).__name__
+
+
 def unpack(archive: str, dest: str) -> str:
-    """Unpack a snapshot made by :func:`write_snapshot` into ``dest``."""
+    """Unpack a snapshot made by :func:`write_snapshot` into ``dest`` (an empty directory).
+
+    Every member is checked just before it is written (links before it are on disk by
+    then), so a refused archive stops with nothing written outside ``dest``."""
     try:
         with tarfile.open(archive, "r:*") as tar:
-            for member in tar.getmembers():
-                if member.name.startswith("/") or ".." in member.name.split("/"):
-                    raise SnapshotError(f"{archive}: unsafe member {member.name!r}")
-                if not (member.isfile() or member.isdir() or member.issym()):
-                    raise SnapshotError(f"{archive}: unexpected member type for {member.name!r}")
-            tar.extractall(dest)
+            tar.extractall(dest, filter=_safe_member(archive, dest))
     except (tarfile.TarError, OSError, EOFError) as exc:
-        raise SnapshotError(f"{archive}: not a readable snapshot ({exc})") from None
+        raise SnapshotError(
+            f"{echo(archive)}: not a readable snapshot ({echo(str(exc))})"
+        ) from None
     return dest

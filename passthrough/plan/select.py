@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from passthrough.analysis import policy
-from passthrough.errors import PassthroughError
+from passthrough.errors import PassthroughError, quote
 from passthrough.model import (
     NVIDIA,
     Finding,
@@ -49,7 +49,7 @@ def _match(verdicts: list[GpuVerdict], token: str) -> list[GpuVerdict]:
         address = PciAddress.parse(token)
     except PassthroughError:
         raise SelectionRefused(
-            f"--gpu {token!r}: neither a PCI address (0000:01:00.0) nor a vendor:device ID (10de:2684)"
+            f"--gpu {quote(token)}: neither a PCI address (0000:01:00.0) nor a vendor:device ID (10de:2684)"
         ) from None
     return [v for v in verdicts if address in {f.address for f in v.gpu.functions}]
 

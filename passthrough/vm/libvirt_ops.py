@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 from typing import Any
 
-from passthrough.errors import PassthroughError
+from passthrough.errors import EXIT_BACKEND, EXIT_USAGE, PassthroughError, quote
 
 STATES = {
     0: "no state",
@@ -24,7 +24,15 @@ STATES = {
 
 
 class LibvirtError(PassthroughError):
-    pass
+    """libvirt failed underneath (cannot connect, define or start refused by libvirt)."""
+
+    exit_code = EXIT_BACKEND
+
+
+class DomainRefused(LibvirtError):
+    """The named domain is missing, or already there: a refusal, nothing changed."""
+
+    exit_code = EXIT_USAGE
 
 
 def _libvirt() -> Any:
@@ -49,7 +57,7 @@ def _lookup(conn: Any, name: str) -> Any:
     try:
         return conn.lookupByName(name)
     except libvirt.libvirtError:
-        raise LibvirtError(f"no domain {name!r} on {conn.getURI()}") from None
+        raise DomainRefused(f"no domain {quote(name)} on {conn.getURI()}") from None
 
 
 def define(
@@ -63,8 +71,8 @@ def define(
     try:
         try:
             conn.lookupByName(name)
-            raise LibvirtError(
-                f"domain {name!r} is already defined on {uri}; undefine it first or pick another name"
+            raise DomainRefused(
+                f"domain {quote(name)} is already defined on {uri}; undefine it first or pick another name"
             )
         except libvirt.libvirtError:
             pass
