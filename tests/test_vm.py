@@ -193,16 +193,16 @@ def test_spec_file(
 
 
 BROKEN = {
-    "not-hidden.xml": {"hide-kvm"},
-    "no-vendor-id.xml": {"vendor-id"},
-    "vendor-id-comma.xml": {"vendor-id", "schema"},
-    "split-card.xml": {"one-slot"},
-    "no-multifunction.xml": {"multifunction"},
-    "renumbered-functions.xml": {"functions"},
-    "missing-audio.xml": {"whole-card"},
-    "no-mmio-window.xml": {"mmio-window"},
-    "not-a-domain.xml": {"xml"},
-    "malformed.xml": {"xml"},
+    "not-hidden.xml": {"gpu-hide-kvm"},
+    "no-vendor-id.xml": {"gpu-vendor-id"},
+    "vendor-id-comma.xml": {"hyperv-vendor-id-value", "schema"},
+    "split-card.xml": {"gpu-one-slot", "pci-function0"},
+    "no-multifunction.xml": {"pci-multifunction"},
+    "renumbered-functions.xml": {"gpu-functions"},
+    "missing-audio.xml": {"host-whole-card"},
+    "no-mmio-window.xml": {"host-mmio-window"},
+    "not-a-domain.xml": {"xml-not-domain"},
+    "malformed.xml": {"xml-malformed"},
 }
 
 
@@ -251,7 +251,7 @@ def test_validate_catches_each_policy_violation(
         host_root = hosts["hgx-h100"] if name == "no-mmio-window.xml" else hosts["consumer-intel"]
         assert main(["validate", "--json", "--host-root", str(host_root), str(path)]) == 1, name
         report = json.loads(capsys.readouterr().out)
-        rules = {f["rule"] for f in report["files"][0]["findings"]}
+        rules = {f["code"] for f in report["files"][0]["findings"]}
         assert BROKEN[name] <= rules, (name, rules)
         assert all(f["xpath"].startswith("/") for f in report["files"][0]["findings"])
 
@@ -265,7 +265,8 @@ def test_validate_junit_and_lines(
     junit = tmp_path / "report.xml"
     assert main(["validate", "--junit", str(junit), str(good), str(files["split-card.xml"])]) == 1
     out = capsys.readouterr().out
-    assert f"{files['split-card.xml']}:/domain/devices/hostdev[1]: [one-slot]" in out
+    assert "warning gpu-one-slot [policy] /domain/devices/hostdev[1]: " in out
+    assert f"{files['split-card.xml']}:" in out
     assert "1 valid, 1 failing" in out
     from lxml import etree
 

@@ -1,0 +1,295 @@
+"""The policy and host layers over a parsed domain.
+
+Generic rules (guest PCI addresses, function 0, multifunction, vendor_id values) apply to
+every domain. GPU rules apply only to hostdevs that are GPU functions: the host facts say so
+(``--host-root``), or the domain carries render's ``<passthrough:policy>`` marker (render
+writes hostdevs for whole GPU cards only). A NIC or an HBA passed through is not a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from passthrough.errors import InvalidPciAddress
+from passthrough.model import PciAddress
+
+from .rules import DomainFinding, make
+
+if TYPE_CHECKING:
+    from passthrough.model import Finding, Host, PciFunction
+
+# Same value as passthrough.vm.render.POLICY_NS (a test keeps them equal); not imported
+# from there because render pulls in Jinja2, and validate's start-up time matters in CI.
+POLICY_NS = "https://passthrough.dev/xmlns/policy/1"
+QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
+OVMF_DEFAULT_MMIO = 32 << 30  # passthrough.vm.spec.OVMF_DEFAULT_MMIO, kept light likewise
+
+Slot = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Hostdev:
+    element: Any
+    host: PciAddress | None
+    guest: tuple[int, int, int, int] | None  # domain, bus, slot, function in the guest
+    gpu: bool
+
+
+def _addr(el: Any) -> tuple[int, int, int, int] | None:
+    if el is None:
+        return None
+    try:
+        return (
+            int(el.get("domain", "0"), 16),
+            int(el.get("bus"), 16),
+            int(el.get("slot"), 16),
+            int(el.get("function", "0"), 16),
+        )
+    except (TypeError, ValueError):
+        return None
+
+
+def _pci(t: tuple[int, int, int, int] | None) -> PciAddress | None:
+    try:
+        return PciAddress(*t) if t is not None else None
+    except InvalidPciAddress:  # out of range
+        return None
+
+
+class _Ctx:
+    def __init__(self, doc: Any, file: str) -> None:
+        self.doc = doc
+        self.tree = doc.getroottree()
+        self.file = file
+        self.out: list[DomainFinding] = []
+
+    def add(self, code: str, el: Any, message: str, devices: tuple[PciAddress, ...] = ()) -> None:
+        el = self.doc if el is None else el
+        self.out.append(
+            make(code, message, self.file, self.tree.getpath(el), el.sourceline or 0, devices)
+        )
+
+    def add_finding(self, f: Finding, el: Any) -> None:
+        el = self.doc if el is None else el
+        self.out.append(
+            make(
+                f.code,
+                f.message,
+                self.file,
+                self.tree.getpath(el),
+                el.sourceline or 0,
+                f.devices,
+                severity=f.severity,
+                layer="host",
+            )
+        )
+
+
+def gpu_functions(host: Host) -> set[PciAddress]:
+    from passthrough.analysis.viability import find_gpus
+
+    return {f.address for g in find_gpus(host) for f in g.functions}
+
+
+def hostdevs(doc: Any, host: Host | None) -> list[Hostdev]:
+    rendered = doc.find(f"metadata/{{{POLICY_NS}}}policy") is not None
+    on_host = gpu_functions(host) if host is not None else set()
+    out = []
+    for h in doc.findall("devices/hostdev"):
+        if h.get("type") != "pci":
+            continue
+        src = _pci(_addr(h.find("source/address")))
+        guest_el = h.find("address")
+        guest = _addr(guest_el) if guest_el is not None and guest_el.get("type") == "pci" else None
+        out.append(Hostdev(h, src, guest, rendered or (src is not None and src in on_host)))
+    return out
+
+
+def check(doc: Any, file: str, host: Host | None) -> list[DomainFinding]:
+    ctx = _Ctx(doc, file)
+    devs = hostdevs(doc, host)
+    for d in devs:
+        if d.host is None:
+            ctx.add("hostdev-source", d.element, "a PCI hostdev without a readable source address")
+    _guest_slots(ctx, devs)
+    _vendor_id_values(ctx)
+    _gpu_rules(ctx, devs, host is not None)
+    if host is not None:
+        host_layer(ctx, host, devs)
+    return ctx.out
+
+
+def _guest_slots(ctx: _Ctx, devs: list[Hostdev]) -> None:
+    """Every device's guest PCI address is unique; a slot that holds a hostdev has a
+    function 0, and multifunction='on' there when it holds more than one function."""
+    seen: dict[tuple[int, int, int, int], Any] = {}
+    slots: dict[Slot, dict[int, Any]] = {}
+    for el in ctx.doc.iterfind("devices/*/address[@type='pci']"):
+        a = _addr(el)
+        if a is None:
+            continue
+        if a in seen:
+            ctx.add(
+                "pci-address-duplicate",
+                el.getparent(),
+                f"guest PCI address {a[0]:04x}:{a[1]:02x}:{a[2]:02x}.{a[3]:x} is already used "
+                f"by <{seen[a].tag}>",
+            )
+        seen.setdefault(a, el.getparent())
+        slots.setdefault(a[:3], {})[a[3]] = el
+    for slot in sorted({d.guest[:3] for d in devs if d.guest is not None}):
+        functions = slots.get(slot, {})
+        label = f"{slot[0]:04x}:{slot[1]:02x}:{slot[2]:02x}"
+        if 0 not in functions:
+            first = functions[min(functions)].getparent()
+            ctx.add(
+                "pci-function0",
+                first,
+                f"guest slot {label} has no function 0, so the guest never finds "
+                f"function {min(functions):x} there",
+            )
+        elif len(functions) > 1 and functions[0].get("multifunction") != "on":
+            ctx.add(
+                "pci-multifunction",
+                functions[0].getparent(),
+                f"guest slot {label} holds {len(functions)} functions: function 0 needs "
+                "multifunction='on'",
+            )
+
+
+def _vendor_id_values(ctx: _Ctx) -> None:
+    for vendor in ctx.doc.iterfind("features/hyperv/vendor_id"):
+        if vendor.get("state") != "on":
+            continue  # an off vendor_id's value is never used
+        value = vendor.get("value") or ""
+        if not value or len(value) > 12 or "," in value:
+            ctx.add(
+                "hyperv-vendor-id-value",
+                vendor,
+                f"vendor_id {value!r} must be 1 to 12 characters without commas",
+            )
+
+
+def _gpu_rules(ctx: _Ctx, devs: list[Hostdev], host_given: bool) -> None:
+    gpus = [d for d in devs if d.gpu]
+    if not gpus:
+        if devs:
+            source = "host facts or" if host_given else "--host-root facts nor"
+            ctx.add(
+                "gpu-scope",
+                ctx.doc.find("devices"),
+                f"GPU rules not applied: none of the {len(devs)} PCI hostdev(s) is a GPU function "
+                f"by {source} render's <passthrough:policy> metadata",
+            )
+        return
+    doc = ctx.doc
+    marker = doc.find(f"metadata/{{{POLICY_NS}}}policy")
+    hide = marker is None or marker.get("hide", "on") != "off"
+    features = doc.find("features")
+    if hide:
+        hidden = doc.find("features/kvm/hidden")
+        if hidden is None or hidden.get("state") != "on":
+            ctx.add(
+                "gpu-hide-kvm",
+                features,
+                "the KVM signature is visible (add <kvm><hidden state='on'/></kvm>, or opt out with "
+                "<passthrough:policy hide='off'/> for drivers that no longer care)",
+            )
+        vendor = doc.find("features/hyperv/vendor_id")
+        if vendor is None or vendor.get("state") != "on":
+            ctx.add(
+                "gpu-vendor-id",
+                features,
+                "no enabled Hyper-V vendor_id: the NVIDIA driver sees the hypervisor's own",
+            )
+    cards: dict[Slot, list[Hostdev]] = {}
+    for d in gpus:
+        if d.host is not None:
+            cards.setdefault(d.host.slot, []).append(d)
+    for slot, members in sorted(cards.items()):
+        if len(members) < 2:
+            continue  # one function alone may sit at any guest function 0
+        label = f"{slot[0]:04x}:{slot[1]:02x}:{slot[2]:02x}"
+        devices = tuple(m.host for m in members if m.host is not None)
+        if len({m.guest[:3] for m in members if m.guest is not None}) > 1:
+            ctx.add(
+                "gpu-one-slot",
+                members[0].element,
+                f"the card {label} is split across guest slots; keep its functions together",
+                devices,
+            )
+        if not any(m.host is not None and m.host.function == 0 for m in members):
+            ctx.add(
+                "gpu-functions",
+                members[0].element,
+                f"the card {label} is passed without function 0",
+                devices,
+            )
+        for m in members:
+            if m.host is not None and m.guest is not None and m.guest[3] != m.host.function:
+                ctx.add(
+                    "gpu-functions",
+                    m.element,
+                    f"{m.host} sits at guest function {m.guest[3]:x}; keep the card's function "
+                    "numbers",
+                    (m.host,),
+                )
+
+
+def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
+    """Everything that needs host facts, in one place. The project's host safety policy
+    (``analysis.policy.selection_findings(host, addresses)``) and the large-BAR planner's
+    window check plug in here: call them with the hostdevs' addresses and place each
+    ``Finding`` on the hostdev element of its first device (``ctx.add_finding``)."""
+    from passthrough.analysis.viability import find_gpus, mmio_window_bytes
+
+    known = {f.address for f in host.functions}
+    for d in devs:
+        if d.host is not None and d.host not in known:
+            ctx.add("host-missing", d.element, f"{d.host} is not on this host", (d.host,))
+    passed = {d.host: d for d in devs if d.host is not None}
+    functions: list[PciFunction] = []
+    for gpu in find_gpus(host):
+        members = [passed[f.address] for f in gpu.functions if f.address in passed]
+        if not members:
+            continue
+        functions.extend(gpu.functions)
+        missing = [
+            f.address for f in gpu.functions if f.address not in passed and not f.is_bridge_like
+        ]
+        if missing:
+            ctx.add(
+                "host-whole-card",
+                members[0].element,
+                f"card {gpu.address} is missing {', '.join(map(str, missing))}: every function "
+                "goes to the same guest",
+                tuple(missing),
+            )
+    if not functions:
+        return
+    needed = mmio_window_bytes(functions)
+    large = any(b.size >= OVMF_DEFAULT_MMIO for f in functions for b in f.bars if not b.is_io)
+    if not (large or needed > OVMF_DEFAULT_MMIO):
+        return
+    doc = ctx.doc
+    if doc.find("devices/controller[@model='pcie-root']/pcihole64") is None:
+        ctx.add(
+            "host-mmio-window",
+            doc.find("devices"),
+            f"large BARs need a 64-bit MMIO window of {needed >> 30} GiB: add <pcihole64> on "
+            "pcie-root",
+        )
+    args = [a.get("value", "") for a in doc.iter(f"{{{QEMU_NS}}}arg")]
+    sizes = [
+        int(v.rsplit("=", 1)[1])
+        for v in args
+        if "X-PciMmio64Mb" in v and v.rsplit("=", 1)[1].isdigit()
+    ]
+    if not sizes or max(sizes) < needed >> 20:
+        ctx.add(
+            "host-mmio-window",
+            doc.find(f"{{{QEMU_NS}}}commandline"),
+            f"OVMF needs opt/ovmf/X-PciMmio64Mb of at least {needed >> 20} MiB "
+            "(qemu:commandline -fw_cfg)",
+        )

@@ -1,0 +1,200 @@
+"""The rule catalogue: every code ``validate`` can report, its layer, severity and why.
+
+Codes are stable (CI configs select and ignore them); layers say which part of the
+validator spoke: ``file`` (the file itself), ``schema`` (libvirt's RelaxNG), ``policy``
+(what this project knows about passthrough), ``host`` (needs host facts) and ``libvirt``
+(a define on a real connection). Codes from host-layer policies plugged in later keep
+their own severity and are reported under ``host``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from passthrough.errors import PassthroughError
+from passthrough.model import Finding, PciAddress, Severity
+
+LAYERS = ("file", "schema", "policy", "host", "libvirt")
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    code: str
+    layer: str
+    severity: Severity
+    rationale: str
+
+
+_E, _W, _I = Severity.ERROR, Severity.WARNING, Severity.INFO
+
+CATALOGUE: tuple[Rule, ...] = (
+    Rule("file-unreadable", "file", _E, "the file is missing or cannot be read; the batch goes on"),
+    Rule("xml-malformed", "file", _E, "not well-formed XML: nothing else can be checked"),
+    Rule("xml-not-domain", "file", _E, "the root element is not <domain>"),
+    Rule(
+        "schema", "schema", _E, "libvirt's RelaxNG schema rejects the element (libvirt would too)"
+    ),
+    Rule(
+        "pci-address-duplicate",
+        "policy",
+        _E,
+        "two devices at one guest PCI address: libvirt refuses to define it",
+    ),
+    Rule(
+        "pci-function0",
+        "policy",
+        _E,
+        "a passed-through device on a guest slot without function 0: the guest never scans it",
+    ),
+    Rule(
+        "pci-multifunction",
+        "policy",
+        _E,
+        "function 0 of a guest slot holding several functions lacks multifunction='on': "
+        "QEMU exposes only function 0",
+    ),
+    Rule("hostdev-source", "policy", _E, "a PCI hostdev whose host address cannot be read"),
+    Rule(
+        "hyperv-vendor-id-value",
+        "policy",
+        _E,
+        "an enabled Hyper-V vendor_id must be 1-12 characters without commas (QEMU's limit)",
+    ),
+    Rule(
+        "gpu-scope",
+        "policy",
+        _I,
+        "GPU rules apply only to hostdevs that host facts or render's metadata call GPU functions",
+    ),
+    Rule(
+        "gpu-hide-kvm",
+        "policy",
+        _E,
+        "a GPU guest with the KVM signature visible: older NVIDIA drivers stop with code 43 "
+        "(opt out with <passthrough:policy hide='off'/>)",
+    ),
+    Rule(
+        "gpu-vendor-id",
+        "policy",
+        _E,
+        "a GPU guest without an enabled Hyper-V vendor_id: the driver sees the hypervisor's own",
+    ),
+    Rule(
+        "gpu-one-slot",
+        "policy",
+        _W,
+        "a card's functions spread over several guest slots; drivers expect them side by side",
+    ),
+    Rule(
+        "gpu-functions",
+        "policy",
+        _E,
+        "a multi-function card renumbered in the guest or passed without its function 0",
+    ),
+    Rule(
+        "host-missing", "host", _E, "the hostdev's source address is not a PCI function on the host"
+    ),
+    Rule(
+        "host-whole-card",
+        "host",
+        _E,
+        "a GPU card passed without all its functions: they share a reset and an IOMMU group",
+    ),
+    Rule(
+        "host-mmio-window",
+        "host",
+        _E,
+        "large BARs without a 64-bit MMIO window (pcihole64 and OVMF's X-PciMmio64Mb): "
+        "the guest cannot map the card",
+    ),
+    Rule("libvirt-refused", "libvirt", _E, "the libvirt connection given refuses to define it"),
+)
+
+RULES: dict[str, Rule] = {r.code: r for r in CATALOGUE}
+
+
+@dataclass(frozen=True, slots=True)
+class DomainFinding:
+    """A ``model.Finding`` placed in a file: which layer, which element (XPath and line)."""
+
+    finding: Finding
+    file: str
+    layer: str
+    xpath: str
+    line: int  # 1-based; 0 when unknown (e.g. an unreadable file)
+
+    @property
+    def code(self) -> str:
+        return self.finding.code
+
+    @property
+    def severity(self) -> Severity:
+        return self.finding.severity
+
+    @property
+    def message(self) -> str:
+        return self.finding.message
+
+    def text(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.severity} {self.code} [{self.layer}] {self.xpath}: {self.message}"
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "code": self.code,
+            "rule": self.code,  # the v1 name of "code", kept for existing consumers
+            "layer": self.layer,
+            "severity": str(self.severity),
+            "xpath": self.xpath,
+            "line": self.line,
+            "message": self.message,
+        }
+
+
+def make(
+    code: str,
+    message: str,
+    file: str,
+    xpath: str,
+    line: int,
+    devices: tuple[PciAddress, ...] = (),
+    severity: Severity | None = None,
+    layer: str | None = None,
+) -> DomainFinding:
+    rule = RULES.get(code)
+    sev = severity or (rule.severity if rule else Severity.ERROR)
+    lay = layer or (rule.layer if rule else "host")
+    return DomainFinding(Finding(code, sev, message, devices), file, lay, xpath, line)
+
+
+def _matches(code: str, layer: str, pattern: str) -> bool:
+    return code == pattern or code.startswith(pattern.rstrip("-") + "-") or layer == pattern
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Which codes are reported: ``select`` (codes, prefixes or layers; empty = all) minus
+    ``ignore``; ``strict`` makes warnings fail too."""
+
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        for pattern in (*self.select, *self.ignore):
+            if not any(_matches(r.code, r.layer, pattern) for r in CATALOGUE):
+                raise PassthroughError(
+                    f"validate: unknown rule or prefix {pattern!r} (see passthrough validate --list-rules)"
+                )
+
+    def wants(self, f: DomainFinding) -> bool:
+        if self.select and not any(_matches(f.code, f.layer, p) for p in self.select):
+            return False
+        return not any(_matches(f.code, f.layer, p) for p in self.ignore)
+
+    def keep(self, findings: Iterable[DomainFinding]) -> list[DomainFinding]:
+        return [f for f in findings if self.wants(f)]
+
+    def fails(self, f: DomainFinding) -> bool:
+        return f.severity is Severity.ERROR or (self.strict and f.severity is Severity.WARNING)

@@ -1,0 +1,147 @@
+"""libvirt's RelaxNG domain schema: which libvirt's, loaded once, and errors that point at
+the element at fault.
+
+libxml2 reports an interleave failure against the parent (``/domain: Extra element devices
+in interleave``, line 0). We find the element itself: on a copy, take one child away at a
+time; a child whose removal removes errors holds the fault, so descend into it. The element
+where no child helps is the one the schema rejects.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from passthrough.errors import PassthroughError
+
+DEFAULT_SCHEMA_DIR = "/usr/share/libvirt/schemas"
+MAX_FAULTS = 3  # per file: enough to act on, bounded work on a very broken file
+
+
+class SchemaNotFound(PassthroughError):
+    pass
+
+
+@dataclass
+class DomainSchema:
+    directory: str
+    version: str  # "9.0.0-4+deb12u2", or "unknown version"
+    _rng: Any = None
+
+    @property
+    def label(self) -> str:
+        return f"libvirt {self.version} schemas ({self.directory})"
+
+    def rng(self) -> Any:
+        if self._rng is None:
+            from lxml import etree
+
+            path = Path(self.directory) / "domain.rng"
+            if not path.is_file():
+                raise SchemaNotFound(
+                    f"no domain.rng in {self.directory} (libvirt's schemas/ directory is needed; "
+                    "install libvirt-clients or pass --schema-dir)"
+                )
+            try:
+                self._rng = etree.RelaxNG(etree.parse(str(path)))
+            except (etree.RelaxNGParseError, etree.XMLSyntaxError) as exc:
+                raise SchemaNotFound(f"{path} is not a usable RelaxNG schema: {exc}") from None
+        return self._rng
+
+
+def load(directory: str | None) -> DomainSchema:
+    d = directory or DEFAULT_SCHEMA_DIR
+    return DomainSchema(str(Path(d)), schema_version(Path(d)))
+
+
+_VERSION_IN_PATH = re.compile(r"libvirt[-_](?:[a-z]+[-_])*(\d+\.\d+\.\d+)")
+_CHANGELOG_HEAD = re.compile(r"^libvirt \(([^)]+)\)")
+
+
+def schema_version(directory: Path) -> str:
+    """Which libvirt the schemas come from, from what an unpacked package leaves around them:
+    a VERSION file we ask users to write, a Debian changelog beside them (usr/share/doc), or
+    a version in the path (``libvirt-libs-9.0.0-…``)."""
+    marker = directory / "VERSION"
+    if marker.is_file():
+        return marker.read_text(errors="replace").strip()[:64] or "unknown version"
+    # DIR is <prefix>/share/libvirt/schemas: docs are in <prefix>/share/doc/<package>/
+    share = directory.parent.parent
+    for changelog in sorted(share.glob("doc/libvirt*/changelog.Debian.gz")):
+        try:
+            with gzip.open(changelog, "rt", errors="replace") as fh:
+                m = _CHANGELOG_HEAD.match(fh.readline())
+        except OSError:
+            continue
+        if m:
+            return m[1]
+    m = _VERSION_IN_PATH.search(str(directory.resolve()))
+    return m[1] if m else "unknown version"
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaFault:
+    element: Any  # in the caller's document
+    message: str
+
+
+def _errors(rng: Any, doc: Any) -> frozenset[str]:
+    if rng.validate(doc):
+        return frozenset()
+    return frozenset(f"{e.path}: {e.message}" for e in rng.error_log)
+
+
+def faults(rng: Any, doc: Any) -> list[SchemaFault]:
+    """The elements the schema rejects in ``doc`` (empty when it is valid)."""
+    import copy
+
+    if rng.validate(doc):
+        return []
+    first = [e.message for e in rng.error_log]
+    work = copy.deepcopy(doc)
+    # map copies back to the caller's elements (lxml keeps one proxy while referenced)
+    origin = dict(zip(work.iter(), doc.iter(), strict=True))
+    out: list[SchemaFault] = []
+    base = _errors(rng, work)
+    while base and len(out) < MAX_FAULTS:
+        el = work
+        while True:
+            culprit = None
+            for child in [c for c in el if isinstance(c.tag, str)]:
+                index = el.index(child)
+                el.remove(child)
+                fewer = _errors(rng, work)
+                el.insert(index, child)
+                if fewer < base:
+                    culprit = child
+                    break
+            if culprit is None:
+                break
+            el = culprit
+        message = _message(rng, work, el)
+        if el is work and first:
+            message += f" ({first[0]})"
+        out.append(SchemaFault(origin[el], message))
+        parent = el.getparent()
+        if parent is None:
+            break  # the root itself (e.g. a required element missing): nothing to take away
+        parent.remove(el)
+        after = _errors(rng, work)
+        if not after < base:
+            break
+        base = after
+    return out
+
+
+def _message(rng: Any, work: Any, el: Any) -> str:
+    """Name the element as written; add libxml2's words only when they are about it
+    (its own messages about the parent would mislead)."""
+    path = work.getroottree().getpath(el)
+    rng.validate(work)
+    mine = [e.message for e in rng.error_log if e.path == path]
+    attrs = "".join(f" {k}='{v}'" for k, v in el.attrib.items())
+    said = f": {mine[0]}" if mine else ""
+    return f"the schema rejects <{el.tag}{attrs}> here{said}"
