@@ -310,69 +310,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     render_p.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
 
+    from passthrough.vm.validate.main import DESCRIPTION, EXAMPLES, add_arguments
+
     validate_p = sub.add_parser(
         "validate",
         help="check domain XML: libvirt schema, passthrough policy, optionally libvirt",
-        description="Validate any domain XML, ours or hand-written, as a CI gate: libvirt's "
-        "RelaxNG schema (the local libvirt's, or --schema-dir), generic guest-PCI rules, GPU rules "
-        "for GPU functions only (by --host-root facts or render's metadata), host rules with "
-        "--host-root, and with --libvirt URI a define of a private copy. Each finding has a code, "
-        "a layer, a severity, and the line and XPath of the element at fault (--list-rules). "
-        "Settings: [tool.passthrough.validate] in pyproject.toml. Exits 1 when an error is found "
-        "(a warning too with --strict).",
-        epilog="examples:\n  passthrough validate vms/*.xml\n"
-        "  passthrough validate --host-root host.tar.gz --junit report.xml vms/*.xml\n"
-        "  passthrough validate --schema-dir fleet-libvirt/schemas --sarif out.sarif vms/*.xml\n"
-        "  passthrough validate --libvirt test:///default gpu1.xml\n\n" + EPILOG,
+        description=DESCRIPTION,
+        epilog=EXAMPLES + "\n" + EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    validate_p.add_argument("files", nargs="*", metavar="FILE")
-    validate_p.add_argument(
-        "--host-root",
-        metavar="DIR",
-        help="host facts (root dir or snapshot; / for this host) for GPU-ness, whole-card, "
-        "MMIO and hostdev-exists checks",
-    )
-    validate_p.add_argument(
-        "--libvirt",
-        metavar="URI",
-        help="also define a private copy (fresh name and UUID) on this connection, then undefine it",
-    )
-    validate_p.add_argument(
-        "--junit", metavar="FILE", help="write a JUnit XML report for CI systems"
-    )
-    validate_p.add_argument(
-        "--sarif", metavar="FILE", help="write a SARIF 2.1.0 log (code-scanning annotations)"
-    )
-    validate_p.add_argument(
-        "--schema-dir",
-        metavar="DIR",
-        help="libvirt schemas/ directory of the target libvirt (default: the local libvirt's)",
-    )
-    validate_p.add_argument(
-        "--select",
-        action="append",
-        metavar="CODE",
-        help="report only these codes, prefixes or layers",
-    )
-    validate_p.add_argument(
-        "--ignore",
-        action="append",
-        metavar="CODE",
-        help="do not report these codes, prefixes or layers",
-    )
-    validate_p.add_argument(
-        "--schema-only", action="store_true", default=None, help="only the file and schema layers"
-    )
-    validate_p.add_argument(
-        "--strict", action="store_true", default=None, help="warnings fail too (exit 1)"
-    )
-    validate_p.add_argument(
-        "--config", metavar="FILE", help="settings file (default: the nearest pyproject.toml)"
-    )
-    validate_p.add_argument(
-        "--list-rules", action="store_true", help="print the rule catalogue and exit"
-    )
+    add_arguments(validate_p)
     _common(validate_p, root=False)
 
     vm_p = sub.add_parser("vm", help="define, start, stop, undefine and inspect guests (libvirt)")
@@ -812,46 +759,9 @@ def cmd_render(args: argparse.Namespace, stack: list[str]) -> int:
 
 
 def cmd_validate(args: argparse.Namespace, stack: list[str]) -> int:
-    from passthrough.vm import validate as v
-    from passthrough.vm.validate import config, reports
+    from passthrough.vm.validate.main import run
 
-    if args.list_rules:
-        sys.stdout.write(reports.catalogue(args.json))
-        return EXIT_OK
-    if not args.files:
-        raise PassthroughError("validate: no FILE given (or --list-rules)")
-    cfg = config.load(args.config)
-    selection = v.Selection(
-        tuple(args.select) if args.select else cfg.select,
-        cfg.ignore + tuple(args.ignore or ()),
-        cfg.strict if args.strict is None else args.strict,
-    )
-    host = None
-    if args.host_root:
-        from passthrough.host.discover import discover
-
-        host = discover(_open_root(args.host_root, stack))
-    schema = v.load(args.schema_dir or cfg.schema_dir)
-    schema.rng()  # a missing or broken schema dir is one usage error, before any file
-    opts = v.Options(
-        host=host,
-        schema=schema,
-        schema_only=cfg.schema_only if args.schema_only is None else args.schema_only,
-        libvirt_uri=args.libvirt,
-    )
-    results = {name: selection.keep(v.validate_file(name, opts)) for name in args.files}
-    if args.junit:
-        with open(args.junit, "wb") as fh:
-            fh.write(reports.junit(results, selection, schema.label))
-    if args.sarif:
-        with open(args.sarif, "w") as fh:
-            fh.write(reports.sarif(results, schema.label))
-    if args.json:
-        _dump(reports.as_json(results, selection, schema.label))
-    else:
-        sys.stdout.write(reports.text(results, selection, schema.label))
-    failed = any(selection.fails(f) for fs in results.values() for f in fs)
-    return EXIT_CHECK_FAILED if failed else EXIT_OK
+    return run(args, lambda path: _open_root(path, stack))
 
 
 def cmd_vm(args: argparse.Namespace, stack: list[str]) -> int:

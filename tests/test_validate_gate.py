@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 from importlib import resources
 from pathlib import Path
@@ -389,3 +390,26 @@ def test_validate_libvirt_never_touches_an_existing_domain(
             dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_KEEP_NVRAM)
     finally:
         conn.close()
+
+
+def test_lean_entry_point_matches_the_full_parser(tmp_path: Path) -> None:
+    from passthrough.vm.validate.main import parse, parser
+
+    assert vars(parse(["a.xml", "b.xml"])) == vars(parser().parse_args(["a.xml", "b.xml"]))
+    good = GOLDEN / "vm" / "consumer-2fn.xml"
+    r = subprocess.run(
+        [sys.executable, "-m", "passthrough.vm.validate", str(good), str(tmp_path / "gone.xml")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert r.returncode == 1 and "file-unreadable" in r.stdout and "1 valid, 1 failing" in r.stdout
+    r = subprocess.run(
+        [sys.executable, "-m", "passthrough.vm.validate", "--select", "nope", str(good)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert r.returncode == 2 and r.stderr.startswith(
+        "passthrough-validate: error: validate: unknown"
+    )

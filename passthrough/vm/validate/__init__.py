@@ -13,13 +13,13 @@ The catalogue of codes is in :mod:`.rules`; reports in :mod:`.reports`. Start-up
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
 from .rules import DomainFinding, Selection, make
 from .schema import DomainSchema, faults, load
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from passthrough.model import Host
 
 __all__ = [
@@ -33,12 +33,20 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
 class Options:
-    host: Host | None = None
-    schema: DomainSchema | None = None
-    schema_only: bool = False
-    libvirt_uri: str | None = None
+    __slots__ = ("host", "libvirt_uri", "schema", "schema_only")
+
+    def __init__(
+        self,
+        host: Host | None = None,
+        schema: DomainSchema | None = None,
+        schema_only: bool = False,
+        libvirt_uri: str | None = None,
+    ) -> None:
+        self.host = host
+        self.schema = schema
+        self.schema_only = schema_only
+        self.libvirt_uri = libvirt_uri
 
 
 def _parse(text: bytes, name: str) -> tuple[Any, list[DomainFinding]]:

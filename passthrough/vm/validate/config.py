@@ -5,35 +5,48 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+import os
 
 from passthrough.errors import PassthroughError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 KEYS = {"select", "ignore", "strict", "schema-only", "schema-dir"}
 
 
-@dataclass(frozen=True)
 class Config:
-    select: tuple[str, ...] = ()
-    ignore: tuple[str, ...] = ()
-    strict: bool = False
-    schema_only: bool = False
-    schema_dir: str | None = None
-    source: str | None = None  # the file it came from
+    __slots__ = ("ignore", "schema_dir", "schema_only", "select", "source", "strict")
+
+    def __init__(
+        self,
+        select: tuple[str, ...] = (),
+        ignore: tuple[str, ...] = (),
+        strict: bool = False,
+        schema_only: bool = False,
+        schema_dir: str | None = None,
+        source: str | None = None,
+    ) -> None:
+        self.select = select
+        self.ignore = ignore
+        self.strict = strict
+        self.schema_only = schema_only
+        self.schema_dir = schema_dir
+        self.source = source  # the file it came from
 
 
 class BadConfig(PassthroughError):
     pass
 
 
-def _table(path: Path) -> dict[str, Any] | None:
+def _table(path: str, explicit: bool) -> dict[str, Any] | None:
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as fh:
+            raw = fh.read()
     except OSError as exc:
         raise BadConfig(f"{path}: {exc.strerror}") from None
-    if path.suffix in (".yaml", ".yml"):
+    if path.endswith((".yaml", ".yml")):
         import yaml
 
         try:
@@ -43,6 +56,8 @@ def _table(path: Path) -> dict[str, Any] | None:
         if not isinstance(data, dict):
             raise BadConfig(f"{path}: expected a mapping of validate settings")
         return data
+    if not explicit and b"[tool.passthrough" not in raw:
+        return None  # most pyproject.toml files: no need to parse them
     import tomllib
 
     try:
@@ -57,19 +72,23 @@ def _table(path: Path) -> dict[str, Any] | None:
     return table
 
 
-def find(start: Path) -> Path | None:
-    for d in (start, *start.parents):
-        p = d / "pyproject.toml"
-        if p.is_file():
+def find(start: str) -> str | None:
+    d = os.path.abspath(start)
+    while True:
+        p = os.path.join(d, "pyproject.toml")
+        if os.path.isfile(p):
             return p
-    return None
+        parent = os.path.dirname(d)
+        if parent == d:
+            return None
+        d = parent
 
 
-def load(explicit: str | None, start: Path | None = None) -> Config:
-    path = Path(explicit) if explicit else find(start or Path.cwd())
+def load(explicit: str | None, start: str | None = None) -> Config:
+    path = explicit or find(start or os.getcwd())
     if path is None:
         return Config()
-    table = _table(path)
+    table = _table(path, bool(explicit))
     if table is None:
         if explicit:
             raise BadConfig(f"{path}: no [tool.passthrough.validate] table")
@@ -96,12 +115,15 @@ def load(explicit: str | None, start: Path | None = None) -> Config:
     if schema_dir is not None:
         if not isinstance(schema_dir, str):
             raise BadConfig(f"{path}: schema-dir must be a path")
-        schema_dir = str((path.parent / schema_dir).resolve())  # relative to the config file
+        # relative to the config file, as a repository means it
+        schema_dir = os.path.normpath(
+            os.path.join(os.path.dirname(os.path.abspath(path)), schema_dir)
+        )
     return Config(
         strings("select"),
         strings("ignore"),
         flag("strict"),
         flag("schema-only"),
         schema_dir,
-        str(path),
+        path,
     )

@@ -8,15 +8,12 @@ writes hostdevs for whole GPU cards only). A NIC or an HBA passed through is not
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from .rules import Address, DomainFinding, make
 
-from passthrough.errors import InvalidPciAddress
-from passthrough.model import PciAddress
-
-from .rules import DomainFinding, make
-
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from passthrough.model import Finding, Host, PciFunction
 
 # Same value as passthrough.vm.render.POLICY_NS (a test keeps them equal); not imported
@@ -28,19 +25,21 @@ OVMF_DEFAULT_MMIO = 32 << 30  # passthrough.vm.spec.OVMF_DEFAULT_MMIO, kept ligh
 Slot = tuple[int, int, int]
 
 
-@dataclass(frozen=True)
 class Hostdev:
-    element: Any
-    host: PciAddress | None
-    guest: tuple[int, int, int, int] | None  # domain, bus, slot, function in the guest
-    gpu: bool
+    __slots__ = ("element", "gpu", "guest", "host")
+
+    def __init__(self, element: Any, host: Address | None, guest: Address | None, gpu: bool):
+        self.element = element
+        self.host = host  # domain, bus, device, function on the host
+        self.guest = guest  # the same in the guest
+        self.gpu = gpu
 
 
-def _addr(el: Any) -> tuple[int, int, int, int] | None:
+def _addr(el: Any) -> Address | None:
     if el is None:
         return None
     try:
-        return (
+        a = (
             int(el.get("domain", "0"), 16),
             int(el.get("bus"), 16),
             int(el.get("slot"), 16),
@@ -48,13 +47,12 @@ def _addr(el: Any) -> tuple[int, int, int, int] | None:
         )
     except (TypeError, ValueError):
         return None
+    ok = a[0] <= 0xFFFF and a[1] <= 0xFF and a[2] <= 0x1F and a[3] <= 7 and min(a) >= 0
+    return a if ok else None
 
 
-def _pci(t: tuple[int, int, int, int] | None) -> PciAddress | None:
-    try:
-        return PciAddress(*t) if t is not None else None
-    except InvalidPciAddress:  # out of range
-        return None
+def fmt(a: Address) -> str:
+    return f"{a[0]:04x}:{a[1]:02x}:{a[2]:02x}.{a[3]:x}"
 
 
 class _Ctx:
@@ -64,7 +62,7 @@ class _Ctx:
         self.file = file
         self.out: list[DomainFinding] = []
 
-    def add(self, code: str, el: Any, message: str, devices: tuple[PciAddress, ...] = ()) -> None:
+    def add(self, code: str, el: Any, message: str, devices: tuple[Address, ...] = ()) -> None:
         el = self.doc if el is None else el
         self.out.append(
             make(code, message, self.file, self.tree.getpath(el), el.sourceline or 0, devices)
@@ -79,17 +77,21 @@ class _Ctx:
                 self.file,
                 self.tree.getpath(el),
                 el.sourceline or 0,
-                f.devices,
-                severity=f.severity,
+                tuple((d.domain, d.bus, d.device, d.function) for d in f.devices),
+                severity=str(f.severity),
                 layer="host",
             )
         )
 
 
-def gpu_functions(host: Host) -> set[PciAddress]:
+def _a(f: PciFunction) -> Address:
+    return (f.address.domain, f.address.bus, f.address.device, f.address.function)
+
+
+def gpu_functions(host: Host) -> set[Address]:
     from passthrough.analysis.viability import find_gpus
 
-    return {f.address for g in find_gpus(host) for f in g.functions}
+    return {_a(f) for g in find_gpus(host) for f in g.functions}
 
 
 def hostdevs(doc: Any, host: Host | None) -> list[Hostdev]:
@@ -99,7 +101,7 @@ def hostdevs(doc: Any, host: Host | None) -> list[Hostdev]:
     for h in doc.findall("devices/hostdev"):
         if h.get("type") != "pci":
             continue
-        src = _pci(_addr(h.find("source/address")))
+        src = _addr(h.find("source/address"))
         guest_el = h.find("address")
         guest = _addr(guest_el) if guest_el is not None and guest_el.get("type") == "pci" else None
         out.append(Hostdev(h, src, guest, rendered or (src is not None and src in on_host)))
@@ -123,7 +125,7 @@ def check(doc: Any, file: str, host: Host | None) -> list[DomainFinding]:
 def _guest_slots(ctx: _Ctx, devs: list[Hostdev]) -> None:
     """Every device's guest PCI address is unique; a slot that holds a hostdev has a
     function 0, and multifunction='on' there when it holds more than one function."""
-    seen: dict[tuple[int, int, int, int], Any] = {}
+    seen: dict[Address, Any] = {}
     slots: dict[Slot, dict[int, Any]] = {}
     for el in ctx.doc.iterfind("devices/*/address[@type='pci']"):
         a = _addr(el)
@@ -133,8 +135,7 @@ def _guest_slots(ctx: _Ctx, devs: list[Hostdev]) -> None:
             ctx.add(
                 "pci-address-duplicate",
                 el.getparent(),
-                f"guest PCI address {a[0]:04x}:{a[1]:02x}:{a[2]:02x}.{a[3]:x} is already used "
-                f"by <{seen[a].tag}>",
+                f"guest PCI address {fmt(a)} is already used by <{seen[a].tag}>",
             )
         seen.setdefault(a, el.getparent())
         slots.setdefault(a[:3], {})[a[3]] = el
@@ -206,7 +207,7 @@ def _gpu_rules(ctx: _Ctx, devs: list[Hostdev], host_given: bool) -> None:
     cards: dict[Slot, list[Hostdev]] = {}
     for d in gpus:
         if d.host is not None:
-            cards.setdefault(d.host.slot, []).append(d)
+            cards.setdefault(d.host[:3], []).append(d)
     for slot, members in sorted(cards.items()):
         if len(members) < 2:
             continue  # one function alone may sit at any guest function 0
@@ -219,7 +220,7 @@ def _gpu_rules(ctx: _Ctx, devs: list[Hostdev], host_given: bool) -> None:
                 f"the card {label} is split across guest slots; keep its functions together",
                 devices,
             )
-        if not any(m.host is not None and m.host.function == 0 for m in members):
+        if not any(m.host is not None and m.host[3] == 0 for m in members):
             ctx.add(
                 "gpu-functions",
                 members[0].element,
@@ -227,11 +228,11 @@ def _gpu_rules(ctx: _Ctx, devs: list[Hostdev], host_given: bool) -> None:
                 devices,
             )
         for m in members:
-            if m.host is not None and m.guest is not None and m.guest[3] != m.host.function:
+            if m.host is not None and m.guest is not None and m.guest[3] != m.host[3]:
                 ctx.add(
                     "gpu-functions",
                     m.element,
-                    f"{m.host} sits at guest function {m.guest[3]:x}; keep the card's function "
+                    f"{fmt(m.host)} sits at guest function {m.guest[3]:x}; keep the card's function "
                     "numbers",
                     (m.host,),
                 )
@@ -244,27 +245,25 @@ def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
     ``Finding`` on the hostdev element of its first device (``ctx.add_finding``)."""
     from passthrough.analysis.viability import find_gpus, mmio_window_bytes
 
-    known = {f.address for f in host.functions}
+    known = {_a(f) for f in host.functions}
     for d in devs:
         if d.host is not None and d.host not in known:
-            ctx.add("host-missing", d.element, f"{d.host} is not on this host", (d.host,))
+            ctx.add("host-missing", d.element, f"{fmt(d.host)} is not on this host", (d.host,))
     passed = {d.host: d for d in devs if d.host is not None}
     functions: list[PciFunction] = []
     for gpu in find_gpus(host):
-        members = [passed[f.address] for f in gpu.functions if f.address in passed]
+        members = [passed[_a(f)] for f in gpu.functions if _a(f) in passed]
         if not members:
             continue
         functions.extend(gpu.functions)
-        missing = [
-            f.address for f in gpu.functions if f.address not in passed and not f.is_bridge_like
-        ]
+        missing = [f for f in gpu.functions if _a(f) not in passed and not f.is_bridge_like]
         if missing:
             ctx.add(
                 "host-whole-card",
                 members[0].element,
-                f"card {gpu.address} is missing {', '.join(map(str, missing))}: every function "
-                "goes to the same guest",
-                tuple(missing),
+                f"card {gpu.address} is missing {', '.join(str(f.address) for f in missing)}: "
+                "every function goes to the same guest",
+                tuple(_a(f) for f in missing),
             )
     if not functions:
         return

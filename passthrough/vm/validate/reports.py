@@ -3,21 +3,22 @@ code-scanning annotations on their line). Both built as data, never by string co
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Any
 
 from passthrough import __version__
-from passthrough.model import Severity
 
 from .rules import RULES, DomainFinding, Selection
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 Results = dict[str, list[DomainFinding]]
 
 SARIF_SCHEMA = (
     "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 )
-_SARIF_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
+_SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 
 
 def junit(results: Results, selection: Selection, schemas: str) -> bytes:
@@ -57,6 +58,8 @@ def _uri(path: str) -> str:
 
 
 def sarif(results: Results, schemas: str) -> str:
+    import json
+
     used = sorted({f.code for fs in results.values() for f in fs})
     codes = [r.code for r in RULES.values()] + [c for c in used if c not in RULES]
     index = {c: i for i, c in enumerate(codes)}
@@ -82,7 +85,7 @@ def sarif(results: Results, schemas: str) -> str:
                 {
                     "ruleId": f.code,
                     "ruleIndex": index[f.code],
-                    "level": _SARIF_LEVEL[f.severity],
+                    "level": _SARIF_LEVEL[str(f.severity)],
                     "message": {"text": f.message},
                     "locations": [
                         {
@@ -139,6 +142,8 @@ def text(results: Results, selection: Selection, schemas: str) -> str:
 
 
 def catalogue(as_json_list: bool = False) -> str:
+    import json
+
     if as_json_list:
         return (
             json.dumps(
@@ -146,7 +151,7 @@ def catalogue(as_json_list: bool = False) -> str:
                     {
                         "code": r.code,
                         "layer": r.layer,
-                        "severity": str(r.severity),
+                        "severity": r.severity,
                         "rationale": r.rationale,
                     }
                     for r in RULES.values()
@@ -157,6 +162,5 @@ def catalogue(as_json_list: bool = False) -> str:
         )
     width = max(len(c) for c in RULES)
     return "".join(
-        f"{r.code:<{width}}  {r.layer:<7}  {r.severity!s:<7}  {r.rationale}\n"
-        for r in RULES.values()
+        f"{r.code:<{width}}  {r.layer:<7}  {r.severity:<7}  {r.rationale}\n" for r in RULES.values()
     )

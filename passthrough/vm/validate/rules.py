@@ -9,24 +9,31 @@ their own severity and are reported under ``host``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
-
 from passthrough.errors import PassthroughError
-from passthrough.model import Finding, PciAddress, Severity
+
+# Start-up matters (CI hooks run validate once per file): neither typing, dataclasses nor
+# passthrough.model (dozens of dataclasses) is imported until a finding is made.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from passthrough.model import Finding, Severity
 
 LAYERS = ("file", "schema", "policy", "host", "libvirt")
+Address = tuple[int, int, int, int]  # domain, bus, device, function
 
 
-@dataclass(frozen=True, slots=True)
 class Rule:
-    code: str
-    layer: str
-    severity: Severity
-    rationale: str
+    __slots__ = ("code", "layer", "rationale", "severity")
+
+    def __init__(self, code: str, layer: str, severity: str, rationale: str) -> None:
+        self.code = code
+        self.layer = layer
+        self.severity = severity  # a passthrough.model.Severity value
+        self.rationale = rationale
 
 
-_E, _W, _I = Severity.ERROR, Severity.WARNING, Severity.INFO
+_E, _W, _I = "error", "warning", "info"
 
 CATALOGUE: tuple[Rule, ...] = (
     Rule("file-unreadable", "file", _E, "the file is missing or cannot be read; the batch goes on"),
@@ -114,15 +121,20 @@ CATALOGUE: tuple[Rule, ...] = (
 RULES: dict[str, Rule] = {r.code: r for r in CATALOGUE}
 
 
-@dataclass(frozen=True, slots=True)
 class DomainFinding:
     """A ``model.Finding`` placed in a file: which layer, which element (XPath and line)."""
 
-    finding: Finding
-    file: str
-    layer: str
-    xpath: str
-    line: int  # 1-based; 0 when unknown (e.g. an unreadable file)
+    __slots__ = ("file", "finding", "layer", "line", "xpath")
+
+    def __init__(self, finding: Finding, file: str, layer: str, xpath: str, line: int) -> None:
+        self.finding = finding
+        self.file = file
+        self.layer = layer
+        self.xpath = xpath
+        self.line = line  # 1-based; 0 when unknown (e.g. an unreadable file)
+
+    def __repr__(self) -> str:
+        return f"DomainFinding({self.text()!r})"
 
     @property
     def code(self) -> str:
@@ -158,35 +170,41 @@ def make(
     file: str,
     xpath: str,
     line: int,
-    devices: tuple[PciAddress, ...] = (),
-    severity: Severity | None = None,
+    devices: tuple[Address, ...] = (),
+    severity: str | None = None,
     layer: str | None = None,
 ) -> DomainFinding:
+    from passthrough.model import Finding, PciAddress, Severity
+
     rule = RULES.get(code)
-    sev = severity or (rule.severity if rule else Severity.ERROR)
+    sev = Severity(severity or (rule.severity if rule else "error"))
     lay = layer or (rule.layer if rule else "host")
-    return DomainFinding(Finding(code, sev, message, devices), file, lay, xpath, line)
+    where = tuple(PciAddress(*d) for d in devices)
+    return DomainFinding(Finding(code, sev, message, where), file, lay, xpath, line)
 
 
 def _matches(code: str, layer: str, pattern: str) -> bool:
     return code == pattern or code.startswith(pattern.rstrip("-") + "-") or layer == pattern
 
 
-@dataclass(frozen=True, slots=True)
 class Selection:
     """Which codes are reported: ``select`` (codes, prefixes or layers; empty = all) minus
     ``ignore``; ``strict`` makes warnings fail too."""
 
-    select: tuple[str, ...] = ()
-    ignore: tuple[str, ...] = ()
-    strict: bool = False
+    __slots__ = ("ignore", "select", "strict")
 
-    def __post_init__(self) -> None:
-        for pattern in (*self.select, *self.ignore):
+    def __init__(
+        self, select: tuple[str, ...] = (), ignore: tuple[str, ...] = (), strict: bool = False
+    ) -> None:
+        for pattern in (*select, *ignore):
             if not any(_matches(r.code, r.layer, pattern) for r in CATALOGUE):
                 raise PassthroughError(
-                    f"validate: unknown rule or prefix {pattern!r} (see passthrough validate --list-rules)"
+                    f"validate: unknown rule or prefix {pattern!r} "
+                    "(see passthrough validate --list-rules)"
                 )
+        self.select = select
+        self.ignore = ignore
+        self.strict = strict
 
     def wants(self, f: DomainFinding) -> bool:
         if self.select and not any(_matches(f.code, f.layer, p) for p in self.select):
@@ -197,4 +215,5 @@ class Selection:
         return [f for f in findings if self.wants(f)]
 
     def fails(self, f: DomainFinding) -> bool:
-        return f.severity is Severity.ERROR or (self.strict and f.severity is Severity.WARNING)
+        # Severity is a StrEnum: compared by value, so this needs no import
+        return f.severity == "error" or (self.strict and f.severity == "warning")

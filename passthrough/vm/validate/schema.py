@@ -9,13 +9,14 @@ where no child helps is the one the schema rejects.
 
 from __future__ import annotations
 
-import gzip
+import os
 import re
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from passthrough.errors import PassthroughError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_SCHEMA_DIR = "/usr/share/libvirt/schemas"
 MAX_FAULTS = 3  # per file: enough to act on, bounded work on a very broken file
@@ -25,11 +26,15 @@ class SchemaNotFound(PassthroughError):
     pass
 
 
-@dataclass
 class DomainSchema:
-    directory: str
-    version: str  # "9.0.0-4+deb12u2", or "unknown version"
-    _rng: Any = None
+    """One libvirt's ``schemas/`` directory; the RelaxNG is compiled on first use."""
+
+    __slots__ = ("_rng", "directory", "version")
+
+    def __init__(self, directory: str, version: str) -> None:
+        self.directory = directory
+        self.version = version  # "9.0.0-4+deb12u2", or "unknown version"
+        self._rng: Any = None
 
     @property
     def label(self) -> str:
@@ -39,53 +44,68 @@ class DomainSchema:
         if self._rng is None:
             from lxml import etree
 
-            path = Path(self.directory) / "domain.rng"
-            if not path.is_file():
+            path = os.path.join(self.directory, "domain.rng")
+            if not os.path.isfile(path):
                 raise SchemaNotFound(
                     f"no domain.rng in {self.directory} (libvirt's schemas/ directory is needed; "
                     "install libvirt-clients or pass --schema-dir)"
                 )
             try:
-                self._rng = etree.RelaxNG(etree.parse(str(path)))
+                self._rng = etree.RelaxNG(etree.parse(path))
             except (etree.RelaxNGParseError, etree.XMLSyntaxError) as exc:
                 raise SchemaNotFound(f"{path} is not a usable RelaxNG schema: {exc}") from None
         return self._rng
 
 
 def load(directory: str | None) -> DomainSchema:
-    d = directory or DEFAULT_SCHEMA_DIR
-    return DomainSchema(str(Path(d)), schema_version(Path(d)))
+    d = os.path.normpath(directory or DEFAULT_SCHEMA_DIR)
+    return DomainSchema(d, schema_version(d))
 
 
 _VERSION_IN_PATH = re.compile(r"libvirt[-_](?:[a-z]+[-_])*(\d+\.\d+\.\d+)")
-_CHANGELOG_HEAD = re.compile(r"^libvirt \(([^)]+)\)")
+_CHANGELOG_HEAD = re.compile(rb"^libvirt \(([^)]+)\)")
 
 
-def schema_version(directory: Path) -> str:
+def _changelog_version(path: str) -> str | None:
+    import zlib  # built in; gzip would pull in more than one line needs
+
+    try:
+        with open(path, "rb") as fh:
+            head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(fh.read(4096), 256)
+    except (OSError, zlib.error):
+        return None
+    m = _CHANGELOG_HEAD.match(head)
+    return m[1].decode("ascii", "replace") if m else None
+
+
+def schema_version(directory: str) -> str:
     """Which libvirt the schemas come from, from what an unpacked package leaves around them:
     a VERSION file we ask users to write, a Debian changelog beside them (usr/share/doc), or
     a version in the path (``libvirt-libs-9.0.0-…``)."""
-    marker = directory / "VERSION"
-    if marker.is_file():
-        return marker.read_text(errors="replace").strip()[:64] or "unknown version"
+    marker = os.path.join(directory, "VERSION")
+    if os.path.isfile(marker):
+        with open(marker, errors="replace") as fh:
+            return fh.read(64).strip() or "unknown version"
     # DIR is <prefix>/share/libvirt/schemas: docs are in <prefix>/share/doc/<package>/
-    share = directory.parent.parent
-    for changelog in sorted(share.glob("doc/libvirt*/changelog.Debian.gz")):
-        try:
-            with gzip.open(changelog, "rt", errors="replace") as fh:
-                m = _CHANGELOG_HEAD.match(fh.readline())
-        except OSError:
-            continue
-        if m:
-            return m[1]
-    m = _VERSION_IN_PATH.search(str(directory.resolve()))
+    doc = os.path.join(os.path.dirname(os.path.dirname(directory)), "doc")
+    try:
+        packages = sorted(p for p in os.listdir(doc) if p.startswith("libvirt"))
+    except OSError:
+        packages = []
+    for package in packages:
+        version = _changelog_version(os.path.join(doc, package, "changelog.Debian.gz"))
+        if version:
+            return version
+    m = _VERSION_IN_PATH.search(os.path.realpath(directory))
     return m[1] if m else "unknown version"
 
 
-@dataclass(frozen=True, slots=True)
 class SchemaFault:
-    element: Any  # in the caller's document
-    message: str
+    __slots__ = ("element", "message")
+
+    def __init__(self, element: Any, message: str) -> None:
+        self.element = element  # in the caller's document
+        self.message = message
 
 
 def _errors(rng: Any, doc: Any) -> frozenset[str]:
