@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import statistics
@@ -31,10 +32,15 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+# As installed by pip (which compiles every module): byte code cached, so the untimed
+# warm-up run writes it even where the environment turns that off.
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def _time(argv: list[str]) -> tuple[float, float]:
     """(wall, cpu) seconds of one run."""
     cpu0, start = _cpu(), time.perf_counter()
-    r = subprocess.run(argv, capture_output=True, check=False)
+    r = subprocess.run(argv, capture_output=True, check=False, env=ENV)
     elapsed, cpu = time.perf_counter() - start, _cpu() - cpu0
     if r.returncode != 0:
         sys.exit(f"{argv[0]} failed: {r.stderr.decode(errors='replace').strip()}")

@@ -88,15 +88,32 @@ def _a(f: PciFunction) -> Address:
     return (f.address.domain, f.address.bus, f.address.device, f.address.function)
 
 
-def gpu_functions(host: Host) -> set[Address]:
-    from passthrough.analysis.viability import find_gpus
+class HostFacts:
+    """What the rules ask of a host, derived once per host for a whole batch."""
 
-    return {_a(f) for g in find_gpus(host) for f in g.functions}
+    __slots__ = ("gpu_functions", "gpus", "host", "known")
+
+    def __init__(self, host: Host) -> None:
+        from passthrough.analysis.viability import find_gpus
+
+        self.host = host
+        self.gpus = find_gpus(host)
+        self.gpu_functions = {_a(f) for g in self.gpus for f in g.functions}
+        self.known = {_a(f) for f in host.functions}
+
+
+_FACTS: list[HostFacts] = []  # the last host seen (a batch has one)
+
+
+def facts(host: Host) -> HostFacts:
+    if not _FACTS or _FACTS[0].host is not host:
+        _FACTS[:] = [HostFacts(host)]
+    return _FACTS[0]
 
 
 def hostdevs(doc: Any, host: Host | None) -> list[Hostdev]:
     rendered = doc.find(f"metadata/{{{POLICY_NS}}}policy") is not None
-    on_host = gpu_functions(host) if host is not None else set()
+    on_host = facts(host).gpu_functions if host is not None else set()
     out = []
     for h in doc.findall("devices/hostdev"):
         if h.get("type") != "pci":
@@ -243,15 +260,15 @@ def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
     (``analysis.policy.selection_findings(host, addresses)``) and the large-BAR planner's
     window check plug in here: call them with the hostdevs' addresses and place each
     ``Finding`` on the hostdev element of its first device (``ctx.add_finding``)."""
-    from passthrough.analysis.viability import find_gpus, mmio_window_bytes
+    from passthrough.analysis.viability import mmio_window_bytes
 
-    known = {_a(f) for f in host.functions}
+    known = facts(host).known
     for d in devs:
         if d.host is not None and d.host not in known:
             ctx.add("host-missing", d.element, f"{fmt(d.host)} is not on this host", (d.host,))
     passed = {d.host: d for d in devs if d.host is not None}
     functions: list[PciFunction] = []
-    for gpu in find_gpus(host):
+    for gpu in facts(host).gpus:
         members = [passed[_a(f)] for f in gpu.functions if _a(f) in passed]
         if not members:
             continue

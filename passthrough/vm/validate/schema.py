@@ -116,10 +116,10 @@ def _errors(rng: Any, doc: Any) -> frozenset[str]:
 
 def faults(rng: Any, doc: Any) -> list[SchemaFault]:
     """The elements the schema rejects in ``doc`` (empty when it is valid)."""
-    import copy
-
     if rng.validate(doc):
         return []
+    import copy  # only for an invalid file: valid ones are the start-up that matters
+
     first = [e.message for e in rng.error_log]
     work = copy.deepcopy(doc)
     # map copies back to the caller's elements (lxml keeps one proxy while referenced)
