@@ -413,3 +413,15 @@ def test_lean_entry_point_matches_the_full_parser(tmp_path: Path) -> None:
     assert r.returncode == 2 and r.stderr.startswith(
         "passthrough-validate: error: validate: unknown"
     )
+
+
+def test_pre_commit_hook_entry_is_an_installed_script() -> None:
+    import importlib
+    import tomllib
+
+    import yaml
+
+    (hook,) = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    module, func = scripts[hook["entry"]].split(":")
+    assert callable(getattr(importlib.import_module(module), func))

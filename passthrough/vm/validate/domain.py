@@ -193,12 +193,14 @@ def _gpu_rules(ctx: _Ctx, devs: list[Hostdev], host_given: bool) -> None:
     gpus = [d for d in devs if d.gpu]
     if not gpus:
         if devs:
-            source = "host facts or" if host_given else "--host-root facts nor"
+            facts_said = (
+                "the host's facts call none a GPU" if host_given else "no --host-root facts"
+            )
             ctx.add(
                 "gpu-scope",
                 ctx.doc.find("devices"),
-                f"GPU rules not applied: none of the {len(devs)} PCI hostdev(s) is a GPU function "
-                f"by {source} render's <passthrough:policy> metadata",
+                f"GPU rules not applied to {len(devs)} PCI hostdev(s): {facts_said}, and no "
+                "<passthrough:policy> metadata from render",
             )
         return
     doc = ctx.doc
