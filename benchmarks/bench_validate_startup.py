@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-GOLDEN = Path(__file__).parents[1] / "tests" / "golden" / "vm" / "consumer-2fn.xml"
+REPO = Path(__file__).parents[1]
+GOLDEN = REPO / "tests" / "golden" / "vm" / "consumer-2fn.xml"
 
 
 def _cpu() -> float:
@@ -35,6 +36,7 @@ def _cpu() -> float:
 # As installed by pip (which compiles every module): byte code cached, so the untimed
 # warm-up run writes it even where the environment turns that off.
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+ENV["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
 
 def _time(argv: list[str]) -> tuple[float, float]:
@@ -47,17 +49,44 @@ def _time(argv: list[str]) -> tuple[float, float]:
     return elapsed, cpu
 
 
+def _regular_install(tmp: str, wrapper: Path) -> list[str]:
+    """The lean entry point as a regular (non-editable) install runs it: a fresh venv whose
+    site-packages lists this checkout and our site-packages in a .pth file — no editable
+    install finder for `site` to import at every start (in this venv it costs more than
+    the schema)."""
+    import sysconfig
+    import venv
+
+    env_dir = Path(tmp) / "regular"
+    venv.create(env_dir, with_pip=False)
+    python = env_dir / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(purelib) / "passthrough-checkout.pth").write_text(
+        f"{REPO}\n{sysconfig.get_paths()['purelib']}\n"
+    )
+    return [str(python), str(wrapper)]
+
+
 def _lean_entry(tmp: str) -> list[str]:
     """The installed passthrough-validate, or the same three lines pip would write for it
     (an older editable install may predate the entry point)."""
     script = Path(sys.executable).with_name("passthrough-validate")
     if script.exists():
         return [str(script)]
+    return [sys.executable, str(_wrapper(tmp))]
+
+
+def _wrapper(tmp: str) -> Path:
     wrapper = Path(tmp) / "passthrough-validate"
     wrapper.write_text(
         "import sys\nfrom passthrough.vm.validate.main import main\nsys.exit(main())\n"
     )
-    return [sys.executable, str(wrapper)]
+    return wrapper
 
 
 def main() -> int:
@@ -75,6 +104,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         commands = {
             "passthrough-validate FILE": [*_lean_entry(tmp), args.file],
+            "passthrough-validate FILE, regular install": [
+                *_regular_install(tmp, _wrapper(tmp)),
+                args.file,
+            ],
             "passthrough validate FILE": [*ours, "validate", args.file],
             "virt-xml-validate FILE domain": ["virt-xml-validate", args.file, "domain"],
         }
@@ -106,10 +139,10 @@ def main() -> int:
         print(json.dumps(report, indent=2))
         return 0
     print(f"one file per process, {args.runs} alternating runs each")
-    print(f"{'':<32} {'median':>9} {'fastest':>9} {'x':>5} {'CPU':>9} {'x':>5}")
+    print(f"{'':<44} {'median':>9} {'fastest':>9} {'x':>5} {'CPU':>9} {'x':>5}")
     for label in wall:
         print(
-            f"{label:<32} {report['median_seconds'][label] * 1000:7.1f}ms"
+            f"{label:<44} {report['median_seconds'][label] * 1000:7.1f}ms"
             f" {report['min_seconds'][label] * 1000:7.1f}ms"
             f" {report['ratio_to_virt_xml_validate'][label]:5.1f}"
             f" {report['median_cpu_seconds'][label] * 1000:7.1f}ms"

@@ -57,11 +57,19 @@ class DomainSchema:
         return self._rng
 
 
+_LOADED: dict[str, DomainSchema] = {}  # a library caller validating many texts compiles once
+
+
 def load(directory: str | None) -> DomainSchema:
     d = os.path.normpath(directory or DEFAULT_SCHEMA_DIR)
-    return DomainSchema(d, schema_version(d))
+    if d not in _LOADED:
+        _LOADED[d] = DomainSchema(d, schema_version(d))
+    return _LOADED[d]
 
 
+# Debian/Ubuntu packages that have shipped /usr/share/libvirt/schemas (libvirt0 on Debian
+# 12; libvirt-common on some releases), or sit beside them with the same version
+DEB_PACKAGES = ("libvirt0", "libvirt-common", "libvirt-clients", "libvirt-daemon")
 _VERSION_IN_PATH = re.compile(r"libvirt[-_](?:[a-z]+[-_])*(\d+\.\d+\.\d+)")
 _CHANGELOG_HEAD = re.compile(rb"^libvirt \(([^)]+)\)")
 
@@ -86,13 +94,10 @@ def schema_version(directory: str) -> str:
     if os.path.isfile(marker):
         with open(marker, errors="replace") as fh:
             return fh.read(64).strip() or "unknown version"
-    # DIR is <prefix>/share/libvirt/schemas: docs are in <prefix>/share/doc/<package>/
+    # DIR is <prefix>/share/libvirt/schemas: docs are in <prefix>/share/doc/<package>/ (the
+    # packages that ship the schemas, by name: listing /usr/share/doc costs more than this)
     doc = os.path.join(os.path.dirname(os.path.dirname(directory)), "doc")
-    try:
-        packages = sorted(p for p in os.listdir(doc) if p.startswith("libvirt"))
-    except OSError:
-        packages = []
-    for package in packages:
+    for package in DEB_PACKAGES:
         version = _changelog_version(os.path.join(doc, package, "changelog.Debian.gz"))
         if version:
             return version
