@@ -55,6 +55,7 @@ def test_validate_startup_benchmark_runs() -> None:
     report = json.loads(r.stdout)
     assert set(report["median_seconds"]) == {
         "passthrough-validate FILE",
+        "passthrough-validate FILE, regular install",
         "passthrough validate FILE",
         "virt-xml-validate FILE domain",
     }
