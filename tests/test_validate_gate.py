@@ -229,6 +229,21 @@ def test_schema_fault_on_the_element_at_fault(
     lines = p.read_text().splitlines()
     assert rc == 1 and f["code"] == "schema" and f["xpath"] == "/domain/devices/bogus"
     assert lines[f["line"] - 1].strip() == "<bogus/>"
+    # two faults in different parts of the file: libxml2 blames /domain for the first only
+    two = tmp_path / "two.xml"
+    two.write_text(p.read_text().replace("value='passthrough'", "value='pass,through'"))
+    rc, report = _validate_json(capsys, "--schema-only", str(two))
+    found = [(f["xpath"], f["line"]) for f in report["files"][0]["findings"]]
+    vendor = next(i for i, t in enumerate(lines) if "vendor_id" in t) + 1
+    assert found == [
+        ("/domain/features/hyperv/vendor_id", vendor),
+        ("/domain/devices/bogus", f["line"]),
+    ]
+    # of two duplicates, the second is the extra one
+    dup = tmp_path / "dup.xml"
+    dup.write_text(text.replace("    <acpi/>\n", "    <acpi/>\n    <acpi/>\n"))
+    rc, report = _validate_json(capsys, "--schema-only", str(dup))
+    assert [f["xpath"] for f in report["files"][0]["findings"]] == ["/domain/features/acpi[2]"]
 
 
 def test_selection_strict_and_config(

@@ -16,6 +16,7 @@ from passthrough.errors import PassthroughError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 DEFAULT_SCHEMA_DIR = "/usr/share/libvirt/schemas"
@@ -113,10 +114,61 @@ class SchemaFault:
         self.message = message
 
 
-def _errors(rng: Any, doc: Any) -> frozenset[str]:
+Errors = frozenset[tuple[str, str]]  # (path, message) as libxml2 reports them
+
+
+def _errors(rng: Any, doc: Any) -> Errors:
     if rng.validate(doc):
         return frozenset()
-    return frozenset(f"{e.path}: {e.message}" for e in rng.error_log)
+    return frozenset((e.path or "", e.message or "") for e in rng.error_log)
+
+
+def _children(el: Any) -> list[Any]:
+    # last child first: of two duplicates, the later one is the extra
+    return list(reversed([c for c in el if isinstance(c.tag, str)]))
+
+
+def _descend(rng: Any, work: Any, start: Any, fixed: Callable[[Errors], bool]) -> Any:
+    """From ``start``, step into the child whose removal ``fixed`` the errors, until none
+    does: that element is the one at fault."""
+    el = start
+    while True:
+        for child in _children(el):
+            index = el.index(child)
+            el.remove(child)
+            after = _errors(rng, work)
+            el.insert(index, child)
+            if fixed(after):
+                el = child
+                break
+        else:
+            return el
+
+
+def _culprit(rng: Any, work: Any, base: Errors) -> Any:
+    # One fault: taking the element at fault (or its ancestor) away removes errors.
+    el = _descend(rng, work, work, lambda after: after < base)
+    if el is not work:
+        return el
+    # Several faults under different children: libxml2 names the first failing child of
+    # the root in its message ("Extra element features in interleave"); inside that child,
+    # the element at fault is the one whose removal clears the blame on it.
+    root = work.getroottree().getpath(work)
+    tree = work.getroottree()
+
+    def blamed(top: Any, errors: Errors) -> bool:
+        word = re.compile(rf"\b{re.escape(str(top.tag))}\b")
+        mine = tree.getpath(top)
+        return any(
+            (path == root and word.search(msg)) or path == mine or path.startswith(mine + "/")
+            for path, msg in errors
+        )
+
+    named = [top for top in reversed(_children(work)) if blamed(top, base)]
+    if named:  # document order: libxml2 names the first
+        top = named[0]
+        return _descend(rng, work, top, lambda after: not blamed(top, after))
+    return work  # e.g. a required element missing: the root is at fault
 
 
 def faults(rng: Any, doc: Any) -> list[SchemaFault]:
@@ -132,33 +184,20 @@ def faults(rng: Any, doc: Any) -> list[SchemaFault]:
     out: list[SchemaFault] = []
     base = _errors(rng, work)
     while base and len(out) < MAX_FAULTS:
-        el = work
-        while True:
-            culprit = None
-            for child in [c for c in el if isinstance(c.tag, str)]:
-                index = el.index(child)
-                el.remove(child)
-                fewer = _errors(rng, work)
-                el.insert(index, child)
-                if fewer < base:
-                    culprit = child
-                    break
-            if culprit is None:
-                break
-            el = culprit
+        el = _culprit(rng, work, base)
         message = _message(rng, work, el)
-        if el is work and first:
+        if el is work and first and first[0] not in message:
             message += f" ({first[0]})"
         out.append(SchemaFault(origin[el], message))
         parent = el.getparent()
         if parent is None:
-            break  # the root itself (e.g. a required element missing): nothing to take away
-        parent.remove(el)
+            break  # the root itself: nothing to take away
+        parent.remove(el)  # then look for the next fault
         after = _errors(rng, work)
-        if not after < base:
+        if after == base:
             break
         base = after
-    return out
+    return sorted(out, key=lambda f: f.element.sourceline or 0)
 
 
 def _message(rng: Any, work: Any, el: Any) -> str:
