@@ -440,3 +440,36 @@ def test_pre_commit_hook_entry_is_an_installed_script() -> None:
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     module, func = scripts[hook["entry"]].split(":")
     assert callable(getattr(importlib.import_module(module), func))
+
+
+def test_host_policy_findings_plug_into_the_host_layer() -> None:
+    """The adapter the host safety policy plugs into: its Findings land on the hostdev of
+    their first device, under the host layer, selectable once their codes are registered."""
+    from passthrough.model import Finding, PciAddress, Severity
+    from passthrough.vm.validate import reports, rules
+
+    text = (GOLDEN / "vm" / "consumer-2fn.xml").read_bytes()
+    doc = etree.fromstring(text)
+    ctx = domain_rules._Ctx(doc, "gpu.xml")
+    devs = domain_rules.hostdevs(doc, None)
+    policy = Finding(
+        "test-host-refusal",
+        Severity.ERROR,
+        "refused by the host policy",
+        (PciAddress.parse("0000:01:00.1"),),
+    )
+    domain_rules.place(ctx, [policy], devs)
+    (f,) = ctx.out
+    assert (f.code, f.layer, f.xpath) == ("test-host-refusal", "host", "/domain/devices/hostdev[2]")
+    assert f.line == doc.find("devices/hostdev[2]").sourceline and f.finding is policy
+    with pytest.raises(Exception, match="unknown rule"):
+        rules.Selection(select=("test-host-refusal",))
+    rules.register(rules.Rule("test-host-refusal", "host", "error", "a test policy's refusal"))
+    try:
+        assert rules.Selection(select=("test-host-refusal",)).keep(ctx.out) == ctx.out
+        log = json.loads(reports.sarif({"gpu.xml": ctx.out}, "test"))
+        ids = [r["id"] for r in log["runs"][0]["tool"]["driver"]["rules"]]
+        assert "test-host-refusal" in ids
+        jsonschema.Draft4Validator(_sarif_schema()).validate(log)
+    finally:
+        del rules.RULES["test-host-refusal"]

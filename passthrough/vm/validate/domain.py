@@ -69,19 +69,10 @@ class _Ctx:
         )
 
     def add_finding(self, f: Finding, el: Any) -> None:
+        """A host policy's own Finding, kept as it is, placed on ``el``."""
         el = self.doc if el is None else el
-        self.out.append(
-            make(
-                f.code,
-                f.message,
-                self.file,
-                self.tree.getpath(el),
-                el.sourceline or 0,
-                tuple((d.domain, d.bus, d.device, d.function) for d in f.devices),
-                severity=str(f.severity),
-                layer="host",
-            )
-        )
+        path = self.tree.getpath(el)
+        self.out.append(DomainFinding(f, self.file, "host", path, el.sourceline or 0))
 
 
 def _a(f: PciFunction) -> Address:
@@ -257,11 +248,29 @@ def _gpu_rules(ctx: _Ctx, devs: list[Hostdev], host_given: bool) -> None:
                 )
 
 
+def place(ctx: _Ctx, findings: list[Finding], devs: list[Hostdev]) -> None:
+    """Report host-policy ``Finding``s (code, severity, devices) under the host layer, each
+    on the hostdev of its first device (the domain's ``<devices>`` when it names none)."""
+    by_addr = {d.host: d for d in devs if d.host is not None}
+    for f in findings:
+        first = (
+            by_addr.get(
+                (f.devices[0].domain, f.devices[0].bus, f.devices[0].device, f.devices[0].function)
+            )
+            if f.devices
+            else None
+        )
+        ctx.add_finding(f, first.element if first else ctx.doc.find("devices"))
+
+
 def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
     """Everything that needs host facts, in one place. The project's host safety policy
-    (``analysis.policy.selection_findings(host, addresses)``) and the large-BAR planner's
-    window check plug in here: call them with the hostdevs' addresses and place each
-    ``Finding`` on the hostdev element of its first device (``ctx.add_finding``)."""
+    and the large-BAR planner's window check plug in here, e.g.::
+
+        addresses = [PciAddress(*d.host) for d in devs if d.host is not None]
+        place(ctx, selection_findings(host, addresses), devs)
+
+    (and ``rules.register(...)`` their codes for --select/--ignore and --list-rules)."""
     from passthrough.analysis.viability import mmio_window_bytes
 
     known = facts(host).known

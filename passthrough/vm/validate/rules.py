@@ -121,6 +121,13 @@ CATALOGUE: tuple[Rule, ...] = (
 RULES: dict[str, Rule] = {r.code: r for r in CATALOGUE}
 
 
+def register(*rules: Rule) -> None:
+    """Add the codes of a policy plugged into the host layer (e.g. the host safety policy's
+    ``root-disk-in-group``) so that --select/--ignore, --list-rules and SARIF know them."""
+    for r in rules:
+        RULES.setdefault(r.code, r)
+
+
 class DomainFinding:
     """A ``model.Finding`` placed in a file: which layer, which element (XPath and line)."""
 
@@ -197,7 +204,7 @@ class Selection:
         self, select: tuple[str, ...] = (), ignore: tuple[str, ...] = (), strict: bool = False
     ) -> None:
         for pattern in (*select, *ignore):
-            if not any(_matches(r.code, r.layer, pattern) for r in CATALOGUE):
+            if not any(_matches(r.code, r.layer, pattern) for r in RULES.values()):
                 raise PassthroughError(
                     f"validate: unknown rule or prefix {pattern!r} "
                     "(see passthrough validate --list-rules)"
