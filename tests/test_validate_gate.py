@@ -315,6 +315,8 @@ def test_batch_with_a_missing_file_sarif_and_junit(
     sarif, junit = tmp_path / "out.sarif", tmp_path / "out.junit.xml"
     argv = [*map(str, files), str(missing), str(bad), "--sarif", str(sarif), "--junit", str(junit)]
     rc, report = _validate_json(capsys, *argv)
+    schema = json.loads((REPO / "passthrough/schemas/validate-v1.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(report)
     assert rc == 1
     assert [e["file"] for e in report["files"]] == [*map(str, files), str(missing), str(bad)]
     by_file = {e["file"]: e for e in report["files"]}
