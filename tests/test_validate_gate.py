@@ -403,6 +403,14 @@ def test_validate_libvirt_never_touches_an_existing_domain(
             assert again.UUIDString() == dom.UUIDString() and again.XMLDesc(0) == dumped
             assert nvram.read_bytes() == before_nvram
             assert {d.UUIDString() for d in conn.listAllDomains()} == before  # nothing left
+            # what libvirt refuses is a finding (UEFI without ACPI), and nothing is defined
+            refused = tmp_path / "refused.xml"
+            refused.write_text(dumped.replace("<acpi/>", ""))
+            capsys.readouterr()
+            rc, report = _validate_json(capsys, "--libvirt", libvirtd, str(refused))
+            codes = [f["code"] for f in report["files"][0]["findings"]]
+            assert rc == 1 and codes == ["libvirt-refused"], report
+            assert {d.UUIDString() for d in conn.listAllDomains()} == before
         finally:
             dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_KEEP_NVRAM)
     finally:
