@@ -275,30 +275,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(render_p)  # one flag per row of the VM options table
     render_p.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
 
+    from passthrough.vm.validate.main import DESCRIPTION, EXAMPLES, add_arguments
+
     validate_p = sub.add_parser(
         "validate",
         help="check domain XML: libvirt schema, passthrough policy, optionally libvirt",
-        description="Validate any domain XML, ours or hand-written: libvirt's RelaxNG schema (loaded "
-        "once), our policy (hypervisor hidden unless <passthrough:policy hide='off'/>, whole cards, "
-        "multifunction on function 0, one guest slot per card, vendor_id, MMIO window for large BARs "
-        "with --host-root), and with --libvirt URI a define/read-back/undefine. Exits 1 when a file fails.",
-        epilog="examples:\n  passthrough validate vms/*.xml\n"
-        "  passthrough validate --host-root host.tar.gz --junit report.xml vms/*.xml\n"
-        "  passthrough validate --libvirt test:///default gpu1.xml\n\n" + EPILOG,
+        description=DESCRIPTION,
+        epilog=EXAMPLES + "\n" + EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    validate_p.add_argument("files", nargs="+", metavar="FILE")
-    validate_p.add_argument(
-        "--host-root",
-        metavar="DIR",
-        help="host facts (root dir or snapshot) for whole-card and MMIO checks",
-    )
-    validate_p.add_argument(
-        "--libvirt", metavar="URI", help="also define, read back and undefine on this connection"
-    )
-    validate_p.add_argument(
-        "--junit", metavar="FILE", help="write a JUnit XML report for CI systems"
-    )
+    add_arguments(validate_p)
     _common(validate_p, root=False)
 
     vm_p = sub.add_parser("vm", help="define, start, stop, undefine and inspect guests (libvirt)")
@@ -731,53 +717,9 @@ def cmd_render(args: argparse.Namespace, stack: list[str]) -> int:
 
 
 def cmd_validate(args: argparse.Namespace, stack: list[str]) -> int:
-    from passthrough.vm.validate import junit, libvirt_check, validate_text
+    from passthrough.vm.validate.main import run
 
-    if args.junit:
-        output_file(args.junit, "--junit")
-    host = None
-    if args.host_root:
-        from passthrough.host.discover import discover
-
-        host = discover(_open_root(args.host_root, stack))
-    results: dict[str, list[Any]] = {}
-    for name in args.files:
-        try:
-            with open(name, "rb") as fh:
-                data = fh.read()
-        except OSError as exc:
-            raise PassthroughError(f"{echo(name)}: {exc.strerror}") from None
-        findings = validate_text(data, name, host)
-        if args.libvirt and not any(f.rule in ("xml", "schema") for f in findings):
-            findings += libvirt_check(data.decode("utf-8", "replace"), name, args.libvirt)
-        results[name] = findings
-    if args.junit:
-        with open(args.junit, "w") as fh:
-            fh.write(junit(results))
-    failed = [n for n, f in results.items() if f]
-    if args.json:
-        _dump(
-            {
-                "schema": "passthrough.validate/v1",
-                "ok": not failed,
-                "files": [
-                    {
-                        "file": n,
-                        "ok": not f,
-                        "findings": [
-                            {"xpath": x.xpath, "rule": x.rule, "message": x.message} for x in f
-                        ],
-                    }
-                    for n, f in results.items()
-                ],
-            }
-        )
-    else:
-        for findings in results.values():
-            for f in findings:
-                print(f.line())
-        print(f"{len(results) - len(failed)} valid, {len(failed)} failing")
-    return EXIT_CHECK_FAILED if failed else EXIT_OK
+    return run(args, lambda path: _open_root(path, stack))
 
 
 def cmd_vm(args: argparse.Namespace, stack: list[str]) -> int:

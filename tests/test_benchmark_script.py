@@ -41,3 +41,22 @@ def test_validate_benchmark_runs_on_a_few_files() -> None:
     report = json.loads(r.stdout)
     assert report["files"] == 5
     assert report["passthrough_ok"] is True and report["virt_xml_validate_failures"] == 0
+
+
+def test_validate_startup_benchmark_runs() -> None:
+    bench = Path(__file__).parents[1] / "benchmarks" / "bench_validate_startup.py"
+    r = subprocess.run(
+        [sys.executable, str(bench), "--runs", "1", "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert set(report["median_seconds"]) == {
+        "passthrough-validate FILE",
+        "passthrough-validate FILE, regular install",
+        "passthrough validate FILE",
+        "virt-xml-validate FILE domain",
+    }
+    assert all(v > 0 for v in report["median_seconds"].values())

@@ -424,6 +424,15 @@ def _guest_bits(doc: Any, host: Host, versions: Versions) -> tuple[int, str]:
     return QEMU_DEFAULT_PHYS_BITS, "unreadable <maxphysaddr>: QEMU's default"
 
 
+# What layout_findings can say (validate's rule catalogue lists them under "host").
+LAYOUT_CODES: dict[str, str] = {
+    "mmio-window-too-small": "the guest firmware's 64-bit window cannot hold the hostdevs' BARs",
+    "mmio-window-above-limit": "the window needed does not fit below the guest's address limit",
+    "guest-bits-above-iommu": "guest physical address bits beyond what the host IOMMU maps: "
+    "QEMU's DMA mappings fail",
+}
+
+
 def layout_findings(domain: Any, host: Host, versions: Versions | None = None) -> list[Finding]:
     """Check a domain (an lxml or ElementTree ``<domain>`` element) against this host: can
     the window OVMF will build hold its hostdevs' BARs, below the guest's address limit and

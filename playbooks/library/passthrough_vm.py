@@ -108,9 +108,9 @@ def main() -> None:
                         )
                         return
         xml = render(spec)
-        findings = validate_text(xml.encode(), p["name"], host)
-        if findings:
-            module.fail_json(msg="; ".join(f.line() for f in findings))
+        errors = [f for f in validate_text(xml.encode(), p["name"], host) if f.severity == "error"]
+        if errors:
+            module.fail_json(msg="; ".join(f.text() for f in errors))
         changed = not exists or (p["state"] == "running" and not current.get("active"))
         diff = (
             {"before": "", "after": xml, "after_header": f"domain {p['name']}"}

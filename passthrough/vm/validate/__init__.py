@@ -1,0 +1,109 @@
+"""Validating domain XML — ours or anyone's — in layers, as a CI gate.
+
+1. ``file``: readable, well-formed, a ``<domain>``;
+2. ``schema``: libvirt's RelaxNG (the local libvirt's or ``--schema-dir``), loaded once per
+   process, each fault placed on the element the schema rejects;
+3. ``policy``: generic guest-PCI rules for every domain, GPU rules only for GPU functions;
+4. ``host``: with host facts, the hostdevs exist, whole cards, MMIO windows;
+5. ``libvirt``: optionally a define of a private copy on a connection.
+
+The catalogue of codes is in :mod:`.rules`; reports in :mod:`.reports`. Start-up matters
+(CI hooks call it per file), so heavy modules are imported only where used.
+"""
+
+from __future__ import annotations
+
+from .rules import DomainFinding, Selection, make
+from .schema import DomainSchema, faults, load
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from passthrough.model import Host
+
+__all__ = [
+    "DomainFinding",
+    "DomainSchema",
+    "Options",
+    "Selection",
+    "load",
+    "validate_file",
+    "validate_text",
+]
+
+
+class Options:
+    __slots__ = ("host", "libvirt_uri", "schema", "schema_only")
+
+    def __init__(
+        self,
+        host: Host | None = None,
+        schema: DomainSchema | None = None,
+        schema_only: bool = False,
+        libvirt_uri: str | None = None,
+    ) -> None:
+        self.host = host
+        self.schema = schema
+        self.schema_only = schema_only
+        self.libvirt_uri = libvirt_uri
+
+
+def _parse(text: bytes, name: str) -> tuple[Any, list[DomainFinding]]:
+    from lxml import etree
+
+    try:
+        doc = etree.fromstring(text, etree.XMLParser(resolve_entities=False, no_network=True))
+    except etree.XMLSyntaxError as exc:
+        line = exc.lineno or 0
+        return None, [make("xml-malformed", f"not well-formed XML: {exc.msg}", name, "/", line)]
+    if doc.tag != "domain":
+        return None, [
+            make(
+                "xml-not-domain",
+                f"not a libvirt domain (the root element is <{doc.tag}>, not <domain>)",
+                name,
+                doc.getroottree().getpath(doc),
+                doc.sourceline or 0,
+            )
+        ]
+    return doc, []
+
+
+def validate_text(
+    text: bytes, name: str, host: Host | None = None, use_schema: bool = True
+) -> list[DomainFinding]:
+    """Every finding for one document (no selection applied): the library entry point."""
+    return check(text, name, Options(host=host, schema=load(None) if use_schema else None))
+
+
+def check(text: bytes, name: str, opts: Options) -> list[DomainFinding]:
+    doc, out = _parse(text, name)
+    if doc is None:
+        return out
+    tree = doc.getroottree()
+    if opts.schema is not None:
+        for fault in faults(opts.schema.rng(), doc):
+            el = fault.element
+            out.append(make("schema", fault.message, name, tree.getpath(el), el.sourceline or 0))
+    if opts.schema_only:
+        return out
+    from .domain import check as policy
+
+    out.extend(policy(doc, name, opts.host))
+    if opts.libvirt_uri and not any(f.layer in ("file", "schema") for f in out):
+        from .define_check import libvirt_check
+
+        out.extend(libvirt_check(doc, name, opts.libvirt_uri))
+    return out
+
+
+def validate_file(path: str, opts: Options) -> list[DomainFinding]:
+    """One file of a batch: a missing or unreadable file is a finding, never an abort."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        return [make("file-unreadable", f"cannot read it: {reason}", path, "/", 0)]
+    return check(data, path, opts)

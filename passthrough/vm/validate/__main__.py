@@ -1,0 +1,3 @@
+from passthrough.vm.validate.main import main
+
+raise SystemExit(main())

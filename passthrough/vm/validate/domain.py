@@ -1,0 +1,314 @@
+"""The policy and host layers over a parsed domain.
+
+Generic rules (guest PCI addresses, function 0, multifunction, vendor_id values) apply to
+every domain. GPU rules apply only to hostdevs that are GPU functions: the host facts say so
+(``--host-root``), or the domain carries render's ``<passthrough:policy>`` marker (render
+writes hostdevs for whole GPU cards only). A NIC or an HBA passed through is not a GPU.
+"""
+
+from __future__ import annotations
+
+from .rules import Address, DomainFinding, Rule, make, register
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from passthrough.model import Finding, Host, PciFunction
+
+# Same value as passthrough.vm.render.POLICY_NS (a test keeps them equal); not imported
+# from there because render pulls in Jinja2, and validate's start-up time matters in CI.
+POLICY_NS = "https://passthrough.dev/xmlns/policy/1"
+
+Slot = tuple[int, int, int]
+
+
+class Hostdev:
+    __slots__ = ("element", "gpu", "guest", "host")
+
+    def __init__(self, element: Any, host: Address | None, guest: Address | None, gpu: bool):
+        self.element = element
+        self.host = host  # domain, bus, device, function on the host
+        self.guest = guest  # the same in the guest
+        self.gpu = gpu
+
+
+def _addr(el: Any) -> Address | None:
+    if el is None:
+        return None
+    try:
+        a = (
+            int(el.get("domain", "0"), 16),
+            int(el.get("bus"), 16),
+            int(el.get("slot"), 16),
+            int(el.get("function", "0"), 16),
+        )
+    except (TypeError, ValueError):
+        return None
+    ok = a[0] <= 0xFFFF and a[1] <= 0xFF and a[2] <= 0x1F and a[3] <= 7 and min(a) >= 0
+    return a if ok else None
+
+
+def fmt(a: Address) -> str:
+    return f"{a[0]:04x}:{a[1]:02x}:{a[2]:02x}.{a[3]:x}"
+
+
+class _Ctx:
+    def __init__(self, doc: Any, file: str) -> None:
+        self.doc = doc
+        self.tree = doc.getroottree()
+        self.file = file
+        self.out: list[DomainFinding] = []
+
+    def add(self, code: str, el: Any, message: str, devices: tuple[Address, ...] = ()) -> None:
+        el = self.doc if el is None else el
+        self.out.append(
+            make(code, message, self.file, self.tree.getpath(el), el.sourceline or 0, devices)
+        )
+
+    def add_finding(self, f: Finding, el: Any) -> None:
+        """A host policy's own Finding, kept as it is, placed on ``el``."""
+        el = self.doc if el is None else el
+        path = self.tree.getpath(el)
+        self.out.append(DomainFinding(f, self.file, "host", path, el.sourceline or 0))
+
+
+def _a(f: PciFunction) -> Address:
+    return (f.address.domain, f.address.bus, f.address.device, f.address.function)
+
+
+class HostFacts:
+    """What the rules ask of a host, derived once per host for a whole batch."""
+
+    __slots__ = ("gpu_functions", "gpus", "host", "known")
+
+    def __init__(self, host: Host) -> None:
+        from passthrough.analysis.viability import find_gpus
+
+        self.host = host
+        self.gpus = find_gpus(host)
+        self.gpu_functions = {_a(f) for g in self.gpus for f in g.functions}
+        self.known = {_a(f) for f in host.functions}
+
+
+_FACTS: list[HostFacts] = []  # the last host seen (a batch has one)
+
+
+def facts(host: Host) -> HostFacts:
+    if not _FACTS or _FACTS[0].host is not host:
+        _FACTS[:] = [HostFacts(host)]
+    return _FACTS[0]
+
+
+def hostdevs(doc: Any, host: Host | None) -> list[Hostdev]:
+    rendered = doc.find(f"metadata/{{{POLICY_NS}}}policy") is not None
+    on_host = facts(host).gpu_functions if host is not None else set()
+    out = []
+    for h in doc.findall("devices/hostdev"):
+        if h.get("type") != "pci":
+            continue
+        src = _addr(h.find("source/address"))
+        guest_el = h.find("address")
+        guest = _addr(guest_el) if guest_el is not None and guest_el.get("type") == "pci" else None
+        out.append(Hostdev(h, src, guest, rendered or (src is not None and src in on_host)))
+    return out
+
+
+def check(doc: Any, file: str, host: Host | None) -> list[DomainFinding]:
+    ctx = _Ctx(doc, file)
+    devs = hostdevs(doc, host)
+    for d in devs:
+        if d.host is None:
+            ctx.add("hostdev-source", d.element, "a PCI hostdev without a readable source address")
+    _guest_slots(ctx, devs)
+    _vendor_id_values(ctx)
+    _gpu_rules(ctx, devs, host is not None)
+    if host is not None:
+        host_layer(ctx, host, devs)
+    return ctx.out
+
+
+def _guest_slots(ctx: _Ctx, devs: list[Hostdev]) -> None:
+    """Every device's guest PCI address is unique; a slot that holds a hostdev has a
+    function 0, and multifunction='on' there when it holds more than one function."""
+    seen: dict[Address, Any] = {}
+    slots: dict[Slot, dict[int, Any]] = {}
+    for el in ctx.doc.iterfind("devices/*/address[@type='pci']"):
+        a = _addr(el)
+        if a is None:
+            continue
+        if a in seen:
+            ctx.add(
+                "pci-address-duplicate",
+                el.getparent(),
+                f"guest PCI address {fmt(a)} is already used by <{seen[a].tag}>",
+            )
+        seen.setdefault(a, el.getparent())
+        slots.setdefault(a[:3], {})[a[3]] = el
+    for slot in sorted({d.guest[:3] for d in devs if d.guest is not None}):
+        functions = slots.get(slot, {})
+        label = f"{slot[0]:04x}:{slot[1]:02x}:{slot[2]:02x}"
+        if 0 not in functions:
+            first = functions[min(functions)].getparent()
+            ctx.add(
+                "pci-function0",
+                first,
+                f"guest slot {label} has no function 0, so the guest never finds "
+                f"function {min(functions):x} there",
+            )
+        elif len(functions) > 1 and functions[0].get("multifunction") != "on":
+            ctx.add(
+                "pci-multifunction",
+                functions[0].getparent(),
+                f"guest slot {label} holds {len(functions)} functions: function 0 needs "
+                "multifunction='on'",
+            )
+
+
+def _vendor_id_values(ctx: _Ctx) -> None:
+    for vendor in ctx.doc.iterfind("features/hyperv/vendor_id"):
+        if vendor.get("state") != "on":
+            continue  # an off vendor_id's value is never used
+        value = vendor.get("value") or ""
+        if not value or len(value) > 12 or "," in value:
+            ctx.add(
+                "hyperv-vendor-id-value",
+                vendor,
+                f"vendor_id {value!r} must be 1 to 12 characters without commas",
+            )
+
+
+def _gpu_rules(ctx: _Ctx, devs: list[Hostdev], host_given: bool) -> None:
+    gpus = [d for d in devs if d.gpu]
+    if not gpus:
+        if devs:
+            facts_said = (
+                "the host's facts call none a GPU" if host_given else "no --host-root facts"
+            )
+            ctx.add(
+                "gpu-scope",
+                ctx.doc.find("devices"),
+                f"GPU rules not applied to {len(devs)} PCI hostdev(s): {facts_said}, and no "
+                "<passthrough:policy> metadata from render",
+            )
+        return
+    doc = ctx.doc
+    marker = doc.find(f"metadata/{{{POLICY_NS}}}policy")
+    hide = marker is None or marker.get("hide", "on") != "off"
+    features = doc.find("features")
+    if hide:
+        hidden = doc.find("features/kvm/hidden")
+        if hidden is None or hidden.get("state") != "on":
+            ctx.add(
+                "gpu-hide-kvm",
+                features,
+                "the KVM signature is visible (add <kvm><hidden state='on'/></kvm>, or opt out with "
+                "<passthrough:policy hide='off'/> for drivers that no longer care)",
+            )
+        vendor = doc.find("features/hyperv/vendor_id")
+        if vendor is None or vendor.get("state") != "on":
+            ctx.add(
+                "gpu-vendor-id",
+                features,
+                "no enabled Hyper-V vendor_id: the NVIDIA driver sees the hypervisor's own",
+            )
+    cards: dict[Slot, list[Hostdev]] = {}
+    for d in gpus:
+        if d.host is not None:
+            cards.setdefault(d.host[:3], []).append(d)
+    for slot, members in sorted(cards.items()):
+        if len(members) < 2:
+            continue  # one function alone may sit at any guest function 0
+        label = f"{slot[0]:04x}:{slot[1]:02x}:{slot[2]:02x}"
+        devices = tuple(m.host for m in members if m.host is not None)
+        if len({m.guest[:3] for m in members if m.guest is not None}) > 1:
+            ctx.add(
+                "gpu-one-slot",
+                members[0].element,
+                f"the card {label} is split across guest slots; keep its functions together",
+                devices,
+            )
+        if not any(m.host is not None and m.host[3] == 0 for m in members):
+            ctx.add(
+                "gpu-functions",
+                members[0].element,
+                f"the card {label} is passed without function 0",
+                devices,
+            )
+        for m in members:
+            if m.host is not None and m.guest is not None and m.guest[3] != m.host[3]:
+                ctx.add(
+                    "gpu-functions",
+                    m.element,
+                    f"{fmt(m.host)} sits at guest function {m.guest[3]:x}; keep the card's function "
+                    "numbers",
+                    (m.host,),
+                )
+
+
+def place(ctx: _Ctx, findings: list[Finding], devs: list[Hostdev]) -> None:
+    """Report host-policy ``Finding``s (code, severity, devices) under the host layer, each
+    on the hostdev of the first device it names that the domain passes (the domain's
+    ``<devices>`` when it names none of them)."""
+    by_addr = {d.host: d for d in devs if d.host is not None}
+    for f in findings:
+        named = (by_addr.get((a.domain, a.bus, a.device, a.function)) for a in f.devices)
+        first = next((d for d in named if d is not None), None)
+        ctx.add_finding(f, first.element if first else ctx.doc.find("devices"))
+
+
+def _register_host_policies() -> None:
+    """The safety policy's and the address planner's codes, for --select/--ignore,
+    --list-rules and SARIF (each finding still carries its own severity)."""
+    from passthrough.analysis import policy
+    from passthrough.vm.layout import LAYOUT_CODES
+
+    errors = policy.HOST_HARM | {
+        policy.GROUP_SHARED,
+        policy.GROUP_OTHER_GPU,
+        policy.NO_IOMMU,
+        policy.NO_IOMMU_GROUP,
+    }
+    for code, why in policy.CODES.items():
+        if code != policy.UNKNOWN_DEVICE:  # host-missing says it, on every hostdev
+            register(Rule(code, "host", "error" if code in errors else "warning", why))
+    for code, why in LAYOUT_CODES.items():
+        register(Rule(code, "host", "error", why))
+
+
+def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
+    """Everything that needs host facts, in one place: the hostdevs exist, GPU cards go
+    whole, the project's safety policy on everything the domain takes (the same policy as
+    plan and render: root disk, route NIC, bridges, BMC VGA, shared groups), and the
+    address planner's arithmetic (can the guest's window hold the BARs, below its limit)."""
+    from passthrough.analysis import policy
+    from passthrough.model import PciAddress
+    from passthrough.vm.layout import layout_findings
+
+    _register_host_policies()
+    known = facts(host).known
+    for d in devs:
+        if d.host is not None and d.host not in known:
+            ctx.add("host-missing", d.element, f"{fmt(d.host)} is not on this host", (d.host,))
+    passed = {d.host: d for d in devs if d.host is not None}
+    for gpu in facts(host).gpus:
+        members = [passed[_a(f)] for f in gpu.functions if _a(f) in passed]
+        if not members:
+            continue
+        missing = [f for f in gpu.functions if _a(f) not in passed and not f.is_bridge_like]
+        if missing:
+            ctx.add(
+                "host-whole-card",
+                members[0].element,
+                f"card {gpu.address} is missing {', '.join(str(f.address) for f in missing)}: "
+                "every function goes to the same guest",
+                tuple(_a(f) for f in missing),
+            )
+    taken = [PciAddress(*a) for a in passed if a in known]
+    if not taken:
+        return
+    # A boot VGA the host was prepared for (--allow-boot-gpu) is a warning here, not a
+    # refusal: validate cannot know how the host was set up.
+    findings = policy.selection_findings(host, taken, allow_boot_gpu=True)
+    place(ctx, [f for f in findings if f.code != policy.UNKNOWN_DEVICE], devs)
+    place(ctx, layout_findings(ctx.doc, host), devs)

@@ -1,0 +1,211 @@
+"""libvirt's RelaxNG domain schema: which libvirt's, loaded once, and errors that point at
+the element at fault.
+
+libxml2 reports an interleave failure against the parent (``/domain: Extra element devices
+in interleave``, line 0). We find the element itself: on a copy, take one child away at a
+time; a child whose removal removes errors holds the fault, so descend into it. The element
+where no child helps is the one the schema rejects.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from passthrough.errors import PassthroughError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+DEFAULT_SCHEMA_DIR = "/usr/share/libvirt/schemas"
+MAX_FAULTS = 3  # per file: enough to act on, bounded work on a very broken file
+
+
+class SchemaNotFound(PassthroughError):
+    pass
+
+
+class DomainSchema:
+    """One libvirt's ``schemas/`` directory; the RelaxNG is compiled on first use."""
+
+    __slots__ = ("_rng", "directory", "version")
+
+    def __init__(self, directory: str, version: str) -> None:
+        self.directory = directory
+        self.version = version  # "9.0.0-4+deb12u2", or "unknown version"
+        self._rng: Any = None
+
+    @property
+    def label(self) -> str:
+        return f"libvirt {self.version} schemas ({self.directory})"
+
+    def rng(self) -> Any:
+        if self._rng is None:
+            from lxml import etree
+
+            path = os.path.join(self.directory, "domain.rng")
+            if not os.path.isfile(path):
+                raise SchemaNotFound(
+                    f"no domain.rng in {self.directory} (libvirt's schemas/ directory is needed; "
+                    "install libvirt-clients or pass --schema-dir)"
+                )
+            try:
+                self._rng = etree.RelaxNG(etree.parse(path))
+            except (etree.RelaxNGParseError, etree.XMLSyntaxError) as exc:
+                raise SchemaNotFound(f"{path} is not a usable RelaxNG schema: {exc}") from None
+        return self._rng
+
+
+_LOADED: dict[str, DomainSchema] = {}  # a library caller validating many texts compiles once
+
+
+def load(directory: str | None) -> DomainSchema:
+    d = os.path.normpath(directory or DEFAULT_SCHEMA_DIR)
+    if d not in _LOADED:
+        _LOADED[d] = DomainSchema(d, schema_version(d))
+    return _LOADED[d]
+
+
+# Debian/Ubuntu packages that have shipped /usr/share/libvirt/schemas (libvirt0 on Debian
+# 12; libvirt-common on some releases), or sit beside them with the same version
+DEB_PACKAGES = ("libvirt0", "libvirt-common", "libvirt-clients", "libvirt-daemon")
+_VERSION_IN_PATH = re.compile(r"libvirt[-_](?:[a-z]+[-_])*(\d+\.\d+\.\d+)")
+_CHANGELOG_HEAD = re.compile(rb"^libvirt \(([^)]+)\)")
+
+
+def _changelog_version(path: str) -> str | None:
+    import zlib  # built in; gzip would pull in more than one line needs
+
+    try:
+        with open(path, "rb") as fh:
+            head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(fh.read(4096), 256)
+    except (OSError, zlib.error):
+        return None
+    m = _CHANGELOG_HEAD.match(head)
+    return m[1].decode("ascii", "replace") if m else None
+
+
+def schema_version(directory: str) -> str:
+    """Which libvirt the schemas come from, from what an unpacked package leaves around them:
+    a VERSION file we ask users to write, a Debian changelog beside them (usr/share/doc), or
+    a version in the path (``libvirt-libs-9.0.0-…``)."""
+    marker = os.path.join(directory, "VERSION")
+    if os.path.isfile(marker):
+        with open(marker, errors="replace") as fh:
+            return fh.read(64).strip() or "unknown version"
+    # DIR is <prefix>/share/libvirt/schemas: docs are in <prefix>/share/doc/<package>/ (the
+    # packages that ship the schemas, by name: listing /usr/share/doc costs more than this)
+    doc = os.path.join(os.path.dirname(os.path.dirname(directory)), "doc")
+    for package in DEB_PACKAGES:
+        version = _changelog_version(os.path.join(doc, package, "changelog.Debian.gz"))
+        if version:
+            return version
+    m = _VERSION_IN_PATH.search(os.path.realpath(directory))
+    return m[1] if m else "unknown version"
+
+
+class SchemaFault:
+    __slots__ = ("element", "message")
+
+    def __init__(self, element: Any, message: str) -> None:
+        self.element = element  # in the caller's document
+        self.message = message
+
+
+Errors = frozenset[tuple[str, str]]  # (path, message) as libxml2 reports them
+
+
+def _errors(rng: Any, doc: Any) -> Errors:
+    if rng.validate(doc):
+        return frozenset()
+    return frozenset((e.path or "", e.message or "") for e in rng.error_log)
+
+
+def _children(el: Any) -> list[Any]:
+    # last child first: of two duplicates, the later one is the extra
+    return list(reversed([c for c in el if isinstance(c.tag, str)]))
+
+
+def _descend(rng: Any, work: Any, start: Any, fixed: Callable[[Errors], bool]) -> Any:
+    """From ``start``, step into the child whose removal ``fixed`` the errors, until none
+    does: that element is the one at fault."""
+    el = start
+    while True:
+        for child in _children(el):
+            index = el.index(child)
+            el.remove(child)
+            after = _errors(rng, work)
+            el.insert(index, child)
+            if fixed(after):
+                el = child
+                break
+        else:
+            return el
+
+
+def _culprit(rng: Any, work: Any, base: Errors) -> Any:
+    # One fault: taking the element at fault (or its ancestor) away removes errors.
+    el = _descend(rng, work, work, lambda after: after < base)
+    if el is not work:
+        return el
+    # Several faults under different children: libxml2 names the first failing child of
+    # the root in its message ("Extra element features in interleave"); inside that child,
+    # the element at fault is the one whose removal clears the blame on it.
+    root = work.getroottree().getpath(work)
+    tree = work.getroottree()
+
+    def blamed(top: Any, errors: Errors) -> bool:
+        word = re.compile(rf"\b{re.escape(str(top.tag))}\b")
+        mine = tree.getpath(top)
+        return any(
+            (path == root and word.search(msg)) or path == mine or path.startswith(mine + "/")
+            for path, msg in errors
+        )
+
+    named = [top for top in reversed(_children(work)) if blamed(top, base)]
+    if named:  # document order: libxml2 names the first
+        top = named[0]
+        return _descend(rng, work, top, lambda after: not blamed(top, after))
+    return work  # e.g. a required element missing: the root is at fault
+
+
+def faults(rng: Any, doc: Any) -> list[SchemaFault]:
+    """The elements the schema rejects in ``doc`` (empty when it is valid)."""
+    if rng.validate(doc):
+        return []
+    import copy  # only for an invalid file: valid ones are the start-up that matters
+
+    first = [e.message for e in rng.error_log]
+    work = copy.deepcopy(doc)
+    # map copies back to the caller's elements (lxml keeps one proxy while referenced)
+    origin = dict(zip(work.iter(), doc.iter(), strict=True))
+    out: list[SchemaFault] = []
+    base = _errors(rng, work)
+    while base and len(out) < MAX_FAULTS:
+        el = _culprit(rng, work, base)
+        message = _message(rng, work, el)
+        if el is work and first and first[0] not in message:
+            message += f" ({first[0]})"
+        out.append(SchemaFault(origin[el], message))
+        parent = el.getparent()
+        if parent is None:
+            break  # the root itself: nothing to take away
+        parent.remove(el)  # then look for the next fault
+        after = _errors(rng, work)
+        if after == base:
+            break
+        base = after
+    return sorted(out, key=lambda f: f.element.sourceline or 0)
+
+
+def _message(rng: Any, work: Any, el: Any) -> str:
+    """Name the element as written; add libxml2's words only when they are about it
+    (its own messages about the parent would mislead)."""
+    path = work.getroottree().getpath(el)
+    rng.validate(work)
+    mine = [e.message for e in rng.error_log if e.path == path]
+    attrs = "".join(f" {k}='{v}'" for k, v in el.attrib.items())
+    said = f": {mine[0]}" if mine else ""
+    return f"the schema rejects <{el.tag}{attrs}> here{said}"
