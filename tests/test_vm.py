@@ -231,9 +231,7 @@ def _broken_variants(tmp_path: Path, rendered: dict[str, str]) -> dict[str, Path
         + base[base.index("</hostdev>", base.index("</hostdev>") + 1) + len("</hostdev>\n") :],
         # without the planner's window, and with 36 guest physical bits (64 GiB of address
         # space in all), two 128 GiB BARs cannot fit whatever the firmware does
-        "no-mmio-window.xml": hgx.replace(
-            "      <pcihole64 unit='KiB'>536870912</pcihole64>\n", ""
-        )
+        "no-mmio-window.xml": hgx.replace("      <pcihole64 unit='KiB'>536870912</pcihole64>\n", "")
         .replace("<maxphysaddr mode='passthrough'/>", "<maxphysaddr mode='emulate' bits='36'/>")
         .replace("    <qemu:arg value='name=opt/ovmf/X-PciMmio64Mb,string=524288'/>\n", "")
         .replace("    <qemu:arg value='-fw_cfg'/>\n", ""),
