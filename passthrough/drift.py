@@ -84,17 +84,25 @@ def unpick(
         return Ambiguous("apply replaced lines that were there before")
     ours = Counter(wrote_l) - Counter(orig_l)
     have = Counter(cur_l)
+    wrote = Counter(wrote_l)
+    # lines that are neither the original's nor ours: someone else's, or one of ours edited
+    foreign = have - wrote
     added = set(args_set)
     dropped = {key_of(a) for a in args_dropped}
     out = list(cur_l)
     for line, count in ours.items():
-        if have[line] == Counter(wrote_l)[line]:
+        if have[line] == wrote[line]:
             for _ in range(count):  # the last copies are ours: we appended
                 idx = len(out) - 1 - out[::-1].index(line)
                 del out[idx]
             continue
-        if have[line] != 0:
-            return Ambiguous(f"our line {line!r} is there a different number of times")
+        if have[line] > wrote[line]:
+            return Ambiguous(f"{line!r} is there more often than apply left it")
+        if not foreign:  # some copies deleted, nothing new: whatever is left of it is ours
+            if orig_l.count(line):
+                return Ambiguous(f"{line!r} was deleted and was also there before")
+            out = [x for x in out if x != line]
+            continue
         # our line was edited: only a kernel-argument line can still be unpicked
         stripped_ours, var = _strip_args(line, path, added, dropped)
         if var is None or stripped_ours is None:

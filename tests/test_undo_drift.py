@@ -199,13 +199,16 @@ def test_admin_lines_are_kept_and_ours_removed(tmp_path: Path) -> None:
     dropin = path / DROPIN
     ours = dropin.read_text()
     dropin.write_text(ours.replace("iommu=pt vfio-pci", "iommu=pt splash vfio-pci"))
+    # and took one of our lines out of a file we wrote (nothing added): the rest is ours
+    conf = path / CONF
+    conf.write_text(conf.read_text().replace("softdep nvidia pre: vfio-pci\n", ""))
     result = undo(HostRoot(str(path)))
-    assert sorted(result.unpicked) == [DROPIN, MODULES]
+    assert sorted(result.unpicked) == [DROPIN, MODULES, CONF]
     assert (path / MODULES).read_bytes() == original_modules + b"dm_crypt\n"
     assert (
         dropin.read_text() == 'GRUB_CMDLINE_LINUX_DEFAULT="quiet intel_iommu=on iommu=pt splash"\n'
     )
-    assert not (path / CONF).exists()  # unchanged since apply: removed
+    assert not (path / CONF).exists()  # nothing of anyone else's left in it: removed
     assert changed(before, snapshot_tree(path)) == [DROPIN, MODULES]
 
 
@@ -219,7 +222,7 @@ def test_ambiguous_drift_is_refused_then_forced(
     # our own line edited: which IDs are "ours" now cannot be told
     conf.write_text(conf.read_text().replace("ids=10de:2684,10de:22ba", "ids=10de:2684"))
     modules = path / MODULES
-    modules.write_text(modules.read_text().replace("vfio_virqfd\n", ""))  # one of ours deleted
+    modules.write_text(modules.read_text().replace("vfio_virqfd\n", "vfio_virqfd  # keep\n"))
     frozen = tree_hash(path)
     capsys.readouterr()
     assert main(["undo", "--root", str(path)]) == 2
