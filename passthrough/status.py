@@ -56,7 +56,7 @@ class Status:
             f.path
             for t in self.transactions
             for f in t.files
-            if f.drift not in ("as-written", "undone", "superseded")
+            if f.drift not in ("as-written", "undone", "superseded", "unknown")
         ]
 
 

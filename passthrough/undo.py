@@ -37,6 +37,7 @@ from passthrough.drift import Ambiguous, unpick
 from passthrough.errors import EXIT_HOST_STEP, PassthroughError
 from passthrough.host.root import HostRoot
 from passthrough.journal import (
+    JOURNAL,
     Journal,
     Step,
     StepKind,
@@ -192,6 +193,8 @@ def undo(
     (nothing changed) or UndoIncomplete (the rest done, exit 3)."""
     say = progress or (lambda _m: None)
     result = UndoResult()
+    if not root.exists(JOURNAL):
+        return result  # never applied here: nothing to undo, and nothing to write (no lock)
     with locked(root):
         journal = Journal.load(root)
         targets = journal.live()

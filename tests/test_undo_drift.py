@@ -436,3 +436,15 @@ def test_reads_a_journal_written_by_the_previous_format(tmp_path: Path) -> None:
     )
     assert backups(path) == []  # the generated files' backups went with it
     assert json.loads((path / JOURNAL).read_text())["version"] == 2
+
+
+def test_undo_and_status_where_nothing_was_applied_write_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["undo", "--root", str(empty)]) == 0
+    assert "Nothing to undo." in capsys.readouterr().out
+    assert main(["status", "--root", str(empty), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["transactions"] == []
+    assert list(empty.iterdir()) == []  # not even a lock file
