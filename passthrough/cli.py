@@ -686,9 +686,12 @@ def cmd_undo(args: argparse.Namespace, stack: list[str]) -> int:
             }
         )
     elif result.changed or result.commands:
-        print(
-            f"Restored {len(result.changed)} files. Reboot to return to the original kernel arguments and drivers."
-        )
+        parts = [f"Restored {len(result.restored)} files"]
+        if result.unpicked:
+            parts.append(f"took our lines out of {len(result.unpicked)} changed since apply")
+        if result.forced:
+            parts.append(f"put {len(result.forced)} back over later changes (--force)")
+        print("; ".join(parts) + ". Reboot to return to the original kernel arguments and drivers.")
         for argv in listed:
             print("  pending, run it inside the root: " + " ".join(argv))
     else:

@@ -148,7 +148,10 @@ def status_text(st: Status) -> str:
         )
     lines.append("")
     if st.pending:
-        lines.append("Pending commands (run them, or `passthrough apply` re-runs them):")
+        lines.append(
+            "Pending commands (failed, cut off or only listed: run them; where commands can "
+            "run, `passthrough apply` re-runs a pending regeneration):"
+        )
         for p in st.pending:
             why = f": {p.error}" if p.error else ""
             lines.append(f"  {' '.join(p.argv)}  [{p.state} in {p.transaction}{why}]")

@@ -52,6 +52,19 @@ def tree_hash(root: Path) -> str:
     return h.hexdigest()
 
 
+# The machine running the tests: what a root escape would hit first.
+READER = ("/etc/default", "/etc/modprobe.d", "/etc/initramfs-tools", "/etc/udev/rules.d", "/boot")
+
+
+def reader_hash() -> str:
+    h = hashlib.sha256()
+    for top in READER:
+        if os.path.isdir(top):
+            h.update(tree_hash(Path(top)).encode())
+    h.update(str(os.path.exists("/var/lib/passthrough")).encode())
+    return h.hexdigest()
+
+
 def host(tmp_path: Path, full_os: bool = False) -> Path:
     """consumer-intel with one installed kernel (and, for full_os, what makes apply run
     commands through chroot rather than list them: we run as root)."""
@@ -144,6 +157,7 @@ def test_kernel_added_then_undo_never_restores_generated_files(
     update made them (never put back from a backup), the regenerations are listed and stay
     pending; the admin's line survives, our lines go."""
     path = host(tmp_path)
+    reader = reader_hash()
     original_modules = (path / MODULES).read_bytes()
     assert main(["apply", "--root", str(path)]) == 0
     # nothing generated was backed up: only the one source file apply edited
@@ -163,6 +177,7 @@ def test_kernel_added_then_undo_never_restores_generated_files(
     pending = [p.argv for p in status(HostRoot(str(path))).pending]
     assert pending == [["update-initramfs", "-u", "-k", "all"], ["update-grub"]]
     assert backups(path) == []
+    assert reader_hash() == reader
 
 
 def test_kernel_added_then_undo_regenerates_for_every_kernel(tmp_path: Path) -> None:
@@ -223,13 +238,14 @@ def test_ambiguous_drift_is_refused_then_forced(
     conf.write_text(conf.read_text().replace("ids=10de:2684,10de:22ba", "ids=10de:2684"))
     modules = path / MODULES
     modules.write_text(modules.read_text().replace("vfio_virqfd\n", "vfio_virqfd  # keep\n"))
-    frozen = tree_hash(path)
+    frozen, reader = tree_hash(path), reader_hash()
     capsys.readouterr()
     assert main(["undo", "--root", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"/{CONF}" in err[0] and f"/{MODULES}" in err[0]
     assert "--force" in err[0]
     assert tree_hash(path) == frozen  # nothing changed, not even the journal
+    assert reader_hash() == reader
     assert sorted(status(HostRoot(str(path))).drifted) == [MODULES, CONF]
     assert main(["undo", "--root", str(path), "--force"]) == 0
     progress = capsys.readouterr().err
@@ -250,7 +266,9 @@ def test_missing_backup_restores_the_rest_and_a_rerun_finishes(
     saved = tmp_path / "saved-backup"
     shutil.move(path / BACKUPS / name, saved)
     capsys.readouterr()
+    reader = reader_hash()
     assert main(["undo", "--root", str(path)]) == 3
+    assert reader_hash() == reader
     err = capsys.readouterr().err.splitlines()
     (error,) = [line for line in err if line.startswith("passthrough: error:")]
     assert f"/{MODULES}" in error and "backup missing" in error
