@@ -261,6 +261,7 @@ def apply(
     """Execute ``plan`` (and any regeneration left pending); returns the transaction, or
     None when there was nothing to do. Stops at the first failure (ApplyError)."""
     say = progress or (lambda _m: None)
+    Journal.load(root)  # a damaged journal is refused before even the lock file is made
     with locked(root):
         journal = Journal.load(root)
         actions: list[Action] = [*plan.actions, *_pending_reruns(journal, plan)]

@@ -66,6 +66,16 @@ def sha256(data: bytes | None) -> str | None:
     return hashlib.sha256(data).hexdigest() if data is not None else None
 
 
+def _inside(rel: str | None) -> str | None:
+    """A path from the journal, which undo will write: relative and never climbing out
+    (a journal is a file under the root, and the root may be someone else's image)."""
+    if rel is None:
+        return None
+    if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/") or not rel:
+        raise ValueError(f"path {rel!r} is not inside the root")
+    return rel
+
+
 @dataclass
 class Step:
     n: int
@@ -116,11 +126,11 @@ class Step:
             n=int(d["n"]),
             kind=StepKind(d["kind"]),
             state=StepState(d["state"]),
-            path=d.get("path"),
+            path=_inside(d.get("path")),
             existed=bool(d.get("existed", False)),
             mode=d.get("mode"),
             before_sha256=d.get("before_sha256"),
-            backup=d.get("backup"),
+            backup=_inside(d.get("backup")),
             written_sha256=d.get("written_sha256"),
             written=d.get("written"),
             legacy=bool(d.get("legacy", False)),
@@ -208,14 +218,14 @@ def _from_v1(root: HostRoot, d: dict[str, Any]) -> Transaction:
             )
             continue
         for f in s.get("files", []):
-            backup = f.get("backup")
+            backup = _inside(f.get("backup"))
             before = root.read_bytes(backup) if backup else None
             steps.append(
                 Step(
                     n=int(s["n"]),
                     kind=StepKind(s["kind"]),
                     state=state,
-                    path=f["path"],
+                    path=_inside(f["path"]),
                     existed=bool(f["existed"]),
                     mode=f.get("mode"),
                     before_sha256=sha256(before),
@@ -271,7 +281,9 @@ class Journal:
         }
 
     def save(self) -> None:
-        from passthrough.apply import atomic_write  # the one careful writer
+        # looked up at each call: the kill test replaces apply's writer to stop the process
+        # at every write, journal saves included
+        from passthrough.apply import atomic_write
 
         atomic_write(
             self.root.abs(JOURNAL), (json.dumps(self.to_json(), indent=2) + "\n").encode(), 0o600

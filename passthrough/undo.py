@@ -195,6 +195,7 @@ def undo(
     result = UndoResult()
     if not root.exists(JOURNAL):
         return result  # never applied here: nothing to undo, and nothing to write (no lock)
+    Journal.load(root)  # a damaged journal is refused before even the lock file is made
     with locked(root):
         journal = Journal.load(root)
         targets = journal.live()

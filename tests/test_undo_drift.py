@@ -466,3 +466,41 @@ def test_undo_and_status_where_nothing_was_applied_write_nothing(
     assert main(["status", "--root", str(empty), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["transactions"] == []
     assert list(empty.iterdir()) == []  # not even a lock file
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "not json {",
+        json.dumps({"version": 99, "transactions": []}),
+        # a journal is a file under the root: it must not steer undo out of it
+        json.dumps(
+            {
+                "version": 2,
+                "transactions": [
+                    {
+                        "id": "x",
+                        "kind": "apply",
+                        "state": "complete",
+                        "started": 0,
+                        "steps": [
+                            {"n": 0, "kind": "write", "state": "done", "path": "../../outside"}
+                        ],
+                    }
+                ],
+            }
+        ),
+    ],
+)
+def test_a_damaged_journal_is_refused_and_nothing_changes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str
+) -> None:
+    path = host(tmp_path)
+    (path / JOURNAL).parent.mkdir(parents=True)
+    (path / JOURNAL).write_text(damage)
+    frozen = tree_hash(tmp_path)
+    for argv in (["undo"], ["status"], ["apply"]):
+        assert main([*argv, "--root", str(path)]) == 2, argv
+        (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+        assert "journal" in line and "nothing was changed" in line
+    assert tree_hash(tmp_path) == frozen
