@@ -305,7 +305,7 @@ class Journal:
 
     def pending(self) -> list[tuple[Transaction, Step]]:
         """Commands whose latest attempt did not succeed (failed, only listed, or cut off),
-        oldest first. An undo supersedes the commands of the transactions it reverted;
+        in the order of those attempts. An undo supersedes the commands of the transactions it reverted;
         a later successful run of the same command settles an earlier one."""
         latest: dict[tuple[str, ...], tuple[Transaction, Step]] = {}
         for tx in self.transactions:
@@ -315,6 +315,7 @@ class Journal:
                         del latest[key]
             for step in tx.steps:
                 if step.kind is StepKind.RUN and step.state is not StepState.UNDONE:
+                    latest.pop(tuple(step.argv), None)  # in the order of their latest attempt
                     latest[tuple(step.argv)] = (tx, step)
         return [(tx, s) for tx, s in latest.values() if s.state in UNFINISHED]
 

@@ -504,3 +504,27 @@ def test_a_damaged_journal_is_refused_and_nothing_changes(
         (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
         assert "journal" in line and "nothing was changed" in line
     assert tree_hash(tmp_path) == frozen
+
+
+def test_grubby_is_undone_by_grubby_and_bls_entries_never_restored(tmp_path: Path) -> None:
+    """RHEL: the arguments live in BLS entries grubby generates per kernel. Apply backs none
+    of them up; undo asks grubby to take our argument out again, for every entry there is
+    then (a kernel installed since included), and dracut to rebuild every image."""
+    path = build(tmp_path, "epyc-v100", {})
+    root = HostRoot(str(path))
+    plan, _ = make_plan(root, discover(str(path)), PlanOptions(gpus=("03:00.0", "04:00.0")))
+    apply(root, plan, plan.record())
+    assert all("loader" not in b for b in backups(path))
+    entries = path / "boot/loader/entries"
+    (entries / "3f1e2a7c5b104c358d1c1b0e4a9f4c35-5.14.0-503.el9.x86_64.conf").write_text(
+        "title Red Hat Enterprise Linux (5.14.0-503.el9.x86_64)\n"
+        "options root=/dev/mapper/rhel-root ro rd.driver.pre=vfio-pci\n"
+    )
+    bls = {p.name: p.read_bytes() for p in entries.iterdir()}
+    result = undo(root)
+    assert {p.name: p.read_bytes() for p in entries.iterdir()} == bls  # listed, not restored
+    assert [s.argv for s in result.commands] == [
+        ["grubby", "--update-kernel=ALL", "--remove-args=rd.driver.pre=vfio-pci"],
+        ["dracut", "-f", "--regenerate-all"],
+    ]
+    assert [p.argv[0] for p in status(root).pending] == ["grubby", "dracut"]
