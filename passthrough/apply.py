@@ -216,7 +216,7 @@ def _file_step(journal: Journal, tx: Transaction, n: int, action: WriteFile | Re
         kind=StepKind.WRITE if isinstance(action, WriteFile) else StepKind.REMOVE,
         state=StepState.BEGUN,
         path=rel,
-        existed=os.path.lexists(path),
+        existed=before is not None,
         mode=os.stat(path).st_mode & 0o7777 if before is not None else None,
         before_sha256=sha256(before),
     )
