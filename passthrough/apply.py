@@ -1,30 +1,39 @@
 """Executing a Plan: lock, backups, a journal written before every step, atomic writes.
 
-State lives under ``ROOT/var/lib/passthrough``: ``journal.json`` (every transaction and
-step) and ``backups/<transaction>/<n>`` (the original bytes). A step is journaled as
-``begun`` (with its backup already on disk) before it touches anything, and ``done``
-after. Whatever the moment ``apply`` is killed, each file is entirely old or entirely new
-(temp file + fsync + rename), and ``undo`` puts back the original bytes.
+State lives under ``ROOT/var/lib/passthrough``: ``journal.json`` (see journal.py) and
+``backups/<transaction>/<n>`` (the original bytes of source files we edit; generated
+outputs are never backed up). A step is journaled as ``begun`` (with its backup already
+on disk) before it touches anything, and ``done`` after. Whatever the moment ``apply`` is
+killed, each file is entirely old or entirely new (temp file + fsync + rename); undo
+(undo.py) returns each file to its original when it still holds what apply wrote.
 """
 
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from passthrough.errors import EXIT_HOST_STEP, PassthroughError
 from passthrough.host.root import HostRoot
-from passthrough.plan.actions import Plan, RemoveFile, WriteFile
+from passthrough.journal import (
+    BACKUPS,
+    STATE,
+    Journal,
+    Step,
+    StepKind,
+    StepState,
+    Transaction,
+    TxKind,
+    TxState,
+    sha256,
+)
+from passthrough.plan.actions import Action, Plan, RemoveFile, Run, WriteFile
 
-STATE = "var/lib/passthrough"
-JOURNAL = f"{STATE}/journal.json"
 LOCK = f"{STATE}/lock"
 
 
@@ -80,38 +89,6 @@ def _remove(path: str) -> None:
     except (FileNotFoundError, NotADirectoryError):
         return  # already absent
     _fsync_dir(os.path.dirname(path))
-
-
-# -- the journal -------------------------------------------------------------------------
-
-
-@dataclass
-class Journal:
-    root: HostRoot
-    data: dict[str, Any]
-
-    @classmethod
-    def load(cls, root: HostRoot) -> Journal:
-        raw = root.read_bytes(JOURNAL)
-        if raw is None:
-            return cls(root, {"schema": "passthrough.journal/v1", "transactions": []})
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError:
-            raise PassthroughError(
-                f"{root.abs(JOURNAL)}: the journal is not valid JSON; nothing was changed"
-            ) from None
-        return cls(root, data)
-
-    def save(self) -> None:
-        atomic_write(
-            self.root.real(JOURNAL), (json.dumps(self.data, indent=2) + "\n").encode(), 0o600
-        )
-
-    @property
-    def transactions(self) -> list[dict[str, Any]]:
-        tx: list[dict[str, Any]] = self.data["transactions"]
-        return tx
 
 
 @contextmanager
@@ -171,10 +148,10 @@ def chroot_argv(root_path: str, argv: tuple[str, ...]) -> list[str]:
     ]
 
 
-def _execute(root: HostRoot, argv: tuple[str, ...], runner: Runner) -> str:
+def _execute(root: HostRoot, argv: tuple[str, ...], runner: Runner) -> StepState:
     mode = command_mode(root)
     if mode == "list":
-        return "listed"
+        return StepState.LISTED
     full = list(argv) if mode == "host" else chroot_argv(root.path, argv)
     try:
         result = runner(full)
@@ -183,35 +160,98 @@ def _execute(root: HostRoot, argv: tuple[str, ...], runner: Runner) -> str:
     if result.returncode != 0:
         tail = (result.stderr or result.stdout or "").strip().splitlines()[-1:] or [""]
         raise ApplyError(f"`{' '.join(argv)}` failed with exit {result.returncode}: {tail[0]}")
-    return "done"
+    return StepState.DONE
 
 
-# -- apply and undo ----------------------------------------------------------------------
+def run_command(
+    root: HostRoot, step: Step, runner: Runner, say: Callable[[str], None]
+) -> ApplyError | None:
+    """Run (or list) one command step, recording its outcome on the step."""
+    verb = "list (not run)" if command_mode(root) == "list" else "run"
+    say(f"{verb} {' '.join(step.argv)}")
+    try:
+        step.state = _execute(root, tuple(step.argv), runner)
+        step.error = None
+    except ApplyError as exc:
+        step.state = StepState.FAILED
+        step.error = str(exc)
+        return exc
+    return None
 
 
-def _backup(root: HostRoot, tx_dir: str, n: int, rel: str) -> dict[str, Any]:
-    path = root.real(rel)
-    entry: dict[str, Any] = {"path": rel, "existed": os.path.lexists(path)}
-    if entry["existed"]:
-        backup = f"{tx_dir}/{n}-{rel.replace('/', '_')}"
-        with open(path, "rb") as src:
-            atomic_write(root.real(backup), src.read(), 0o600)
-        entry["backup"] = backup
-        entry["mode"] = os.stat(path).st_mode & 0o7777
-    return entry
+# -- backups -----------------------------------------------------------------------------
 
 
-def _read_backup(root: HostRoot, rel: str) -> bytes | None:
-    """A backup's bytes, whatever its size (an initramfs is tens of MiB)."""
+def read_file(root: HostRoot, rel: str) -> bytes | None:
+    """A file's bytes whatever its size, None when absent (or not a regular file)."""
     try:
         with open(root.real(rel), "rb") as fh:
             return fh.read()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
 
 
-def _touched(root: HostRoot, patterns: tuple[str, ...]) -> list[str]:
-    return [rel for pattern in patterns for rel in root.glob(pattern)]
+def prune_backups(journal: Journal) -> list[str]:
+    """Delete every backup no live transaction needs (undone ones, generated outputs an
+    older journal kept, leftovers of a killed run). Returns what was removed."""
+    root = journal.root
+    keep = {root.real(b) for b in journal.referenced_backups()}
+    top = root.real(BACKUPS)
+    removed: list[str] = []
+    for dirpath, _dirs, files in os.walk(top, topdown=False):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if path not in keep:
+                os.unlink(path)
+                removed.append(os.path.relpath(path, root.real("")))
+        if dirpath != top and not os.listdir(dirpath):
+            os.rmdir(dirpath)
+    return removed
+
+
+def _file_step(journal: Journal, tx: Transaction, n: int, action: WriteFile | RemoveFile) -> Step:
+    root = journal.root
+    rel = action.path
+    before = read_file(root, rel)
+    path = root.real(rel)
+    step = Step(
+        n=n,
+        kind=StepKind.WRITE if isinstance(action, WriteFile) else StepKind.REMOVE,
+        state=StepState.BEGUN,
+        path=rel,
+        existed=before is not None,
+        mode=os.stat(path).st_mode & 0o7777 if before is not None else None,
+        before_sha256=sha256(before),
+    )
+    if isinstance(action, WriteFile):
+        step.written_sha256 = sha256(action.content)
+        try:
+            step.written = action.content.decode() if len(action.content) < 65536 else None
+        except UnicodeDecodeError:
+            step.written = None
+    # only the first live change of a path needs the original: later ones return to it
+    if before is not None and journal.original_step(rel) is None:
+        step.backup = f"{BACKUPS}/{tx.id}/{n}-{rel.replace('/', '_')}"
+        atomic_write(root.real(step.backup), before, 0o600)
+    return step
+
+
+# -- apply -------------------------------------------------------------------------------
+
+
+def _pending_reruns(journal: Journal, plan: Plan) -> list[Run]:
+    """Regeneration commands left pending by an earlier run (failed, cut off): re-run them
+    when commands can run here, unless the plan runs them anyway."""
+    if command_mode(journal.root) == "list":
+        return []
+    planned = {a.argv for a in plan.actions if isinstance(a, Run)}
+    out: list[Run] = []
+    for tx, step in journal.pending():
+        argv = tuple(step.argv)
+        if step.regenerate and argv not in planned:
+            planned.add(argv)
+            out.append(Run(argv, f"pending since transaction {tx.id}", regenerate=True))
+    return out
 
 
 def apply(
@@ -220,133 +260,88 @@ def apply(
     record: dict[str, Any],
     runner: Runner = _default_runner,
     progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """Execute ``plan``; returns the transaction. Stops at the first failure (ApplyError)."""
+) -> Transaction | None:
+    """Execute ``plan`` (and any regeneration left pending); returns the transaction, or
+    None when there was nothing to do. Stops at the first failure (ApplyError)."""
     say = progress or (lambda _m: None)
+    Journal.load(root)  # a damaged journal is refused before even the lock file is made
     with locked(root):
         journal = Journal.load(root)
-        if plan.empty:
-            return {"id": None, "state": "nothing-to-do", "steps": []}
-        tx_id = time.strftime("%Y%m%dT%H%M%S") + f"-{len(journal.transactions)}"
-        tx_dir = f"{STATE}/backups/{tx_id}"
-        tx: dict[str, Any] = {
-            "id": tx_id,
-            "started": time.time(),
-            "state": "running",
-            "steps": [],
-            **record,
-        }
+        actions: list[Action] = [*plan.actions, *_pending_reruns(journal, plan)]
+        if not actions:
+            return None
+        tx = Transaction(
+            id=time.strftime("%Y%m%dT%H%M%S") + f"-{len(journal.transactions)}",
+            kind=TxKind.APPLY,
+            state=TxState.RUNNING,
+            started=time.time(),
+            record=record,
+            args_set=list(plan.kernel_args.set.values()),
+            args_dropped=sorted(plan.kernel_args.drop),
+        )
         journal.transactions.append(tx)
         journal.save()
-        for n, action in enumerate(plan.actions):
-            step: dict[str, Any] = {"n": n, "state": "begun"}
+        for n, action in enumerate(actions):
             if isinstance(action, WriteFile | RemoveFile):
-                step.update(
-                    kind="write" if isinstance(action, WriteFile) else "remove",
-                    files=[_backup(root, tx_dir, n, action.path)],
-                )
+                step = _file_step(journal, tx, n, action)
             else:
-                files = _touched(root, action.touches)
-                step.update(
-                    kind="run",
+                step = Step(
+                    n=n,
+                    kind=StepKind.RUN,
+                    state=StepState.BEGUN,
                     argv=list(action.argv),
                     regenerate=action.regenerate,
                     undo_argv=list(action.undo_argv) if action.undo_argv else None,
-                    files=[_backup(root, tx_dir, n, f) for f in files],
-                    # its outputs are backed up: undo restores them instead of rerunning it
-                    outputs_backed_up=bool(action.touches) and bool(files),
                 )
-            tx["steps"].append(step)
+            tx.steps.append(step)
             journal.save()  # the backup exists and the step is recorded before anything changes
+            failure: str | None = None
             try:
                 if isinstance(action, WriteFile):
                     say(f"write /{action.path}")
                     atomic_write(root.real(action.path), action.content, action.mode)
-                    step["state"] = "done"
+                    step.state = StepState.DONE
                 elif isinstance(action, RemoveFile):
                     say(f"remove /{action.path}")
                     _remove(root.real(action.path, follow_final=False))
-                    step["state"] = "done"
+                    step.state = StepState.DONE
                 else:
-                    verb = "list (not run)" if command_mode(root) == "list" else "run"
-                    say(f"{verb} {' '.join(action.argv)}")
-                    step["state"] = _execute(root, action.argv, runner)
-            except (OSError, ApplyError) as exc:
-                step["state"] = "failed"
-                tx["state"] = "failed"
+                    error = run_command(root, step, runner, say)
+                    failure = str(error) if error else None
+            except OSError as exc:
+                step.state = StepState.FAILED
+                failure = f"{exc.filename or ''}: {exc.strerror}"
+            if failure is not None:
+                tx.state = TxState.FAILED
                 journal.save()
-                if isinstance(exc, ApplyError):
-                    raise ApplyError(
-                        f"{exc}; the host is partly changed: run `passthrough undo`"
-                    ) from None
-                raise ApplyError(
-                    f"{exc.filename or ''}: {exc.strerror}; the host is partly changed: run `passthrough undo`"
-                ) from None
+                raise ApplyError(f"{failure}; the host is partly changed: run `passthrough undo`")
             journal.save()
-        tx["state"] = "complete"
-        tx["finished"] = time.time()
+        tx.state = TxState.COMPLETE
+        tx.finished = time.time()
         journal.save()
+        prune_backups(journal)
         return tx
 
 
-def undo(
-    root: HostRoot, runner: Runner = _default_runner, progress: Callable[[str], None] | None = None
-) -> list[str]:
-    """Restore every file changed by every transaction not yet undone, newest first, then
-    rerun the regeneration commands. Returns the restored paths."""
-    say = progress or (lambda _m: None)
-    if not root.exists(JOURNAL):
-        return []  # nothing was ever applied here: leave the root exactly as it is
-    with locked(root):
-        journal = Journal.load(root)
-        pending = [tx for tx in journal.transactions if tx.get("state") != "undone"]
-        if not pending:
-            return []
-        restored: list[str] = []
-        regenerate: list[list[str]] = []
-        inverse: list[list[str]] = []
-        for tx in reversed(pending):
-            for step in reversed(tx["steps"]):
-                if step["state"] not in ("begun", "done", "failed", "listed"):
-                    continue
-                if step.get("undo_argv") and step["state"] == "done":
-                    inverse.append(step["undo_argv"])
-                for entry in step["files"]:
-                    path = root.real(entry["path"], follow_final=entry["existed"])
-                    if entry["existed"]:
-                        data = _read_backup(root, entry["backup"])
-                        if data is None:
-                            raise ApplyError(
-                                f"backup {root.abs(entry['backup'])} is missing; cannot restore /{entry['path']}"
-                            )
-                        atomic_write(path, data, entry.get("mode"))
-                    else:
-                        _remove(path)
-                    if entry["path"] not in restored:
-                        restored.append(entry["path"])
-                        say(f"restore /{entry['path']}")
-                if (
-                    step.get("regenerate")
-                    and not step.get("outputs_backed_up")
-                    and step["argv"] not in regenerate
-                ):
-                    regenerate.append(step["argv"])
-            tx["state"] = "undoing"
-        journal.save()
-        mode = command_mode(root)
-        for argv in inverse + list(reversed(regenerate)):
-            say(f"{'list (not run)' if mode == 'list' else 'run'} {' '.join(argv)}")
-            _execute(root, tuple(argv), runner)
-        for tx in pending:
-            tx["state"] = "undone"
-            tx["undone"] = time.time()
-        journal.save()
-        return restored
-
-
 def last_applied(root: HostRoot) -> dict[str, Any] | None:
+    """The plan record of the newest complete apply, for verify."""
     for tx in reversed(Journal.load(root).transactions):
-        if tx.get("state") == "complete":
-            found: dict[str, Any] = tx
-            return found
+        if tx.kind is TxKind.APPLY and tx.state is TxState.COMPLETE and tx.record:
+            return {**tx.record, "id": tx.id}
     return None
+
+
+from passthrough.undo import DriftRefused, UndoIncomplete, UndoResult, undo  # noqa: E402
+
+__all__ = [
+    "ApplyError",
+    "Busy",
+    "DriftRefused",
+    "UndoIncomplete",
+    "UndoResult",
+    "apply",
+    "atomic_write",
+    "last_applied",
+    "locked",
+    "undo",
+]

@@ -217,13 +217,32 @@ def build_parser() -> argparse.ArgumentParser:
     _plan_opts(apply_p)
     undo_p = sub.add_parser(
         "undo",
-        help="restore every file changed by apply, byte for byte",
-        description="Restore the original bytes of every file apply changed (all transactions, newest "
-        "first) and rerun the regeneration commands.",
+        help="return every file apply changed to its original, then regenerate",
+        description="Put back the original of every file apply changed (all transactions) when it "
+        "still holds what apply wrote; a file changed since loses only our own lines where they "
+        "can be told apart, otherwise undo refuses (exit 2, nothing changed) and names it. "
+        "Generated files (grub.cfg, initramfs images, BLS entries) are never restored from a "
+        "backup: the plan's own tools run again for every kernel installed now (listed and left "
+        "pending where commands cannot run). A missing backup: the rest is restored, exit 3.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _common(undo_p)
+    undo_p.add_argument(
+        "--force",
+        action="store_true",
+        help="put our backups back even over files changed since apply (those changes are lost)",
+    )
+    status_p = sub.add_parser(
+        "status",
+        help="what apply/undo did to this host, drift since, pending commands",
+        description="The transactions in the journal (id, time, state), the files and kernel "
+        "arguments each changed, whether each file still holds what apply wrote, and every "
+        "command pending because it failed or could only be listed.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(status_p)
     verify_p = sub.add_parser(
         "verify",
         help="after the reboot: arguments live, IOMMU on, cards on vfio-pci",
@@ -569,31 +588,38 @@ def _progress(args: argparse.Namespace) -> Callable[[str], None]:
 
 def cmd_apply(args: argparse.Namespace, stack: list[str]) -> int:
     from passthrough.apply import apply, command_mode
+    from passthrough.status import status
 
     root, _host, plan = _plan(args, stack, changing="apply")
     tx = apply(root, plan, plan.record(), progress=_progress(args))
-    listed = [s for s in tx["steps"] if s["state"] == "listed"]
+    steps = tx.steps if tx else []
+    listed = [s for s in steps if s.state.value == "listed"]
+    # nothing to do here, but commands an earlier apply could only list are still owed
+    owed = [p.argv for p in status(root).pending] if tx is None else []
     if args.json:
         _dump(
             {
-                "changed": not plan.empty,
+                "changed": tx is not None,
                 "reboot_required": plan.reboot,
-                "transaction": tx["id"],
-                "steps": tx["steps"],
-                "commands_not_run": [s["argv"] for s in listed],
+                "transaction": tx.id if tx else None,
+                "steps": [s.to_json() for s in steps],
+                "commands_not_run": [s.argv for s in listed],
+                "pending": owed,
             }
         )
         return EXIT_OK
-    if plan.empty:
+    if tx is None:
         print("Nothing to do: the host already matches the plan.")
+        for argv in owed:
+            print("  still pending (run it inside the root): " + " ".join(argv))
         return EXIT_OK
-    print(f"Applied {len(tx['steps'])} steps (transaction {tx['id']}).")
+    print(f"Applied {len(steps)} steps (transaction {tx.id}).")
     if listed:
         print(
             f"Not run ({command_mode(root)} mode: --root is not a full OS tree, or not root): run them inside it:"
         )
         for s in listed:
-            print("  " + " ".join(s["argv"]))
+            print("  " + " ".join(s.argv))
     print("Reboot, then run `passthrough verify`." if plan.reboot else "No reboot required.")
     return EXIT_OK
 
@@ -603,15 +629,41 @@ def cmd_undo(args: argparse.Namespace, stack: list[str]) -> int:
     from passthrough.host.root import HostRoot
 
     root = HostRoot(_open_root(args.root, stack, changing="undo"))
-    restored = undo(root, progress=_progress(args))
+    result = undo(root, progress=_progress(args), force=args.force)
+    listed = [s.argv for s in result.commands if s.state.value == "listed"]
     if args.json:
-        _dump({"restored": ["/" + p for p in restored]})
-    elif restored:
-        print(
-            f"Restored {len(restored)} files. Reboot to return to the original kernel arguments and drivers."
+        _dump(
+            {
+                "restored": ["/" + p for p in result.restored],
+                "unpicked": ["/" + p for p in result.unpicked],
+                "forced": ["/" + p for p in result.forced],
+                "commands": [s.to_json() for s in result.commands],
+                "commands_not_run": listed,
+            }
         )
+    elif result.changed or result.commands:
+        parts = [f"Restored {len(result.restored)} files"]
+        if result.unpicked:
+            parts.append(f"took our lines out of {len(result.unpicked)} changed since apply")
+        if result.forced:
+            parts.append(f"put {len(result.forced)} back over later changes (--force)")
+        print("; ".join(parts) + ". Reboot to return to the original kernel arguments and drivers.")
+        for argv in listed:
+            print("  pending, run it inside the root: " + " ".join(argv))
     else:
         print("Nothing to undo.")
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.host.root import HostRoot
+    from passthrough.status import status, status_json, status_text
+
+    report = status(HostRoot(_open_root(args.root, stack)))
+    if args.json:
+        _dump(status_json(report))
+    else:
+        print(status_text(report))
     return EXIT_OK
 
 
@@ -865,6 +917,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
     "plan": cmd_plan,
     "apply": cmd_apply,
     "undo": cmd_undo,
+    "status": cmd_status,
     "verify": cmd_verify,
     "bind": cmd_bind,
     "render": cmd_render,

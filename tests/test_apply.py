@@ -17,6 +17,7 @@ from passthrough.apply import ApplyError, Busy, apply, locked, undo
 from passthrough.cli import main
 from passthrough.host.discover import discover
 from passthrough.host.root import HostRoot
+from passthrough.journal import StepKind, StepState, Transaction, TxState
 from passthrough.plan.actions import Run
 from passthrough.plan.build import PlanOptions, make_plan
 
@@ -44,7 +45,7 @@ def changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
 
 
-def _apply(path: Path, opts: PlanOptions | None = None, runner: Any = None) -> dict[str, Any]:
+def _apply(path: Path, opts: PlanOptions | None = None, runner: Any = None) -> Transaction | None:
     root = HostRoot(str(path))
     plan, _ = make_plan(root, discover(str(path)), opts or PlanOptions())
     if runner is None:
@@ -56,7 +57,7 @@ def test_apply_then_plan_is_empty_then_undo_restores_every_byte(tmp_path: Path) 
     path = build(tmp_path, "consumer-intel", {})
     before = snapshot_tree(path)
     tx = _apply(path)
-    assert tx["state"] == "complete"
+    assert tx is not None and tx.state is TxState.COMPLETE
     after = snapshot_tree(path)
     assert changed(before, after) == [
         "etc/default/grub.d/99-passthrough.cfg",
@@ -64,16 +65,16 @@ def test_apply_then_plan_is_empty_then_undo_restores_every_byte(tmp_path: Path) 
         "etc/modprobe.d/passthrough-vfio.conf",
     ]
     # commands were listed, not run: this tree is not a full OS
-    assert [s["state"] for s in tx["steps"] if s["kind"] == "run"] == ["listed", "listed"]
+    assert [s.state for s in tx.steps if s.kind is StepKind.RUN] == [StepState.LISTED] * 2
     root = HostRoot(str(path))
     replan, _ = make_plan(root, discover(str(path)), PlanOptions())
     assert replan.empty
-    assert _apply(path)["state"] == "nothing-to-do"
-    restored = undo(root)
+    assert _apply(path) is None  # nothing to do
+    restored = undo(root).restored
     assert "etc/initramfs-tools/modules" in restored
     assert changed(before, snapshot_tree(path)) == []
     assert not (path / "etc/default/grub.d/99-passthrough.cfg").exists()
-    assert undo(root) == []  # nothing left to undo
+    assert undo(root).changed == []  # nothing left to undo
 
 
 def test_two_applies_then_undo_returns_to_the_original(tmp_path: Path) -> None:
@@ -107,7 +108,8 @@ def test_initramfs_is_rebuilt_when_only_modprobe_or_udev_files_change(
     a plan that changes only those files must still rebuild it, or the next boot runs the
     old binding. A plan that changes nothing stays empty, for each tool."""
     path = build(tmp_path, name, {})
-    assert _apply(path, opts)["state"] == "complete"
+    tx = _apply(path, opts)
+    assert tx is not None and tx.state is TxState.COMPLETE
     root = HostRoot(str(path))
 
     def files_and_rebuilds() -> list[tuple[str, str]]:
@@ -132,7 +134,8 @@ def test_adding_a_card_rebuilds_the_initramfs_for_its_udev_rule(tmp_path: Path) 
     path = build(tmp_path, "hgx-h100", {})
     _apply(path, PlanOptions(gpus=("18:00.0",)))
     tx = _apply(path, PlanOptions(gpus=("18:00.0", "19:00.0")))
-    steps = [(s["kind"], s.get("argv", [""])[0]) for s in tx["steps"]]
+    assert tx is not None
+    steps = [(s.kind.value, (s.argv or [""])[0]) for s in tx.steps]
     assert ("write", "") in steps and ("run", "update-initramfs") in steps, steps
 
 

@@ -329,7 +329,8 @@ def test_a_link_planted_at_the_temporary_name_is_not_followed(root: Path, outsid
 
 def test_journal_paths_cannot_climb_out(root: Path, outside: Path) -> None:
     """A journal (inside the root, so as hostile as the root) naming ``../..`` paths and
-    an absolute backup: undo resolves them inside the root too."""
+    an absolute backup: undo refuses it as damaged and changes nothing, inside the root or
+    out (the fixture hashes the outside)."""
     state = root / "var/lib/passthrough"
     state.mkdir(parents=True)
     up = "../" * 30 + str(outside).lstrip("/")
@@ -355,9 +356,11 @@ def test_journal_paths_cannot_climb_out(root: Path, outside: Path) -> None:
         ],
     }
     (state / "journal.json").write_text(json.dumps(journal))
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
     r = run("undo", "--root", str(root))
-    assert r.returncode == 0, r.stderr
-    assert (root / str(outside).lstrip("/") / "secret.txt").read_text() == "restored\n"
+    assert r.returncode == 2, r.stderr
+    assert "journal is damaged" in one_error_line(r)
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
 
 
 def test_verify_reads_the_journal_inside_the_root(root: Path, outside: Path) -> None:

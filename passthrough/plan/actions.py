@@ -32,10 +32,11 @@ class RemoveFile:
 class Run:
     argv: tuple[str, ...]
     why: str
-    # Files the command may change (globs, relative to the root): backed up before it runs
-    # so that undo restores their bytes.
+    # Files the command may change (globs, relative to the root). Never backed up: they are
+    # generated, and a kernel update between apply and undo makes their old bytes wrong.
     touches: tuple[str, ...] = ()
-    # For tools whose effect is not in files (rpm-ostree deployments): the inverse command.
+    # For tools that edit what they own (rpm-ostree deployments, grubby's BLS entries,
+    # kernelstub): the inverse command, which undo runs.
     undo_argv: tuple[str, ...] | None = None
     # Regeneration (update-grub, update-initramfs, ...) is run again after an undo.
     regenerate: bool = False

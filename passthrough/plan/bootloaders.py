@@ -141,7 +141,23 @@ class Grubby(Bootloader):
             argv.append("--args=" + " ".join(change.set.values()))
         if change.drop:
             argv.append("--remove-args=" + " ".join(sorted(change.drop)))
-        return [Run(tuple(argv), "change the arguments of every BLS entry", touches=self.TOUCHES)]
+        # BLS entries are generated per kernel: undo asks grubby to take our arguments out
+        # again (and put back what they replaced) rather than restoring entries from a backup
+        present = {key_of(a): a for a in self.configured()}
+        back = [present[k] for k in [*change.set, *sorted(change.drop)] if k in present]
+        undo = ["grubby", "--update-kernel=ALL"]
+        if change.set:
+            undo.append("--remove-args=" + " ".join(change.set.values()))
+        if back:
+            undo.append("--args=" + " ".join(back))
+        return [
+            Run(
+                tuple(argv),
+                "change the arguments of every BLS entry",
+                touches=self.TOUCHES,
+                undo_argv=tuple(undo),
+            )
+        ]
 
 
 class KernelCmdlineFile(Bootloader):
@@ -249,6 +265,12 @@ class Kernelstub(Bootloader):
                     ("kernelstub", *[x for a in change.set.values() for x in ("-a", a)]),
                     "add arguments",
                     touches=(self.CONFIG, "boot/efi/loader/entries/*.conf"),
+                    # kernelstub rewrites its loader entry: undo asks it, never a backup
+                    undo_argv=(
+                        "kernelstub",
+                        *[x for a in change.set.values() for x in ("-d", a)],
+                        *[x for a in stale for x in ("-a", a)],
+                    ),
                 )
             )
         return out

@@ -50,10 +50,11 @@ def main() -> None:
         supports_check_mode=True,
     )
     try:
-        from passthrough.apply import Journal, apply, undo
+        from passthrough.apply import apply, undo
         from passthrough.errors import PassthroughError
         from passthrough.host.discover import discover
         from passthrough.host.root import HostRoot
+        from passthrough.journal import Journal
         from passthrough.plan.actions import RemoveFile, WriteFile, plan_json
         from passthrough.plan.build import PlanOptions, make_plan
     except ImportError as exc:
@@ -65,10 +66,10 @@ def main() -> None:
     try:
         root = HostRoot(p["root"])
         if p["state"] == "absent":
-            pending = [t for t in Journal.load(root).transactions if t.get("state") != "undone"]
+            pending = Journal.load(root).live()
             if module.check_mode or not pending:
                 module.exit_json(changed=bool(pending), reboot_required=bool(pending))
-            restored = undo(root)
+            restored = undo(root).changed
             module.exit_json(
                 changed=bool(restored), reboot_required=bool(restored), restored=restored
             )
@@ -104,8 +105,9 @@ def main() -> None:
         if module.check_mode or plan.empty:
             module.exit_json(**result)
         tx = apply(root, plan, plan.record())
-        result["transaction"] = tx["id"]
-        result["commands_not_run"] = [s["argv"] for s in tx["steps"] if s["state"] == "listed"]
+        steps = tx.steps if tx else []
+        result["transaction"] = tx.id if tx else None
+        result["commands_not_run"] = [s.argv for s in steps if s.state.value == "listed"]
         module.exit_json(**result)
     except PassthroughError as exc:
         # a safety-policy refusal carries its codes (README "Safety policy") for tools

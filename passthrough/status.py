@@ -1,0 +1,160 @@
+"""`passthrough status`: what the journal says was done to this host, and what is left.
+
+Per transaction: its id, time and state, the files and kernel arguments it changed, and
+for each file whether it still holds what apply wrote (drift). Then every command that is
+pending because it failed, was cut off, or could only be listed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from passthrough.apply import read_file
+from passthrough.host.root import HostRoot
+from passthrough.journal import Journal, Step, StepKind, StepState, TxKind, TxState, sha256
+
+
+@dataclass(frozen=True)
+class FileStatus:
+    path: str
+    change: str  # created, modified, removed
+    drift: str  # as-written, changed-since, deleted-since, recreated-since, unknown, undone, superseded
+
+
+@dataclass(frozen=True)
+class TxStatus:
+    id: str
+    kind: str
+    state: str
+    started: str
+    files: list[FileStatus] = field(default_factory=list)
+    args_set: list[str] = field(default_factory=list)
+    args_dropped: list[str] = field(default_factory=list)
+    undid: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PendingCommand:
+    argv: list[str]
+    state: str  # listed, failed, begun
+    transaction: str
+    regenerate: bool
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Status:
+    root: str
+    transactions: list[TxStatus]
+    pending: list[PendingCommand]
+
+    @property
+    def drifted(self) -> list[str]:
+        return [
+            f.path
+            for t in self.transactions
+            for f in t.files
+            if f.drift not in ("as-written", "undone", "superseded", "unknown")
+        ]
+
+
+def _drift(root: HostRoot, step: Step) -> str:
+    if step.state is StepState.UNDONE:
+        return "undone"
+    if step.legacy:
+        return "unknown"
+    now = sha256(read_file(root, step.path or ""))
+    if now == step.written_sha256:
+        return "as-written"
+    if step.state is not StepState.DONE and now == step.before_sha256:
+        return "as-written"  # cut off before it wrote: nothing of ours is there
+    if now is None:
+        return "deleted-since"
+    return "recreated-since" if step.written_sha256 is None else "changed-since"
+
+
+def status(root: HostRoot) -> Status:
+    journal = Journal.load(root)
+    last: dict[str, Step] = {}
+    for tx in journal.live():
+        for s in tx.file_steps():
+            if s.path is not None and s.state is not StepState.UNDONE:
+                last[s.path] = s
+    out: list[TxStatus] = []
+    for tx in journal.transactions:
+        files: list[FileStatus] = []
+        for s in tx.file_steps():
+            change = (
+                "removed" if s.kind is StepKind.REMOVE else ("modified" if s.existed else "created")
+            )
+            live = tx.state is not TxState.UNDONE and s.state is not StepState.UNDONE
+            if live and s.path is not None and last.get(s.path) is not s:
+                drift = "superseded"
+            else:
+                drift = _drift(root, s) if live else "undone"
+            files.append(FileStatus(s.path or "", change, drift))
+        if tx.kind is TxKind.UNDO:
+            files = [FileStatus(p, "restored", "undone") for p in tx.restored]
+        out.append(
+            TxStatus(
+                id=tx.id,
+                kind=tx.kind.value,
+                state=tx.state.value,
+                started=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(tx.started)),
+                files=files,
+                args_set=tx.args_set,
+                args_dropped=tx.args_dropped,
+                undid=tx.undid,
+            )
+        )
+    pending = [
+        PendingCommand(s.argv, s.state.value, tx.id, s.regenerate, s.error)
+        for tx, s in journal.pending()
+    ]
+    return Status(root.path, out, pending)
+
+
+def status_json(st: Status) -> dict[str, Any]:
+    return {
+        "schema": "passthrough.status/v1",
+        "root": st.root,
+        "transactions": [asdict(t) for t in st.transactions],
+        "drifted": st.drifted,
+        "pending": [asdict(p) for p in st.pending],
+    }
+
+
+def status_text(st: Status) -> str:
+    if not st.transactions:
+        return "Nothing has been applied to this host (no journal)."
+    lines: list[str] = []
+    for t in st.transactions:
+        what = f" (undoes {', '.join(t.undid)})" if t.undid else ""
+        lines.append(f"{t.id}  {t.started}  {t.kind} {t.state}{what}")
+        for f in t.files:
+            lines.append(f"  {f.change:<9} /{f.path}  [{f.drift}]")
+        if t.args_set or t.args_dropped:
+            args = " ".join([*(f"+{a}" for a in t.args_set), *(f"-{a}" for a in t.args_dropped)])
+            lines.append(f"  kernel args {args}")
+    if st.drifted:
+        lines.append("")
+        lines.append(
+            "Changed since apply: "
+            + ", ".join("/" + p for p in st.drifted)
+            + " — undo removes only our lines where it can tell them apart, else refuses "
+            "(--force puts our backup back)."
+        )
+    lines.append("")
+    if st.pending:
+        lines.append(
+            "Pending commands (failed, cut off or only listed: run them; where commands can "
+            "run, `passthrough apply` re-runs a pending regeneration):"
+        )
+        for p in st.pending:
+            why = f": {p.error}" if p.error else ""
+            lines.append(f"  {' '.join(p.argv)}  [{p.state} in {p.transaction}{why}]")
+    else:
+        lines.append("No command pending.")
+    return "\n".join(lines)
