@@ -19,6 +19,7 @@ from passthrough.errors import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
     EXIT_USAGE,
+    NotAHostRoot,
     PassthroughError,
     UnknownPciDevice,
 )
@@ -405,6 +406,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(prov, root=False)
 
+    guest_p = sub.add_parser(
+        "guest",
+        help="inside a guest: does it see its GPU, and is the stack above it wired?",
+        description="Run inside the VM (standard library only: works from a checkout with "
+        "python3 and no pip). Checks the GPU's functions, BARs, driver, device nodes, kernel "
+        "log, nvidia-smi, a real CUDA vector add, container runtime, CDI and Kubernetes.",
+    )
+    guest_sub = guest_p.add_subparsers(dest="guest_command", metavar="ACTION", parser_class=_Parser)
+    g_check = guest_sub.add_parser(
+        "check",
+        help="PASS/WARN/FAIL/SKIP, each with a fix; exits 1 when an applicable check fails",
+        epilog="examples:\n  python3 -m passthrough guest check\n"
+        "  passthrough guest check --root guest.tar.gz --commands recorded/ --json\n\n" + EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(g_check)
+    g_check.add_argument("--no-compute", action="store_true", help="do not run the CUDA vector add")
+    g_check.add_argument(
+        "--commands",
+        metavar="DIR",
+        help="replay recorded outputs of nvidia-smi -q -x, dmesg, ... from DIR instead of "
+        "running the tools (default: run them on the live root, none on a captured one)",
+    )
+
     comp = sub.add_parser("completion", help="print a shell completion script (bash or zsh)")
     comp.add_argument("shell", choices=("bash", "zsh"))
     _common(comp, root=False)
@@ -534,6 +559,36 @@ def cmd_snapshot(args: argparse.Namespace, stack: list[str]) -> int:
             f"({len(host.functions)} PCI functions)"
         )
     return EXIT_OK
+
+
+def cmd_guest(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.guest.check import FAIL, WARN, render, run_guest_checks
+    from passthrough.guest.root import GuestRoot, find_root
+    from passthrough.guest.runner import RecordedRunner, live_runner, no_runner
+    from passthrough.output import Painter, wants_color
+
+    if args.guest_command is None:
+        raise PassthroughError("guest: say which action (check); see --help")
+    if not os.path.exists(args.root):
+        raise NotAHostRoot(args.root, "no such file or directory")
+    root = GuestRoot(find_root(_open_root(args.root, stack)))
+    if args.commands is not None and not os.path.isdir(args.commands):
+        raise PassthroughError(f"--commands {args.commands}: not a directory")
+    runner = (
+        RecordedRunner(args.commands)
+        if args.commands
+        else live_runner
+        if root.is_live
+        else no_runner
+    )
+    report = run_guest_checks(root, runner, compute=not args.no_compute)
+    if args.json:
+        _dump(report.to_json())
+    else:
+        painter = Painter(wants_color(sys.stdout, args.color))
+        styles = {FAIL: "red", WARN: "yellow", "PASS": "green", "SKIP": "dim"}
+        print(render(report, lambda text, level: painter(text, styles[level], "bold")))
+    return EXIT_CHECK_FAILED if report.failed else EXIT_OK
 
 
 def cmd_sample(args: argparse.Namespace, stack: list[str]) -> int:
@@ -970,6 +1025,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
     "vm": cmd_vm,
     "provision": cmd_provision,
     "sample": cmd_sample,
+    "guest": cmd_guest,
     "completion": cmd_completion,
 }
 

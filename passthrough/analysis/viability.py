@@ -172,7 +172,10 @@ def judge(
             "boot VGA: firmware and the host console draw on it; handing it over needs the "
             f"console moved off it ({arg}) and may need the card's ROM for the guest"
         )
-    if len(all_gpus) == 1:
+    # A 3D controller (0x0302, e.g. a data-centre GPU) has no display output: handing it over
+    # takes no console away, and it does not count as one of the host's displays.
+    outputs = [g for g in all_gpus if g.primary.subclass != SUBCLASS_3D]
+    if primary.subclass != SUBCLASS_3D and len(outputs) == 1:
         warnings.append("the host's only display controller: the host keeps no local display")
     if host.acs_override is not None:
         warnings.append(
