@@ -505,7 +505,7 @@ def cmd_scan(args: argparse.Namespace, stack: list[str]) -> int:
 
 
 def cmd_check(args: argparse.Namespace, stack: list[str]) -> int:
-    from passthrough.output import Painter, render_checks, wants_color, write
+    from passthrough.output import Painter, machine_line, render_checks, wants_color, write
     from passthrough.report import analyse, scan_json
 
     scan = analyse(_discover(args, stack))
@@ -516,11 +516,15 @@ def cmd_check(args: argparse.Namespace, stack: list[str]) -> int:
                 "schema": "passthrough.check/v1",
                 "root": data["root"],
                 "ok": not scan.failed,
+                "virtual_machine": data["host"]["virtual_machine"],
                 "checks": data["checks"],
             }
         )
     else:
-        write(render_checks(scan.checks, Painter(wants_color(sys.stdout, args.color))))
+        paint = Painter(wants_color(sys.stdout, args.color))
+        if scan.host.machine.guest:
+            write(machine_line(scan, paint) + "\n")
+        write(render_checks(scan.checks, paint))
     return EXIT_CHECK_FAILED if scan.failed else EXIT_OK
 
 

@@ -75,4 +75,5 @@ def discover(
         groups=group_functions(functions),
         problems=tuple(root.problems),
         numa_cpus=facts.read_numa(root),
+        machine=facts.read_machine(root),
     )
