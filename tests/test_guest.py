@@ -1,5 +1,5 @@
 """Inside the guest, on REAL data: a cloud VM with an NVIDIA H100 80GB passed through,
-captured on 2026-11-22 (../shared/fixtures/h100-guest). Its tools' outputs (nvidia-smi -q -x,
+captured on 2026-11-22 (tests/fixtures/h100-guest, its README says what it holds). Its tools' outputs (nvidia-smi -q -x,
 dmesg) are a RECORDING of the real machine, replayed through RecordedRunner.
 
 Variants are derived from the capture in tmp_path (a truncated BAR, no driver, a stale CDI
@@ -27,9 +27,7 @@ from passthrough.guest.root import GuestRoot
 from passthrough.guest.runner import RecordedRunner
 
 REPO = Path(__file__).parents[1]
-FIXTURE = REPO.parent / "shared" / "fixtures" / "h100-guest"
-if not FIXTURE.is_dir():  # the lead's checkout sits beside shared/ too; else the worktree's
-    FIXTURE = Path("/work/shared/fixtures/h100-guest")
+FIXTURE = REPO / "tests/fixtures/h100-guest"  # copied unchanged from the capture (README there)
 RECORDED = FIXTURE / "commands"
 GPU = "0000:00:06.0"
 GPU_SYSFS = f"sys/devices/pci0000:00/{GPU}"
@@ -44,8 +42,6 @@ HOST_ONLY = {
     "gpu-viable",
 }
 SCHEMA = json.loads((REPO / "passthrough/schemas/scan-v1.schema.json").read_text())
-
-pytestmark = pytest.mark.skipif(not FIXTURE.is_dir(), reason="the H100 guest capture is absent")
 
 
 @pytest.fixture(scope="session")
@@ -397,3 +393,83 @@ def test_guest_check_runs_without_the_package_or_its_dependencies(tmp_path: Path
     if "0x10de" not in vendors:
         assert done.returncode == 1 and levels["gpu-functions"] == FAIL
     assert levels["compute"] == SKIP
+
+
+# -- the guest role: its first and last tasks through real ansible-playbook ----------------
+
+
+def _guest_inventory(tmp_path: Path) -> Path:
+    """localhost through the local connection, with a target python that cannot import the
+    passthrough package (the system python3, isolated: no PYTHONPATH, no cwd, no user site),
+    as in a guest where the package was never installed."""
+    python = tmp_path / "guest-python3"
+    python.write_text('#!/bin/sh\nexec /usr/bin/python3 -I "$@"\n')
+    python.chmod(0o755)
+    probe = subprocess.run(
+        [str(python), "-c", "import passthrough"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        check=False,
+    )
+    assert probe.returncode != 0, "the target python must not see the passthrough package"
+    inv = tmp_path / "inventory.yml"
+    inv.write_text(
+        "all:\n  children:\n    gpu_guests:\n      hosts:\n        h100-guest:\n"
+        "          ansible_connection: local\n"
+        f"          ansible_python_interpreter: {python}\n"
+    )
+    return inv
+
+
+def test_guest_role_checks_the_h100_capture_first_and_last(capture: Path, tmp_path: Path) -> None:
+    from passthrough.ansible import run, summary_table
+
+    tasks: list[str] = []
+    result = run(
+        str(_guest_inventory(tmp_path)),
+        "guest.yml",
+        tags="guest_check",
+        extravars={
+            "passthrough_guest_check_root": str(capture),
+            "passthrough_guest_check_commands": str(RECORDED),
+        },
+        progress=tasks.append,
+    )
+    assert result.ok, summary_table(result)
+    role_tasks = [t.strip() for t in tasks if t.strip().startswith("TASK The guest")]
+    assert role_tasks == [
+        "TASK The guest sees its GPU",
+        "TASK The guest's GPU stack end to end",
+    ]
+    assert result.hosts["h100-guest"].changed == 0
+
+
+def test_guest_role_stops_first_when_a_bar_did_not_fit(
+    variant: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from passthrough.ansible import run
+
+    root, commands = variant
+    resource = root / GPU_SYSFS / "resource"
+    lines = resource.read_text().splitlines()
+    lines[2] = "0x0000000000000000 0x0000000000000000 0x0000000000000000"
+    resource.write_text("\n".join(lines) + "\n")
+    tasks: list[str] = []
+    # the whole role, no tags: the first task must stop it before anything is installed
+    result = run(
+        str(_guest_inventory(tmp_path)),
+        "guest.yml",
+        extravars={
+            "passthrough_guest_check_root": str(root),
+            "passthrough_guest_check_commands": str(commands),
+        },
+        progress=tasks.append,
+    )
+    assert not result.ok
+    reason = result.hosts["h100-guest"].reason or ""
+    assert reason.startswith("The guest sees its GPU: gpu-bars:"), reason
+    assert "passthrough render" in reason or reason.endswith("...")
+    started = [t.strip() for t in tasks if t.strip().startswith("TASK")]
+    assert started[-1] == "TASK The guest sees its GPU", started  # nothing after it ran
+    assert result.hosts["h100-guest"].changed == 0
