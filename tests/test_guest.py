@@ -22,7 +22,7 @@ import pytest
 
 from passthrough.cli import main
 from passthrough.guest.check import FAIL, PASS, SKIP, GuestReport, check_compute, run_guest_checks
-from passthrough.guest.compute import run_vector_add
+from passthrough.guest.compute import ComputeResult, run_vector_add
 from passthrough.guest.root import GuestRoot
 from passthrough.guest.runner import RecordedRunner
 
@@ -33,6 +33,7 @@ GPU = "0000:00:06.0"
 GPU_SYSFS = f"sys/devices/pci0000:00/{GPU}"
 HOST_ONLY = {
     "cpu-virtualization",
+    "kvm-device",
     "iommu-firmware",
     "iommu-enabled",
     "kernel-iommu-args",
@@ -321,6 +322,26 @@ def test_kubernetes_node(variant: tuple[Path, Path], allocatable: str, level: st
 
 
 # -- the compute probe without a GPU --------------------------------------------------------
+
+
+def test_a_passing_probe_is_reported_with_device_memory_and_time() -> None:
+    # STAND-IN for a live GPU (none here): the probe's own result type, filled in with what
+    # the probe reported on the real H100 guest (README of the capture).
+    stand_in = ComputeResult(
+        "pass",
+        "vector add of 1048576 floats correct on the GPU",
+        device_name="NVIDIA H100 80GB HBM3",
+        memory_bytes=81559 << 20,
+        elements=1 << 20,
+        elapsed_ms=0.5,
+        driver_version=13000,
+    )
+    check = check_compute(True, True, lambda: stand_in)
+    assert check.level == PASS
+    assert check.summary == (
+        "vector add of 1048576 floats correct on NVIDIA H100 80GB HBM3, 80 GiB in 0.50 ms"
+    )
+    assert check.data["driver_version"] == 13000
 
 
 def test_compute_without_libcuda_is_a_skip_with_the_reason() -> None:

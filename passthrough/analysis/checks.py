@@ -236,6 +236,7 @@ def _kernel_reset(host: Host) -> CheckResult | None:
 HOST_ONLY = frozenset(
     {
         "cpu-virtualization",
+        "kvm-device",
         "iommu-firmware",
         "iommu-enabled",
         "kernel-iommu-args",
