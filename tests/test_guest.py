@@ -112,6 +112,7 @@ def test_scan_of_the_guest_validates_and_a_3d_controller_is_no_display(
     (gpu,) = data["gpus"]
     assert gpu["class"] == "0x030200"
     assert not any("only display controller" in w for w in gpu["warnings"])
+    assert gpu["reasons"][0].startswith("inside a virtual machine with no IOMMU")
 
 
 def test_a_bare_metal_host_is_not_a_guest(hosts: dict[str, Path]) -> None:

@@ -116,7 +116,12 @@ def judge(
     groups = host.group_index
     missing = [f for f in gpu.functions if f.iommu_group is None]
     if missing:
-        if not host.groups:
+        if not host.groups and host.machine.guest:
+            reasons.append(
+                "inside a virtual machine with no IOMMU: this GPU is passed through to this "
+                "guest and cannot be passed on (`passthrough guest check` checks it)"
+            )
+        elif not host.groups:
             reasons.append("no IOMMU groups on this host: the IOMMU is off or absent")
         else:
             reasons.append("no IOMMU group for " + ", ".join(str(f.address) for f in missing))
