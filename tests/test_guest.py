@@ -238,8 +238,12 @@ def test_no_driver_fails_once_and_skips_what_depends_on_it(variant: tuple[Path, 
     shutil.rmtree(root / "proc/driver/nvidia")
     for node in (root / "dev").glob("nvidia*"):
         shutil.rmtree(node) if node.is_dir() else node.unlink()
-    for name in ("nvidia-smi-q.xml",):
-        (commands / name).unlink()
+    # nvidia-smi stays installed: without the driver it can only fail (its real message)
+    (commands / "nvidia-smi-q.xml").write_text(
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+        "Make sure that the latest NVIDIA driver is installed and running.\n"
+    )
+    (commands / "nvidia-smi-q.xml.rc").write_text("9\n")
     levels = _levels(_report(root, commands))
     assert levels["gpu-functions"] == PASS and levels["gpu-bars"] == PASS
     assert levels["driver-bound"] == FAIL
@@ -351,6 +355,8 @@ def test_compute_without_libcuda_is_a_skip_with_the_reason() -> None:
     check = check_compute(True, True, lambda: run_vector_add("/nonexistent/libcuda.so.1"))
     assert check.level == SKIP and "libcuda.so.1" in check.summary
     assert check_compute(True, False).summary == "not run (--no-compute)"
+    no_driver = check_compute(True, True, lambda: pytest.fail("probe run"), driver=False)
+    assert no_driver.level == SKIP and "driver is not bound" in no_driver.summary
 
 
 # -- runs where the package is not installed ----------------------------------------------

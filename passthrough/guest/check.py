@@ -410,6 +410,8 @@ def check_nvidia_smi(
     xml, why, present = smi
     if not present:
         return GuestCheck("nvidia-smi", SKIP, why or "nvidia-smi not found")
+    if not _driver_loaded(gpus):  # it can only say it cannot reach the driver: one FAIL is enough
+        return GuestCheck("nvidia-smi", SKIP, "the NVIDIA driver is not loaded")
     if xml is None:
         return GuestCheck(
             "nvidia-smi",
@@ -455,11 +457,15 @@ def _default_probe() -> Any:
     return run_vector_add()
 
 
-def check_compute(live: bool, enabled: bool, probe: ComputeProbe | None = None) -> GuestCheck:
+def check_compute(
+    live: bool, enabled: bool, probe: ComputeProbe | None = None, driver: bool = True
+) -> GuestCheck:
     if not live:
         return GuestCheck("compute", SKIP, "not run: a captured root has no live GPU")
     if not enabled:
         return GuestCheck("compute", SKIP, "not run (--no-compute)")
+    if not driver:
+        return GuestCheck("compute", SKIP, "not run: the NVIDIA driver is not bound to a GPU")
     result = (probe or _default_probe)()
     data = result.to_json() if hasattr(result, "to_json") else {}
     if result.status == "pass":
@@ -677,7 +683,7 @@ def run_guest_checks(
         check_device_nodes(root, gpus),
         check_kernel_log(runner),
         check_nvidia_smi(gpus, nvidia_smi(runner)),
-        check_compute(root.is_live, compute, probe),
+        check_compute(root.is_live, compute, probe, _driver_loaded(gpus)),
         check_runtime(root, runner),
         toolkit,
         check_cdi(root, toolkit),
