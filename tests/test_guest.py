@@ -203,12 +203,42 @@ def test_a_truncated_bar_fails_with_the_host_side_fix(variant: tuple[Path, Path]
     report = _report(root, commands)
     by_id = {c.id: c for c in report.checks}
     assert by_id["gpu-bars"].level == FAIL
-    assert "BAR1 (resource2) unassigned or 0-sized" in by_id["gpu-bars"].summary
+    assert by_id["gpu-bars"].summary == (
+        f"{GPU} resource2 empty before resource4: a BAR was not placed"
+    )
     assert "passthrough render" in (by_id["gpu-bars"].fix or "")
     assert by_id["kernel-log"].level == FAIL
     assert set(by_id["kernel-log"].data["trouble"]) == {"bar-invalid"}
     assert "passthrough render" in (by_id["kernel-log"].fix or "")
     assert report.failed
+
+
+def test_a_bar_with_flags_but_no_address_is_unplaced(variant: tuple[Path, Path]) -> None:
+    root, commands = variant
+    # how the kernel shows a BAR it could not fit: its size and flags kept, IORESOURCE_UNSET
+    # set, start 0
+    resource = root / GPU_SYSFS / "resource"
+    lines = resource.read_text().splitlines()
+    lines[2] = "0x0000000000000000 0x0000001fffffffff 0x000000002014220c"
+    resource.write_text("\n".join(lines) + "\n")
+    check = {c.id: c for c in _report(root, commands).checks}["gpu-bars"]
+    assert check.level == FAIL and check.summary == f"{GPU} resource2 unplaced"
+
+
+def test_a_consumer_card_layout_passes(variant: tuple[Path, Path]) -> None:
+    root, commands = variant
+    # A GeForce's BARs as sysfs shows them (a real layout, addresses from a workstation):
+    # BAR0 32-bit registers, BAR1 and BAR3 64-bit (each with an empty upper half), BAR5 I/O.
+    (root / GPU_SYSFS / "resource").write_text(
+        "0x00000000fb000000 0x00000000fbffffff 0x0000000000040200\n"
+        "0x000000e000000000 0x000000e00fffffff 0x000000000014220c\n"
+        "0x0000000000000000 0x0000000000000000 0x0000000000000000\n"
+        "0x000000e010000000 0x000000e011ffffff 0x000000000014220c\n"
+        "0x0000000000000000 0x0000000000000000 0x0000000000000000\n"
+        "0x000000000000e000 0x000000000000e07f 0x0000000000040101\n"
+    )
+    check = {c.id: c for c in _report(root, commands).checks}["gpu-bars"]
+    assert check.level == PASS, check.summary
 
 
 @pytest.mark.parametrize(

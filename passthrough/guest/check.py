@@ -24,6 +24,7 @@ PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 LEVELS = (PASS, WARN, FAIL, SKIP)
 
 VENDOR_NVIDIA = 0x10DE
+MEM_64 = 0x00100000  # IORESOURCE_MEM_64: the BAR takes this line and the next
 CLASS_DISPLAY = 0x03
 
 # The host-side fix for BARs the guest's firmware could not place (the large-BAR failure).
@@ -66,6 +67,10 @@ class GuestBar:
     @property
     def is_mem(self) -> bool:
         return bool(self.flags & 0x200)  # IORESOURCE_MEM
+
+    @property
+    def is_64bit(self) -> bool:
+        return bool(self.flags & MEM_64)
 
     @property
     def unset(self) -> bool:
@@ -147,7 +152,10 @@ def parse_resource(text: str) -> tuple[GuestBar, ...]:
         parts = line.split()
         if len(parts) != 3:
             continue
-        start, end, flags = (int(p, 16) for p in parts)
+        try:
+            start, end, flags = (int(p, 16) for p in parts)
+        except ValueError:
+            continue  # not what the kernel writes: the line tells nothing
         size = end - start + 1 if end > start else 0
         bars.append(GuestBar(index, start, size, flags))
     return tuple(bars)
@@ -220,6 +228,33 @@ def check_functions(gpus: Sequence[GuestGpu]) -> GuestCheck:
     )
 
 
+def bar_problems(g: GuestGpu) -> list[str]:
+    """BARs the guest could not place, from sysfs ``resource`` alone (no config space).
+
+    A BAR the firmware could not fit shows either with its flags but no address
+    (IORESOURCE_UNSET, start 0) or as an empty line. An empty line is only telling when it
+    is not the upper half of a 64-bit BAR and a placed BAR follows it (a hole): trailing
+    empty lines are just slots the card does not use.
+    """
+    problems = [
+        f"resource{b.index} unplaced"
+        for b in g.bars
+        if b.flags and (b.unset or b.start == 0 or b.size == 0)
+    ]
+    by_index = {b.index: b for b in g.bars}
+    last_used = max((b.index for b in g.bars if b.flags), default=-1)
+    empty_before = False
+    for i in range(last_used):
+        b = by_index.get(i)
+        prev = by_index.get(i - 1)
+        empty = b is None or not b.flags
+        upper_half = prev is not None and prev.is_64bit
+        if empty and not upper_half and not empty_before:  # one hole, one line
+            problems.append(f"resource{i} empty before resource{last_used}: a BAR was not placed")
+        empty_before = empty and not upper_half
+    return problems
+
+
 def check_bars(gpus: Sequence[GuestGpu]) -> GuestCheck:
     displays = [g for g in gpus if g.is_display]
     if not displays:
@@ -230,16 +265,7 @@ def check_bars(gpus: Sequence[GuestGpu]) -> GuestCheck:
         if not g.resource_readable:
             problems.append(f"{g.address}: no sysfs resource file")
             continue
-        mem = {b.index: b for b in g.bars if not b.is_io}
-        # BAR0 (registers) and BAR1 (the framebuffer aperture, resource line 2 as a 64-bit
-        # BAR) are what the driver maps; either one missing or unplaced is the large-BAR failure.
-        for index, name in ((0, "BAR0"), (2, "BAR1 (resource2)")):
-            b = mem.get(index)
-            if b is None or b.size == 0 or b.start == 0 or b.unset:
-                problems.append(f"{g.address} {name} unassigned or 0-sized")
-        for b in g.bars:
-            if b.flags and (b.unset or b.start == 0) and b.index not in (0, 2):
-                problems.append(f"{g.address} resource{b.index} unassigned")
+        problems += [f"{g.address} {p}" for p in bar_problems(g)]
         shown.append(
             f"{g.address} "
             + " ".join(f"resource{b.index}={_size(b.size)}" for b in g.bars if b.size)
