@@ -185,6 +185,17 @@ def test_guest_check_input_errors_exit_2(
 
 # -- derived from the capture ---------------------------------------------------------------
 
+EMPTY = "0x0000000000000000 0x0000000000000000 0x0000000000000000"
+
+
+def _bar1_line(root: Path, line: str) -> None:
+    """Replace the capture's resource line 2 (the H100's BAR1, the 128 GiB aperture)."""
+    resource = root / GPU_SYSFS / "resource"
+    lines = resource.read_text().splitlines()
+    lines[2] = line
+    resource.write_text("\n".join(lines) + "\n")
+
+
 BAR_INVALID = (
     "[    0.412345] NVRM: This PCI I/O region assigned to your NVIDIA device is invalid:\n"
     "[    0.412346] NVRM: BAR1 is 0M @ 0x0 (PCI:0000:00:06.0)\n"
@@ -195,10 +206,7 @@ def test_a_truncated_bar_fails_with_the_host_side_fix(variant: tuple[Path, Path]
     root, commands = variant
     # The large-BAR failure: the guest firmware could not place BAR1 (resource line 2), and
     # the driver said so in the kernel log.
-    resource = root / GPU_SYSFS / "resource"
-    lines = resource.read_text().splitlines()
-    lines[2] = "0x0000000000000000 0x0000000000000000 0x0000000000000000"
-    resource.write_text("\n".join(lines) + "\n")
+    _bar1_line(root, EMPTY)
     (commands / "dmesg.txt").write_text((commands / "dmesg.txt").read_text() + BAR_INVALID)
     report = _report(root, commands)
     by_id = {c.id: c for c in report.checks}
@@ -217,10 +225,7 @@ def test_a_bar_with_flags_but_no_address_is_unplaced(variant: tuple[Path, Path])
     root, commands = variant
     # how the kernel shows a BAR it could not fit: its size and flags kept, IORESOURCE_UNSET
     # set, start 0
-    resource = root / GPU_SYSFS / "resource"
-    lines = resource.read_text().splitlines()
-    lines[2] = "0x0000000000000000 0x0000001fffffffff 0x000000002014220c"
-    resource.write_text("\n".join(lines) + "\n")
+    _bar1_line(root, "0x0000000000000000 0x0000001fffffffff 0x000000002014220c")
     check = {c.id: c for c in _report(root, commands).checks}["gpu-bars"]
     assert check.level == FAIL and check.summary == f"{GPU} resource2 unplaced"
 
@@ -509,10 +514,7 @@ def test_guest_role_stops_first_when_a_bar_did_not_fit(
     from passthrough.ansible import run
 
     root, commands = variant
-    resource = root / GPU_SYSFS / "resource"
-    lines = resource.read_text().splitlines()
-    lines[2] = "0x0000000000000000 0x0000000000000000 0x0000000000000000"
-    resource.write_text("\n".join(lines) + "\n")
+    _bar1_line(root, EMPTY)
     tasks: list[str] = []
     # the whole role, no tags: the first task must stop it before anything is installed
     result = run(
