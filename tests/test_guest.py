@@ -359,6 +359,23 @@ def test_kubernetes_node(variant: tuple[Path, Path], allocatable: str, level: st
     check = {c.id: c for c in report.checks}["kubernetes"]
     assert check.level == level
     assert ("kubectl", "get", "node", "gpu-guest-1", "-o", "json") in runner.calls
+    # the labels the role set must be there too
+    want = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    report = run_guest_checks(GuestRoot(str(root)), runner, node="gpu-guest-1", labels=want)
+    check = {c.id: c for c in report.checks}["kubernetes"]
+    assert check.level == FAIL and "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3" in check.summary
+
+
+def test_docker_daemon_json_with_the_nvidia_runtime(variant: tuple[Path, Path]) -> None:
+    root, commands = variant
+    (root / "etc/docker").mkdir(parents=True)
+    daemon = root / "etc/docker/daemon.json"
+    daemon.write_text(
+        json.dumps({"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}})
+    )
+    assert _levels(_report(root, commands))["container-runtime"] == PASS
+    daemon.write_text(json.dumps({"log-driver": "json-file"}))
+    assert _levels(_report(root, commands))["container-runtime"] == FAIL
 
 
 # -- the compute probe without a GPU --------------------------------------------------------

@@ -12,7 +12,7 @@ import os
 import re
 import socket
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -546,7 +546,11 @@ def check_runtime(root: GuestRoot, runner: Runner) -> GuestCheck:
         else:
             missing.append("containerd has no nvidia runtime")
     if daemon is not None:
-        if re.search(r'"runtimes"\s*:\s*\{[^}]*"nvidia"', daemon, re.DOTALL):
+        try:
+            runtimes = (json.loads(daemon or "{}") or {}).get("runtimes") or {}
+        except (ValueError, AttributeError):
+            runtimes = {}
+        if "nvidia" in runtimes:
             found.append("docker (/etc/docker/daemon.json)")
         else:
             missing.append("docker's daemon.json has no nvidia runtime")
@@ -649,8 +653,15 @@ def _node_name(root: GuestRoot) -> str | None:
     return root.read("etc/hostname")
 
 
-def check_kubernetes(root: GuestRoot, runner: Runner, gpus: Sequence[GuestGpu]) -> GuestCheck:
-    node = _node_name(root)
+def check_kubernetes(
+    root: GuestRoot,
+    runner: Runner,
+    gpus: Sequence[GuestGpu],
+    node: str | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> GuestCheck:
+    """The node's allocatable nvidia.com/gpu, and ``labels`` (those the role set) on it."""
+    node = node or _node_name(root)
     if not node:
         return GuestCheck("kubernetes", SKIP, "not checked: no node name (/etc/hostname)")
     result = runner(["kubectl", "get", "node", node, "-o", "json"])
@@ -668,11 +679,23 @@ def check_kubernetes(root: GuestRoot, runner: Runner, gpus: Sequence[GuestGpu]) 
     except ValueError:
         return GuestCheck("kubernetes", WARN, f"kubectl gave no JSON for node {node}")
     allocatable = (obj.get("status") or {}).get("allocatable") or {}
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    nvidia_labels = {k: v for k, v in labels.items() if k.startswith("nvidia.com/")}
-    count = int(allocatable.get("nvidia.com/gpu", "0") or 0)
+    on_node = (obj.get("metadata") or {}).get("labels") or {}
+    nvidia_labels = {k: v for k, v in on_node.items() if k.startswith("nvidia.com/")}
+    raw = str(allocatable.get("nvidia.com/gpu", "0") or "0")
+    count = int(raw) if raw.isdigit() else 0
     want = sum(g.is_display for g in gpus) or 1
     data = {"allocatable": count, "labels": nvidia_labels}
+    missing = {k: v for k, v in (labels or {}).items() if on_node.get(k) != str(v)}
+    if missing:
+        return GuestCheck(
+            "kubernetes",
+            FAIL,
+            f"node {node} lacks the labels "
+            + ", ".join(f"{k}={v}" for k, v in sorted(missing.items())),
+            f"kubectl label node {node} --overwrite "
+            + " ".join(f"{k}={v}" for k, v in sorted(missing.items())),
+            data,
+        )
     if count < want:
         return GuestCheck(
             "kubernetes",
@@ -697,7 +720,10 @@ def run_guest_checks(
     *,
     compute: bool = True,
     probe: ComputeProbe | None = None,
+    node: str | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> GuestReport:
+    """Every check; ``node``/``labels``: the Kubernetes node name and the labels expected."""
     machine = detect(root.read, root.listdir)
     gpus = read_gpus(root)
     toolkit = check_toolkit(runner)
@@ -713,7 +739,7 @@ def run_guest_checks(
         check_runtime(root, runner),
         toolkit,
         check_cdi(root, toolkit),
-        check_kubernetes(root, runner, gpus),
+        check_kubernetes(root, runner, gpus, node, labels),
     )
     return GuestReport(root.path, root.is_live, machine, gpus, checks)
 

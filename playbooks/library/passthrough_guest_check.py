@@ -27,6 +27,8 @@ options:
   commands:
     description: Replay recorded tool outputs from this directory instead of running the tools
     type: path
+  node: {description: Kubernetes node name of this guest (default its hostname), type: str}
+  labels: {description: Labels the node must carry (name to value), type: dict, default: {}}
 author: passthrough developers
 """
 
@@ -51,6 +53,8 @@ def main() -> None:
             "stage": {"type": "str", "default": "all", "choices": ["hardware", "all"]},
             "compute": {"type": "bool", "default": True},
             "commands": {"type": "path"},
+            "node": {"type": "str"},
+            "labels": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
     )
@@ -58,12 +62,18 @@ def main() -> None:
     root = GuestRoot(p["root"])
     if not root.isdir("sys") and not root.isdir("proc"):
         module.fail_json(msg=f"root {p['root']}: not a guest root (no sys, no proc)")
-    runner = RecordedRunner(p["commands"]) if p["commands"] else live_runner if root.is_live else no_runner
-    report = run_guest_checks(root, runner, compute=p["compute"])
+    runner = (
+        RecordedRunner(p["commands"])
+        if p["commands"]
+        else live_runner
+        if root.is_live
+        else no_runner
+    )
+    report = run_guest_checks(
+        root, runner, compute=p["compute"], node=p["node"], labels=p["labels"]
+    )
     data = report.to_json()
-    counted = [
-        c for c in report.checks if p["stage"] == "all" or c.id in HARDWARE_CHECKS
-    ]
+    counted = [c for c in report.checks if p["stage"] == "all" or c.id in HARDWARE_CHECKS]
     failures = [f"{c.id}: {c.summary} (fix: {c.fix})" for c in counted if c.level == FAIL]
     result = {
         "changed": False,
