@@ -568,23 +568,22 @@ def cmd_snapshot(args: argparse.Namespace, stack: list[str]) -> int:
 def cmd_guest(args: argparse.Namespace, stack: list[str]) -> int:
     from passthrough.guest.check import FAIL, WARN, render, run_guest_checks
     from passthrough.guest.root import GuestRoot, find_root
-    from passthrough.guest.runner import RecordedRunner, live_runner, no_runner
+    from passthrough.guest.runner import runner_for
     from passthrough.output import Painter, wants_color
 
     if args.guest_command is None:
         raise PassthroughError("guest: say which action (check); see --help")
     if not os.path.exists(args.root):
         raise NotAHostRoot(args.root, "no such file or directory")
-    root = GuestRoot(find_root(_open_root(args.root, stack)))
+    path = _open_root(args.root, stack)
+    if not os.path.isdir(path):
+        raise NotAHostRoot(args.root, "neither a directory nor a .tar.gz")
+    root = GuestRoot(find_root(path))
+    if not root.isdir("sys") and not root.isdir("proc"):
+        raise NotAHostRoot(args.root, "does not look like a guest root (no sys, no proc)")
     if args.commands is not None and not os.path.isdir(args.commands):
         raise PassthroughError(f"--commands {args.commands}: not a directory")
-    runner = (
-        RecordedRunner(args.commands)
-        if args.commands
-        else live_runner
-        if root.is_live
-        else no_runner
-    )
+    runner = runner_for(root.is_live, args.commands)
     report = run_guest_checks(root, runner, compute=not args.no_compute)
     if args.json:
         _dump(report.to_json())

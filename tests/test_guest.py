@@ -179,8 +179,12 @@ def test_guest_check_input_errors_exit_2(
     bad = tmp_path / "bad.tar.gz"
     bad.write_bytes(b"not a tar")
     assert main(["guest", "check", "--root", str(bad)]) == 2
+    plain = tmp_path / "notes.txt"
+    plain.write_text("a file\n")
+    assert main(["guest", "check", "--root", str(plain)]) == 2
+    assert main(["guest", "check", "--root", str(tmp_path)]) == 2  # no sys, no proc
     err = capsys.readouterr().err
-    assert err.count("passthrough: error:") == 3
+    assert err.count("passthrough: error:") == 5
 
 
 # -- derived from the capture ---------------------------------------------------------------

@@ -56,6 +56,13 @@ def no_runner(argv: Sequence[str]) -> CommandResult | None:
     return None
 
 
+def runner_for(live: bool, commands: str | None) -> Runner:
+    """Recorded outputs when given; else the real tools on a live root, none on a capture."""
+    if commands:
+        return RecordedRunner(commands)
+    return live_runner if live else no_runner
+
+
 # argv prefix → the file a recording keeps its output in (names as in the fixtures).
 RECORDED_FILES: tuple[tuple[tuple[str, ...], str], ...] = (
     (("nvidia-smi", "-q", "-x"), "nvidia-smi-q.xml"),

@@ -39,11 +39,7 @@ from ansible.module_utils.passthrough_guest.check import (  # noqa: E402
     run_guest_checks,
 )
 from ansible.module_utils.passthrough_guest.root import GuestRoot  # noqa: E402
-from ansible.module_utils.passthrough_guest.runner import (  # noqa: E402
-    RecordedRunner,
-    live_runner,
-    no_runner,
-)
+from ansible.module_utils.passthrough_guest.runner import runner_for  # noqa: E402
 
 
 def main() -> None:
@@ -62,13 +58,7 @@ def main() -> None:
     root = GuestRoot(p["root"])
     if not root.isdir("sys") and not root.isdir("proc"):
         module.fail_json(msg=f"root {p['root']}: not a guest root (no sys, no proc)")
-    runner = (
-        RecordedRunner(p["commands"])
-        if p["commands"]
-        else live_runner
-        if root.is_live
-        else no_runner
-    )
+    runner = runner_for(root.is_live, p["commands"])
     report = run_guest_checks(
         root, runner, compute=p["compute"], node=p["node"], labels=p["labels"]
     )
