@@ -173,6 +173,7 @@ def run(
             envvars={
                 "ANSIBLE_CONFIG": str(books / "ansible.cfg"),
                 "ANSIBLE_LIBRARY": str(books / "library"),
+                "ANSIBLE_MODULE_UTILS": str(books / "module_utils"),
                 "ANSIBLE_ROLES_PATH": str(books / "roles"),
                 "ANSIBLE_NOCOLOR": "1",
                 "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),

@@ -21,6 +21,7 @@ from passthrough.errors import (
     EXIT_OK,
     EXIT_USAGE,
     Interrupted,
+    NotAHostRoot,
     PassthroughError,
     ReadOnlyRoot,
     UnknownPciDevice,
@@ -375,6 +376,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(prov, root=False)
 
+    guest_p = sub.add_parser(
+        "guest",
+        help="inside a guest: does it see its GPU, and is the stack above it wired?",
+        description="Run inside the VM (standard library only: works from a checkout with "
+        "python3 and no pip). Checks the GPU's functions, BARs, driver, device nodes, kernel "
+        "log, nvidia-smi, a real CUDA vector add, container runtime, CDI and Kubernetes.",
+    )
+    guest_sub = guest_p.add_subparsers(dest="guest_command", metavar="ACTION", parser_class=_Parser)
+    g_check = guest_sub.add_parser(
+        "check",
+        help="PASS/WARN/FAIL/SKIP, each with a fix; exits 1 when an applicable check fails",
+        epilog="examples:\n  python3 -m passthrough guest check\n"
+        "  passthrough guest check --root guest.tar.gz --commands recorded/ --json\n\n" + EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(g_check)
+    g_check.add_argument("--no-compute", action="store_true", help="do not run the CUDA vector add")
+    g_check.add_argument(
+        "--commands",
+        metavar="DIR",
+        help="replay recorded outputs of nvidia-smi -q -x, dmesg, ... from DIR instead of "
+        "running the tools (default: run them on the live root, none on a captured one)",
+    )
+
     comp = sub.add_parser("completion", help="print a shell completion script (bash or zsh)")
     comp.add_argument("shell", choices=("bash", "zsh"))
     _common(comp, root=False)
@@ -453,7 +478,7 @@ def cmd_scan(args: argparse.Namespace, stack: list[str]) -> int:
 
 
 def cmd_check(args: argparse.Namespace, stack: list[str]) -> int:
-    from passthrough.output import Painter, render_checks, wants_color, write
+    from passthrough.output import Painter, machine_line, render_checks, wants_color, write
     from passthrough.report import analyse, scan_json
 
     scan = analyse(_discover(args, stack))
@@ -464,11 +489,15 @@ def cmd_check(args: argparse.Namespace, stack: list[str]) -> int:
                 "schema": "passthrough.check/v1",
                 "root": data["root"],
                 "ok": not scan.failed,
+                "virtual_machine": data["host"]["virtual_machine"],
                 "checks": data["checks"],
             }
         )
     else:
-        write(render_checks(scan.checks, Painter(wants_color(sys.stdout, args.color))))
+        paint = Painter(wants_color(sys.stdout, args.color))
+        if scan.host.machine.guest:
+            write(machine_line(scan, paint) + "\n")
+        write(render_checks(scan.checks, paint))
     return EXIT_CHECK_FAILED if scan.failed else EXIT_OK
 
 
@@ -507,6 +536,35 @@ def cmd_snapshot(args: argparse.Namespace, stack: list[str]) -> int:
             f"({len(host.functions)} PCI functions)"
         )
     return EXIT_OK
+
+
+def cmd_guest(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.guest.check import FAIL, WARN, render, run_guest_checks
+    from passthrough.guest.root import GuestRoot, find_root
+    from passthrough.guest.runner import runner_for
+    from passthrough.output import Painter, wants_color
+
+    if args.guest_command is None:
+        raise PassthroughError("guest: say which action (check); see --help")
+    if not os.path.exists(args.root):
+        raise NotAHostRoot(args.root, "no such file or directory")
+    path = _open_root(args.root, stack)
+    if not os.path.isdir(path):
+        raise NotAHostRoot(args.root, "neither a directory nor a .tar.gz")
+    root = GuestRoot(find_root(path))
+    if not root.isdir("sys") and not root.isdir("proc"):
+        raise NotAHostRoot(args.root, "does not look like a guest root (no sys, no proc)")
+    if args.commands is not None and not os.path.isdir(args.commands):
+        raise PassthroughError(f"--commands {args.commands}: not a directory")
+    runner = runner_for(root.is_live, args.commands)
+    report = run_guest_checks(root, runner, compute=not args.no_compute)
+    if args.json:
+        _dump(report.to_json())
+    else:
+        painter = Painter(wants_color(sys.stdout, args.color))
+        styles = {FAIL: "red", WARN: "yellow", "PASS": "green", "SKIP": "dim"}
+        print(render(report, lambda text, level: painter(text, styles[level], "bold")))
+    return EXIT_CHECK_FAILED if report.failed else EXIT_OK
 
 
 def cmd_sample(args: argparse.Namespace, stack: list[str]) -> int:
@@ -925,6 +983,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
     "vm": cmd_vm,
     "provision": cmd_provision,
     "sample": cmd_sample,
+    "guest": cmd_guest,
     "completion": cmd_completion,
 }
 

@@ -11,6 +11,7 @@ from enum import StrEnum
 from functools import total_ordering
 
 from passthrough.errors import InvalidPciAddress
+from passthrough.guest.virt import NOT_A_VM, VirtualMachine
 
 _PCI_RE = re.compile(
     r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):"
@@ -293,6 +294,7 @@ class Host:
     problems: tuple[str, ...] = ()  # things discovery tolerated (dangling links, ...)
     numa_cpus: dict[int, tuple[int, ...]] = field(default_factory=dict, hash=False)  # node → CPUs
     memory_mib: int | None = None  # MemTotal of /proc/meminfo; None: not known (a bare tree)
+    machine: VirtualMachine = NOT_A_VM  # whether this root is itself a virtual machine
 
     @property
     def group_index(self) -> dict[int, IommuGroup]:
@@ -358,6 +360,7 @@ class Level(StrEnum):
     PASS = "PASS"
     WARN = "WARN"
     FAIL = "FAIL"
+    SKIP = "SKIP"  # not applicable here (a host check inside a guest), with the reason
 
 
 @dataclass(frozen=True, slots=True)

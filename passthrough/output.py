@@ -6,6 +6,7 @@ import os
 import sys
 from typing import TextIO
 
+from passthrough.analysis.checks import guest_without_iommu
 from passthrough.analysis.viability import CLASS_WORDS
 from passthrough.model import CheckResult, GpuVerdict, Level, PciAddress, PciFunction, Severity
 from passthrough.report import Scan
@@ -39,7 +40,7 @@ class Painter:
         return "".join(STYLES[s] for s in styles) + text + RESET
 
 
-LEVEL_STYLE = {Level.PASS: "green", Level.WARN: "yellow", Level.FAIL: "red"}
+LEVEL_STYLE = {Level.PASS: "green", Level.WARN: "yellow", Level.FAIL: "red", Level.SKIP: "dim"}
 
 
 def _fn_line(f: PciFunction) -> str:
@@ -65,9 +66,13 @@ def render_checks(checks: list[CheckResult], paint: Painter) -> str:
             lines.append(f"      {'':<{width}}  {paint('fix:', 'cyan')} {c.fix}")
     fails = sum(c.level is Level.FAIL for c in checks)
     warns = sum(c.level is Level.WARN for c in checks)
-    passes = len(checks) - fails - warns
+    skips = sum(c.level is Level.SKIP for c in checks)
+    passes = len(checks) - fails - warns - skips
     lines.append("")
-    lines.append(f"{passes} passed, {warns} warnings, {fails} failed")
+    lines.append(
+        f"{passes} passed, {warns} warnings, {fails} failed"
+        + (f", {skips} not applicable" if skips else "")
+    )
     return "\n".join(lines)
 
 
@@ -95,7 +100,21 @@ def render_host(scan: Scan, paint: Painter) -> str:
         f"{', '.join(map(str, h.critical.root_pci)) or '?'} · default route {h.critical.default_nic or '-'}"
         f" on {', '.join(map(str, h.critical.nic_pci)) or '-'}",
     ]
+    if h.machine.guest:
+        lines.append(machine_line(scan, paint))
     return "\n".join(lines)
+
+
+def machine_line(scan: Scan, paint: Painter) -> str:
+    """Says the root is a virtual machine, on what evidence, and what that means here."""
+    m = scan.host.machine
+    name = f" ({m.hypervisor})" if m.hypervisor else ""
+    what = (
+        "a guest: host checks do not apply; `passthrough guest check` checks its GPU"
+        if guest_without_iommu(scan.host)
+        else "with an IOMMU: a nested passthrough host"
+    )
+    return f"{paint('Guest', 'bold', 'yellow')}    virtual machine{name} · {what} · {'; '.join(m.evidence)}"
 
 
 def render_groups(scan: Scan, paint: Painter, gpus_only: bool = False) -> str:

@@ -143,6 +143,11 @@ def host_json(h: Host) -> dict[str, Any]:
             "sys_vendor": h.dmi.sys_vendor,
             "product_name": h.dmi.product_name,
         },
+        "virtual_machine": {
+            "guest": h.machine.guest,
+            "hypervisor": h.machine.hypervisor,
+            "evidence": list(h.machine.evidence),
+        },
         "pci_functions": len(h.functions),
         "numa_nodes": {str(n): list(cpus) for n, cpus in sorted(h.numa_cpus.items())},
     }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import tarfile
 from pathlib import Path
 
 from passthrough.ansible import run, summary_table
@@ -103,7 +104,21 @@ EXTRA = {
     "passthrough_guest_toolkit_key_url": "",
     "passthrough_guest_restart_runtime": False,  # no init system inside a chroot
     "passthrough_guest_verify": False,  # no GPU here
+    # The role's first and last tasks check the guest's GPU: no GPU here, so they read the
+    # REAL H100 guest capture (and its recorded tool outputs) copied into the chroot, through
+    # the chroot's own python3, which has no passthrough package.
+    "passthrough_guest_check_root": "/srv/h100-guest/root",
+    "passthrough_guest_check_commands": "/srv/h100-guest/commands",
 }
+H100_GUEST = Path(__file__).parent / "fixtures/h100-guest"
+
+
+def _h100_capture(root: Path) -> None:
+    dest = root / "srv/h100-guest"
+    dest.mkdir(parents=True)
+    with tarfile.open(H100_GUEST / "root.tar.gz") as tar:
+        tar.extractall(dest, filter="tar")
+    shutil.copytree(H100_GUEST / "commands", dest / "commands")
 
 
 def _chroot(root: Path, *argv: str) -> str:
@@ -115,6 +130,7 @@ def test_guest_role_in_a_debian_chroot(debian_tree: Path, tmp_path: Path) -> Non
     run_ok(["cp", "-a", str(debian_tree), str(root)])
     shutil.copy("/etc/resolv.conf", root / "etc/resolv.conf")  # apt reaches Debian's mirror
     _build_repo(root / "srv/stand-in-repo")
+    _h100_capture(root)
     inv = _inventory(tmp_path, root)
     first = run(str(inv), "guest.yml", extravars=EXTRA)
     assert first.ok, summary_table(first)
@@ -151,6 +167,7 @@ def test_a_failed_package_install_stops_with_the_reason(debian_tree: Path, tmp_p
     run_ok(["cp", "-a", str(debian_tree), str(root)])
     shutil.copy("/etc/resolv.conf", root / "etc/resolv.conf")
     _build_repo(root / "srv/stand-in-repo")
+    _h100_capture(root)
     inv = _inventory(tmp_path, root)
     result = run(
         str(inv), "guest.yml", extravars={**EXTRA, "passthrough_guest_toolkit_version": "9.9.9"}

@@ -225,6 +225,26 @@ def test_hostile_archive_is_refused_and_writes_nothing_outside(
     assert tree(evil) == archive_before
 
 
+@pytest.mark.parametrize("case", sorted(HOSTILE_ARCHIVES))
+def test_hostile_archive_is_refused_without_tar_filters(
+    case: str, tmp_path: Path, outside: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interpreters older than Python 3.11.4 have no extraction filters (Debian 12's own
+    /usr/bin/python3 is 3.11.2, where the guest check runs): the same archives are refused
+    by the toolkit's own checks there."""
+    from passthrough.errors import SnapshotError
+    from passthrough.host import snapshot
+
+    monkeypatch.setattr(snapshot, "HAS_DATA_FILTER", False)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    evil = _archive(tmp_path / "evil.tar.gz", HOSTILE_ARCHIVES[case](outside))
+    with pytest.raises(SnapshotError, match="unsafe member"):
+        snapshot.unpack(str(evil), str(dest))
+    assert not (outside / "victim.txt").exists()
+    assert not (tmp_path / "victim.txt").exists()
+
+
 def test_relative_link_inside_a_snapshot_still_reads(
     hosts: dict[str, Path], tmp_path: Path
 ) -> None:

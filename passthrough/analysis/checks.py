@@ -230,6 +230,40 @@ def _kernel_reset(host: Host) -> CheckResult | None:
     return None
 
 
+# Checks about being a passthrough host: inside a guest with no IOMMU of its own they give
+# host advice ("enable VT-d in the firmware") that cannot apply, so they are not run there.
+HOST_ONLY = frozenset(
+    {
+        "cpu-virtualization",
+        "kvm-device",
+        "iommu-firmware",
+        "iommu-enabled",
+        "kernel-iommu-args",
+        "interrupt-remapping",
+        "acs-override",
+        "vfio-modules",
+        "bootloader",
+        "gpu-viable",
+        "kernel-version",
+    }
+)
+
+
+def guest_without_iommu(host: Host) -> bool:
+    """A VM that cannot pass devices on (no vIOMMU): a guest, not a nested host."""
+    io = host.iommu
+    return host.machine.guest and not (io.units or io.acpi_tables or io.groups)
+
+
+def _not_applicable(result: CheckResult) -> CheckResult:
+    return CheckResult(
+        result.id,
+        Level.SKIP,
+        "not applicable inside a virtual machine without an IOMMU (a host check); "
+        "`passthrough guest check` checks the guest side",
+    )
+
+
 def run_checks(host: Host, verdicts: list[GpuVerdict]) -> list[CheckResult]:
     results = [
         _cpu_virt(host),
@@ -246,4 +280,6 @@ def run_checks(host: Host, verdicts: list[GpuVerdict]) -> list[CheckResult]:
     extra = _kernel_reset(host)
     if extra:
         results.append(extra)
+    if guest_without_iommu(host):
+        results = [_not_applicable(r) if r.id in HOST_ONLY else r for r in results]
     return results

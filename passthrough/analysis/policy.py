@@ -249,14 +249,13 @@ def selection_findings(
             )
     if not host.groups:
         if chosen:
-            found.append(
-                Finding(
-                    NO_IOMMU,
-                    ERROR,
-                    "no IOMMU groups on this host: the IOMMU is off or absent",
-                    tuple(f.address for f in chosen),
-                )
+            why = (
+                "inside a virtual machine with no IOMMU: its GPU is passed through to this "
+                "guest and cannot be passed on (`passthrough guest check` checks it)"
+                if host.machine.guest
+                else "no IOMMU groups on this host: the IOMMU is off or absent"
             )
+            found.append(Finding(NO_IOMMU, ERROR, why, tuple(f.address for f in chosen)))
         found += _critical(host, "the selection", (f.address for f in chosen))
     else:
         ungrouped = [f for f in chosen if f.iommu_group is None and not f.is_bridge_like]
@@ -311,7 +310,10 @@ def card_findings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostInde
     def warn(code: str, message: str, severity: Severity = WARNING) -> None:
         found.append(Finding(code, severity, message, (primary.address,)))
 
-    if len(all_gpus) == 1:
+    # A 3D controller (0x0302, e.g. a data-centre GPU) has no display output: handing it over
+    # takes no console away, and it does not count as one of the host's displays.
+    outputs = [g for g in all_gpus if g.primary.subclass != SUBCLASS_3D]
+    if primary.subclass != SUBCLASS_3D and len(outputs) == 1:
         warn(ONLY_GPU, "the host's only display controller: the host keeps no local display")
     if host.acs_override is not None:
         warn(

@@ -7,6 +7,8 @@ import gzip
 import posixpath
 import re
 
+from passthrough.guest.virt import VirtualMachine
+from passthrough.guest.virt import detect as detect_vm
 from passthrough.host.root import HostRoot
 from passthrough.model import (
     Boot,
@@ -301,6 +303,11 @@ def read_numa(root: HostRoot) -> dict[int, tuple[int, ...]]:
                     root.abs(f"sys/devices/system/node/{name}/cpulist"), f"not a CPU list: {text!r}"
                 ) from None
     return nodes
+
+
+def read_machine(root: HostRoot) -> VirtualMachine:
+    """Whether the root is a virtual machine (the guest package's detector: one for both)."""
+    return detect_vm(root.read, root.listdir)
 
 
 def read_dmi(root: HostRoot) -> Dmi:

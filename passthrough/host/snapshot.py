@@ -236,10 +236,13 @@ def _safe_member(archive: str, dest: str) -> Callable[[tarfile.TarInfo, str], ta
             raise _refuse(archive, member, f"{_kind(member)}, not a file, directory or link")
         if member.name.startswith("/"):
             raise _refuse(archive, member, "an absolute name")
-        try:
-            checked = tarfile.data_filter(member, path)
-        except tarfile.FilterError as exc:
-            raise _refuse(archive, member, _filter_reason(exc)) from None
+        if HAS_DATA_FILTER:
+            try:
+                checked = tarfile.data_filter(member, path)
+            except tarfile.FilterError as exc:
+                raise _refuse(archive, member, _filter_reason(exc)) from None
+        else:
+            checked = _own_data_checks(archive, member, top)
         where = top
         for part in checked.name.split("/"):
             where = os.path.join(where, part)
@@ -248,6 +251,30 @@ def _safe_member(archive: str, dest: str) -> Callable[[tarfile.TarInfo, str], ta
         return checked
 
     return check
+
+
+# Extraction filters came with Python 3.11.4 / 3.12; older interpreters (Debian 12's
+# /usr/bin/python3 is 3.11.2, and the guest check runs there) get the same checks here.
+HAS_DATA_FILTER = hasattr(tarfile, "data_filter")
+
+
+def _own_data_checks(archive: str, member: tarfile.TarInfo, top: str) -> tarfile.TarInfo:
+    """What the ``data`` filter refuses, for interpreters without it: a name or a link
+    target that leaves ``top``, an absolute link target."""
+
+    def inside(path: str) -> bool:
+        real = os.path.realpath(path)
+        return real == top or real.startswith(top.rstrip("/") + "/")
+
+    if not inside(os.path.join(top, member.name)):
+        raise _refuse(archive, member, "it would land outside the snapshot")
+    if member.issym():
+        if member.linkname.startswith("/"):
+            raise _refuse(archive, member, "a link to an absolute path")
+        target = os.path.join(top, os.path.dirname(member.name), member.linkname)
+        if not inside(target):
+            raise _refuse(archive, member, "a link pointing outside the snapshot")
+    return member
 
 
 def _filter_reason(exc: tarfile.FilterError) -> str:
@@ -271,7 +298,12 @@ def unpack(archive: str, dest: str) -> str:
     then), so a refused archive stops with nothing written outside ``dest``."""
     try:
         with tarfile.open(archive, "r:*") as tar:
-            tar.extractall(dest, filter=_safe_member(archive, dest))
+            if HAS_DATA_FILTER:
+                tar.extractall(dest, filter=_safe_member(archive, dest))
+            else:
+                check = _safe_member(archive, dest)
+                for member in tar:  # each checked once the links before it are on disk
+                    tar.extract(check(member, dest), dest, set_attrs=member.isdir())
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise SnapshotError(
             f"{echo(archive)}: not a readable snapshot ({echo(str(exc))})"
