@@ -11,7 +11,6 @@ from passthrough.fakehost.sysfs import uevent
 
 def umockdev_record(desc: Description, root: Path) -> str:
     """The PCI devices of a built root as a umockdev record (``umockdev-run -d``)."""
-    by_addr = {n.address: n for n in desc.nodes}
     blocks = []
 
     def emit(n: Node) -> None:
@@ -56,5 +55,4 @@ def umockdev_record(desc: Description, root: Path) -> str:
 
     for n in desc.top:
         emit(n)
-    del by_addr
     return "\n".join(blocks)
