@@ -13,6 +13,35 @@ from functools import total_ordering
 from passthrough.errors import InvalidPciAddress
 from passthrough.guest.virt import NOT_A_VM, VirtualMachine
 
+# PCI class codes live in pciclass; these names stay importable from the model too.
+from passthrough.pciclass import (
+    CLASS_DISPLAY as CLASS_DISPLAY,
+)
+from passthrough.pciclass import (
+    SUBCLASS_3D as SUBCLASS_3D,
+)
+from passthrough.pciclass import (
+    SUBCLASS_AUDIO_HDA as SUBCLASS_AUDIO_HDA,
+)
+from passthrough.pciclass import (
+    SUBCLASS_HOST_BRIDGE as SUBCLASS_HOST_BRIDGE,
+)
+from passthrough.pciclass import (
+    SUBCLASS_PCI_BRIDGE as SUBCLASS_PCI_BRIDGE,
+)
+from passthrough.pciclass import (
+    SUBCLASS_PCI_BRIDGE_SEMI as SUBCLASS_PCI_BRIDGE_SEMI,
+)
+from passthrough.pciclass import (
+    SUBCLASS_SERIAL_OTHER as SUBCLASS_SERIAL_OTHER,
+)
+from passthrough.pciclass import (
+    SUBCLASS_USB as SUBCLASS_USB,
+)
+from passthrough.pciclass import (
+    SUBCLASS_VGA as SUBCLASS_VGA,
+)
+
 _PCI_RE = re.compile(
     r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):"
     r"(?P<device>[0-9a-fA-F]{1,2})\.(?P<function>[0-7])$"
@@ -90,19 +119,6 @@ class Bar:
     is_64bit: bool
     prefetchable: bool
 
-
-# Base classes and subclasses used for decisions (PCI Code and ID Assignment spec).
-CLASS_DISPLAY = 0x03
-CLASS_BRIDGE = 0x06
-SUBCLASS_HOST_BRIDGE = 0x0600
-SUBCLASS_PCI_BRIDGE = 0x0604
-SUBCLASS_PCI_BRIDGE_SEMI = 0x0609
-SUBCLASS_VGA = 0x0300
-SUBCLASS_3D = 0x0302
-SUBCLASS_AUDIO_HDA = 0x0403
-SUBCLASS_USB = 0x0C03
-SUBCLASS_SERIAL_OTHER = 0x0C80  # UCSI (USB Type-C) on a card
-SUBCLASS_STORAGE = 0x01
 
 # Server management controllers whose VGA is the host console (never a candidate).
 BMC_VGA_VENDORS = {0x1A03: "ASPEED", 0x102B: "Matrox"}

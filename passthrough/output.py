@@ -7,9 +7,10 @@ import sys
 from typing import TextIO
 
 from passthrough.analysis.checks import guest_without_iommu
-from passthrough.analysis.viability import CLASS_WORDS
 from passthrough.model import CheckResult, GpuVerdict, Level, PciAddress, PciFunction, Severity
+from passthrough.pciclass import CLASS_WORDS
 from passthrough.report import Scan
+from passthrough.units import format_size
 
 RESET = "\033[0m"
 STYLES = {
@@ -47,13 +48,6 @@ def _fn_line(f: PciFunction) -> str:
     kind = CLASS_WORDS.get(f.subclass, f"class {f.class_hex}")
     driver = f"  [{f.driver}]" if f.driver else ""
     return f"{f.address} {f.id} {kind}: {f.name}{driver}"
-
-
-def _size(n: int) -> str:
-    for unit, factor in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= factor and n % factor == 0:
-            return f"{n // factor}{unit}"
-    return str(n)
 
 
 def render_checks(checks: list[CheckResult], paint: Painter) -> str:
@@ -167,7 +161,9 @@ def render_gpus(scan: Scan, paint: Painter) -> str:
         mark = paint("✔", "green", "bold") if v.viable else paint("✘", "red", "bold")
         groups = ",".join(map(str, v.gpu.groups)) or "-"
         numa = p.numa_node if p.numa_node is not None else "-"
-        bars = " ".join(f"BAR{b.index}={_size(b.size)}" for b in p.bars if not b.is_io)
+        bars = " ".join(
+            f"BAR{b.index}={format_size(b.size, compact=True)}" for b in p.bars if not b.is_io
+        )
         lines.append(f"  {mark} {paint(str(p.address), 'bold')}  {p.name}")
         lines.append(
             f"      group {groups} · numa {numa} · driver {p.driver or '-'} · ids {','.join(v.gpu.vfio_ids)}"

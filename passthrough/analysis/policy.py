@@ -16,7 +16,6 @@ from passthrough.analysis import viability
 from passthrough.analysis.viability import (
     describe,
     find_gpus,
-    human_size,
     kernel_version,
     mmio_window,
 )
@@ -34,10 +33,11 @@ from passthrough.model import (
     PciFunction,
     Severity,
 )
+from passthrough.pciclass import SUBCLASS_OTHER_BRIDGE
+from passthrough.units import format_size
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 INTEL = 0x8086
-SUBCLASS_OTHER_BRIDGE = 0x0680  # an NVSwitch's class
 
 # -- codes: short and stable; tools and tests match on them --------------------------------
 BMC_VGA = "bmc-vga"
@@ -340,8 +340,8 @@ def card_findings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostInde
         _fn, bar = max(large, key=lambda fb: fb[1].size)
         warn(
             LARGE_BAR,
-            f"BAR{bar.index} is {human_size(bar.size)}: the guest needs a 64-bit MMIO window "
-            f"of at least {human_size(mmio_window(gpu))} for this card (pcihole64 and OVMF "
+            f"BAR{bar.index} is {format_size(bar.size)}: the guest needs a 64-bit MMIO window "
+            f"of at least {format_size(mmio_window(gpu))} for this card (pcihole64 and OVMF "
             "X-PciMmio64Mb), more than OVMF's old 32 GiB default",
         )
     if primary.vendor_id == INTEL and not primary.parents and primary.address.bus == 0:

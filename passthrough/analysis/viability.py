@@ -6,41 +6,16 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from passthrough.model import (
+from passthrough.model import Gpu, GpuVerdict, Host, PciAddress, PciFunction
+from passthrough.pciclass import (
+    CLASS_WORDS,
     SUBCLASS_AUDIO_HDA,
     SUBCLASS_SERIAL_OTHER,
     SUBCLASS_USB,
-    Gpu,
-    GpuVerdict,
-    Host,
-    PciAddress,
-    PciFunction,
 )
+from passthrough.units import GIB
 
-GIB = 1 << 30
 LARGE_BAR = 32 * GIB
-CLASS_WORDS = {
-    0x0100: "SCSI controller",
-    0x0101: "IDE controller",
-    0x0104: "RAID controller",
-    0x0106: "SATA controller",
-    0x0108: "NVMe controller",
-    0x0200: "Ethernet controller",
-    0x0207: "InfiniBand controller",
-    0x0280: "network controller",
-    0x0300: "VGA controller",
-    0x0302: "3D controller",
-    0x0380: "display controller",
-    0x0403: "audio device",
-    0x0600: "host bridge",
-    0x0601: "ISA bridge",
-    0x0604: "PCI bridge",
-    0x0609: "PCI bridge",
-    0x0680: "bridge",
-    0x0C03: "USB controller",
-    0x0C05: "SMBus controller",
-    0x0C80: "serial bus controller",
-}
 
 
 def kernel_version(release: str | None) -> tuple[int, int] | None:
@@ -112,18 +87,11 @@ def find_gpus(host: Host) -> list[Gpu]:
     return sorted(gpus, key=lambda g: g.address)
 
 
-def human_size(size: int) -> str:
-    for unit, factor in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size >= factor:
-            return f"{size / factor:g} {unit}"
-    return f"{size} B"
-
-
 def mmio_window_bytes(functions: Iterable[PciFunction]) -> int:
     """Smallest power-of-two window (≥ 1 GiB) holding every 64-bit BAR of these functions;
     naturally aligned BARs pack into it without gaps."""
     total = sum(b.size for f in functions for b in f.bars if b.is_64bit and not b.is_io)
-    window = 1 << 30
+    window = GIB
     while window < total:
         window <<= 1
     return window

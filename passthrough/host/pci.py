@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from passthrough.errors import MalformedHostData
 from passthrough.host.root import HostRoot
 from passthrough.model import Bar, PciAddress, PciFunction
+from passthrough.pciclass import SUBCLASS_VGA
 
 PCI_DEVICES = "sys/bus/pci/devices"
 
@@ -157,7 +158,7 @@ def read_function(
     driver = event.get("DRIVER") if event else root.link_name(f"{real}/driver")
     numa = root.read_int(f"{real}/numa_node")
     # boot_vga exists on VGA-class functions only
-    boot_vga_raw = root.read(f"{real}/boot_vga") if class_code >> 8 == 0x0300 else None
+    boot_vga_raw = root.read(f"{real}/boot_vga") if class_code >> 8 == SUBCLASS_VGA else None
     reset = root.read(f"{real}/reset_method")
     resource = root.read(f"{real}/resource")
     group = root.link_name(f"{real}/iommu_group")

@@ -14,11 +14,9 @@ from typing import Any
 
 from passthrough.errors import PassthroughError
 from passthrough.model import Finding, Host, PciAddress, PciFunction, Severity
+from passthrough.units import GIB, KIB, MIB, TIB, format_size
 from passthrough.vm.versions import DEFAULT_VERSIONS, Versions, dotted, read_versions
 
-MIB = 1 << 20
-GIB = 1 << 30
-TIB = 1 << 40
 OVMF_FALLBACK = 32 * GIB  # OVMF's 64-bit aperture when it does not size one itself
 OVMF_MAX_BITS = 46  # OVMF clamps trusted CPU bits to this (it avoids 5-level paging)
 OVMF_DYNAMIC_SINCE = (2022, 11)  # edk2-stable202211: the window sized from the CPU's bits
@@ -39,13 +37,6 @@ X_PCIMMIO64 = "opt/ovmf/X-PciMmio64Mb"
 
 class LayoutRefused(PassthroughError):
     """The guest cannot address what its cards need: nothing is rendered."""
-
-
-def human(size: int) -> str:
-    for unit, factor in (("TiB", TIB), ("GiB", GIB), ("MiB", MIB)):
-        if size >= factor and size % (factor // 1024 or 1) == 0:
-            return f"{size / factor:g} {unit}"
-    return f"{size} B"
 
 
 def _pow2_floor(n: int) -> int:
@@ -270,15 +261,15 @@ def plan_layout(
     bits, maxphys = _choose_bits(host_bits, iommu_bits, versions, virt_type, say)
     if iommu_bits and bits > iommu_bits:
         raise LayoutRefused(
-            f"guest physical addresses reach 2^{bits} = {human(1 << bits)} but the host IOMMU "
-            f"maps only {iommu_bits} bits ({human(1 << iommu_bits)}), and libvirt "
+            f"guest physical addresses reach 2^{bits} = {format_size(1 << bits)} but the host IOMMU "
+            f"maps only {iommu_bits} bits ({format_size(1 << iommu_bits)}), and libvirt "
             f"{dotted(versions.libvirt)} cannot lower the guest's bits: "
             "DMA mapping would fail"
         )
     if need:
         say.append(
-            f"64-bit prefetchable BARs need {human(need)} packed largest first "
-            f"(aligned to {human(alignment)}) over {len([c for c in bars if c.high])} root port(s)"
+            f"64-bit prefetchable BARs need {format_size(need)} packed largest first "
+            f"(aligned to {format_size(alignment)}) over {len([c for c in bars if c.high])} root port(s)"
         )
     own, limit = firmware_window(bits, cpu_vendor, memory_mib, versions.ovmf, None)
     x_mib: int | None = None
@@ -291,30 +282,30 @@ def plan_layout(
         and not (versions.assumed and need > OVMF_FALLBACK)
     ):
         say.append(
-            f"OVMF {ovmf_text} sizes its own {own.how} window of {human(own.size)} at "
+            f"OVMF {ovmf_text} sizes its own {own.how} window of {format_size(own.size)} at "
             f"{own.base:#x}: enough, no window element"
         )
     elif need:
         x_mib = max(_pow2_ceil(need), GIB) // MIB
         if x_mib > X_PCIMMIO64_MAX_MIB:
             raise LayoutRefused(
-                f"the cards need a {human(need)} 64-bit window; OVMF accepts at most 16 TiB"
+                f"the cards need a {format_size(need)} 64-bit window; OVMF accepts at most 16 TiB"
             )
         window, limit = firmware_window(bits, cpu_vendor, memory_mib, versions.ovmf, x_mib)
         reason = (
-            f"OVMF's own window ({own.how}, {human(own.size)}) is too small"
+            f"OVMF's own window ({own.how}, {format_size(own.size)}) is too small"
             if need > own.size or own.end > limit
             else f"the firmware's version is {versions.source}, so its own sizing is not relied on"
         )
         say.append(
-            f"{reason}: {X_PCIMMIO64}={x_mib} ({human(x_mib * MIB)}, a power of two: OVMF "
+            f"{reason}: {X_PCIMMIO64}={x_mib} ({format_size(x_mib * MIB)}, a power of two: OVMF "
             "aligns the aperture to it anyway)"
         )
     if need and window.end > limit:
         raise LayoutRefused(
-            f"the cards' 64-bit BARs need {human(need)}; with {human(memory_mib * MIB)} of RAM "
-            f"OVMF puts a {human(window.size)} window at {window.base:#x}..{window.end:#x}, "
-            f"above the guest's address limit 2^{limit.bit_length() - 1} = {human(limit)} "
+            f"the cards' 64-bit BARs need {format_size(need)}; with {format_size(memory_mib * MIB)} of RAM "
+            f"OVMF puts a {format_size(window.size)} window at {window.base:#x}..{window.end:#x}, "
+            f"above the guest's address limit 2^{limit.bit_length() - 1} = {format_size(limit)} "
             f"(host CPU {host_bits if host_bits else 'unknown'} bits, IOMMU "
             f"{iommu_bits if iommu_bits else 'unknown'} bits)"
         )
@@ -323,7 +314,7 @@ def plan_layout(
         # below base + 2^(bits-3) < 2^bits too: an older firmware than assumed still fits)
         say.append(
             f"OVMF's {window.how} window {window.base:#x}..{window.end:#x} "
-            f"({human(window.size)}) ends within the guest's limit {human(limit)} "
+            f"({format_size(window.size)}) ends within the guest's limit {format_size(limit)} "
             f"(2^{limit.bit_length() - 1})"
         )
     via: str | None = None
@@ -345,7 +336,7 @@ def plan_layout(
     elif not need:
         say.append("no 64-bit prefetchable BARs: no window element")
     if low:
-        say.append(f"{human(low)} of BARs stay below 4 GiB")
+        say.append(f"{format_size(low)} of BARs stay below 4 GiB")
     return Layout(
         need=need,
         alignment=alignment,
@@ -372,7 +363,7 @@ def _int(text: str | None, base: int = 10) -> int | None:
         return None
 
 
-_UNITS = {"b": 1, "bytes": 1, "k": 1024, "kib": 1024, "m": MIB, "mib": MIB, "g": GIB, "gib": GIB}
+_UNITS = {"b": 1, "bytes": 1, "k": KIB, "kib": KIB, "m": MIB, "mib": MIB, "g": GIB, "gib": GIB}
 _UNITS.update({"kb": 1000, "mb": 1000**2, "gb": 1000**3, "t": TIB, "tib": TIB})
 
 
@@ -468,7 +459,7 @@ def layout_findings(domain: Any, host: Host, versions: Versions | None = None) -
                 Severity.ERROR,
                 f"the guest addresses {bits} bits ({bits_why}) but the host IOMMU maps only "
                 f"{iommu}: DMA mapping fails once anything sits above 2^{iommu} = "
-                f"{human(1 << iommu)}; add <maxphysaddr> with {iommu} bits",
+                f"{format_size(1 << iommu)}; add <maxphysaddr> with {iommu} bits",
                 devices,
             )
         )
@@ -487,8 +478,8 @@ def layout_findings(domain: Any, host: Host, versions: Versions | None = None) -
             Finding(
                 "mmio-window-too-small",
                 Severity.ERROR,
-                f"the hostdevs' 64-bit BARs need {human(need)} packed, but {how} gives "
-                f"{human(window.size)} ({need} > {window.size} bytes): the guest sees BARs "
+                f"the hostdevs' 64-bit BARs need {format_size(need)} packed, but {how} gives "
+                f"{format_size(window.size)} ({need} > {window.size} bytes): the guest sees BARs "
                 f"unassigned; set {X_PCIMMIO64} to at least {max(_pow2_ceil(need), GIB) // MIB}",
                 devices,
             )
@@ -498,9 +489,9 @@ def layout_findings(domain: Any, host: Host, versions: Versions | None = None) -
             Finding(
                 "mmio-window-above-limit",
                 Severity.ERROR,
-                f"{how} puts {human(window.size)} at {window.base:#x}..{window.end:#x}, above "
-                f"the guest's address limit 2^{limit.bit_length() - 1} = {human(limit)} "
-                f"({bits} bits: {bits_why}; {human(memory * MIB)} of RAM)",
+                f"{how} puts {format_size(window.size)} at {window.base:#x}..{window.end:#x}, above "
+                f"the guest's address limit 2^{limit.bit_length() - 1} = {format_size(limit)} "
+                f"({bits} bits: {bits_why}; {format_size(memory * MIB)} of RAM)",
                 devices,
             )
         )

@@ -19,6 +19,7 @@ from typing import Any
 
 from passthrough.errors import InvalidPciAddress, PassthroughError
 from passthrough.model import Host, PciAddress
+from passthrough.units import MIB, parse_size
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 VENDOR_ID_RE = re.compile(r"^[A-Za-z0-9_ .-]{1,12}$")
@@ -220,15 +221,10 @@ BY_KEY = {k: o for o in OPTIONS for k in (o.spec_key, *o.aliases)}
 
 def size_mib(text: str, where: str) -> int:
     """``16G`` / ``16384M`` / ``16384`` → MiB."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    factor = 1
-    if t.endswith("G"):
-        factor, t = 1024, t[:-1]
-    elif t.endswith("M"):
-        t = t[:-1]
-    if not (t.isascii() and t.isdigit()):
+    size = parse_size(text, MIB)
+    if size is None or size % MIB:
         raise BadVmSpec(where, f"{text!r} is not MiB or a size such as 16G")
-    return int(t) * factor
+    return size // MIB
 
 
 def _show(value: object) -> str:

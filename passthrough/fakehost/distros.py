@@ -1,0 +1,55 @@
+"""The distro table (``distros.yaml``): what each install looks like to discovery."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from passthrough.fakehost.schema import Keys, MapOf, OneOf, check
+from passthrough.model import BootloaderKind, InitramfsKind
+
+TABLE = Path(__file__).with_name("distros.yaml")
+
+# "none": a host whose boot tooling discovery cannot find (what the checks must report)
+BOOTLOADERS = (*(k.value for k in BootloaderKind), "none")
+INITRAMFS = (*(k.value for k in InitramfsKind), "none")
+
+_DISTRO = Keys(
+    {
+        "os_release": MapOf((str,), (str,)),
+        "release": (str,),
+        "bootloader": OneOf(BOOTLOADERS),
+        "initramfs": OneOf(INITRAMFS),
+        "config": MapOf((str,), (str,)),
+    },
+    required=("os_release", "release", "bootloader", "initramfs", "config"),
+)
+_TABLE = Keys(
+    {"base_config": MapOf((str,), (str,)), "distros": MapOf((str,), (dict,))},
+    required=("base_config", "distros"),
+)
+
+
+@dataclass(frozen=True)
+class DistroProfile:
+    os_release: dict[str, str]
+    release: str
+    bootloader: str
+    initramfs: str
+    config: dict[str, str]  # CONFIG_* that differ from BASE_CONFIG
+
+
+def _load() -> tuple[dict[str, str], dict[str, DistroProfile]]:
+    data: Any = yaml.safe_load(TABLE.read_text())
+    check(data, _TABLE, str(TABLE))
+    distros = {}
+    for name, entry in data["distros"].items():
+        check(entry, _DISTRO, f"{TABLE}: distros.{name}")
+        distros[name] = DistroProfile(**entry)
+    return data["base_config"], distros
+
+
+BASE_CONFIG, DISTROS = _load()
