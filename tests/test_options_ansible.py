@@ -122,6 +122,8 @@ def test_role_task_leaves_every_guest_default_to_the_table() -> None:
             assert value == "{{ " + FROM_ROLE_VARS[name] + " }}", name
         elif name == "name":
             assert value == "{{ item.name }}"
+        elif name == "planned_functions":  # the host role's result, when it ran
+            assert value == "{{ passthrough_host_result.plan.functions | default([]) }}"
         else:  # left out: the module's default, which is the table's
             assert value == "{{ item." + name + " | default(omit) }}", name
 

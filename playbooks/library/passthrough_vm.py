@@ -37,6 +37,13 @@ options:
   virt_type: {description: "kvm, or qemu for software emulation (TCG) where /dev/kvm does not work", type: str, default: kvm, choices: [kvm, qemu]}
   state: {description: running, defined or absent, type: str, default: running, choices: [running, defined, absent]}
   require_handed_over: {description: Refuse cards the host has not handed to vfio-pci (bound now or by its last apply), type: bool, default: true}
+  planned_functions:
+    description:
+      - PCI functions the host plan of this run hands to vfio-pci (the passthrough_host result's
+        plan.functions), counted as handed over; in check mode that plan was not applied.
+    type: list
+    elements: str
+    default: []
 author: passthrough developers
 """
 
@@ -77,6 +84,7 @@ MODULE_OPTIONS: dict[str, dict[str, object]] = {
     "uri": {"type": "str", "default": "qemu:///system"},
     "state": {"type": "str", "default": "running", "choices": ["running", "defined", "absent"]},
     "require_handed_over": {"type": "bool", "default": True},
+    "planned_functions": {"type": "list", "elements": "str", "default": []},
 }
 
 
@@ -137,7 +145,7 @@ def main() -> None:
             from passthrough.host.root import HostRoot
 
             tx = last_applied(HostRoot(p["root"])) or {}
-            planned = set(tx.get("functions", []))
+            planned = set(tx.get("functions", [])) | set(p["planned_functions"])
             drivers = {str(f.address): f.driver for f in host.functions}
             for card in spec.cards:
                 for fn in card.functions:
