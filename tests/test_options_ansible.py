@@ -172,3 +172,19 @@ def test_module_refuses_what_the_table_refuses(hgx: Path, tmp_path: Path) -> Non
     assert low["failed"] and low["msg"] == "vcpus: 0 is below the minimum of 1"
     bad = _run_module(tmp_path, **common, name="g", profile="macos")
     assert bad["failed"] and "profile" in bad["msg"] and "linux, windows" in bad["msg"]
+
+
+def test_module_without_the_package_fails_with_the_reason(tmp_path: Path) -> None:
+    """A target without passthrough: the import is blocked here (sys.modules entry None,
+    as Python does for a failed import) and the module run as Ansible runs it."""
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"name": "g", "vcpus": 2}}))
+    blocked = (
+        "import runpy, sys; sys.modules['passthrough'] = None; "
+        f"sys.argv = ['passthrough_vm', {str(args)!r}]; "
+        f"runpy.run_path({str(LIBRARY / 'passthrough_vm.py')!r}, run_name='__main__')"
+    )
+    r = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60)
+    out = json.loads(r.stdout)
+    assert r.returncode == 1 and out["failed"], out
+    assert out["msg"].startswith("the passthrough Python package is not installed on the target")
