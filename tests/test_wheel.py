@@ -113,7 +113,8 @@ def test_wheel_carries_templates_playbooks_and_schemas(
         assert (package / part).is_file(), part
     (wheel,) = (venv.parent / "dist").glob("*.whl")
     with zipfile.ZipFile(wheel) as z:
-        metadata = z.read("passthrough-0.1.0.dist-info/METADATA").decode()
+        (name,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = z.read(name).decode()
     assert "License-Expression: Apache-2.0" in metadata
 
 
