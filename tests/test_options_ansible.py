@@ -69,7 +69,7 @@ def test_module_documentation_agrees_with_its_argument_spec() -> None:
 def test_every_module_has_documentation_examples_and_return(path: Path) -> None:
     mod = _module(path.stem)
     doc = yaml.safe_load(mod.DOCUMENTATION)
-    assert doc["module"] == path.stem
+    assert doc["module"] == path.stem and doc.get("description"), "no module description"
     returned = yaml.safe_load(mod.RETURN)
     assert isinstance(returned, dict) and returned
     assert all(v.get("description") and v.get("type") for v in returned.values())
@@ -79,6 +79,15 @@ def test_every_module_has_documentation_examples_and_return(path: Path) -> None:
         args = task[path.stem] or {}
         unknown = set(args) - set(doc["options"])
         assert not unknown, f"{task['name']}: {sorted(unknown)} not in DOCUMENTATION"
+    # and as Ansible itself reads it
+    r = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-doc"), "-M", str(LIBRARY), path.stem],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0 and "ERROR" not in r.stderr, r.stderr
+    assert "EXAMPLES" in r.stdout and "RETURN VALUES" in r.stdout
 
 
 def _argument_specs() -> dict[str, Any]:

@@ -6,6 +6,10 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: passthrough_check
 short_description: Readiness checks for GPU passthrough
+description:
+  - The checks of C(passthrough check) (IOMMU, kernel arguments, vfio-pci, each GPU's verdict)
+    as facts, or with I(verify) the running host against the last apply. Changes nothing.
+  - Needs the C(passthrough) Python package on the target.
 options:
   root: {description: Host root to read, type: str, default: /}
   verify: {description: Check the running host against the last apply instead, type: bool, default: false}
