@@ -16,8 +16,6 @@ from typing import Any
 
 from passthrough.errors import EXIT_BACKEND, Interrupted, PassthroughError
 
-PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
-
 
 class ProvisionFailed(PassthroughError):
     exit_code = EXIT_BACKEND
@@ -60,14 +58,13 @@ class RunResult:
 
 
 def playbooks_dir() -> Path:
-    env = os.environ.get("PASSTHROUGH_PLAYBOOKS")
-    for candidate in ([Path(env)] if env else []) + [
-        PLAYBOOKS,
-        Path(sys.prefix) / "share/passthrough/playbooks",
-    ]:
-        if (candidate / "site.yml").exists():
-            return candidate
-    raise ProvisionFailed("playbooks/site.yml not found (set PASSTHROUGH_PLAYBOOKS)")
+    """The installed wheel's playbooks, or playbooks/ of the checkout."""
+    from passthrough import resources
+
+    try:
+        return resources.find("playbooks", "site.yml", "PASSTHROUGH_PLAYBOOKS")
+    except FileNotFoundError as exc:
+        raise ProvisionFailed(str(exc)) from None
 
 
 def _reason(event: dict[str, Any]) -> str:

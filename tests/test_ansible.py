@@ -371,3 +371,14 @@ def test_host_module_refuses_a_route_nic_group_with_its_code(tmp_path: Path) -> 
     assert not result.ok
     assert "[route-nic-in-group]" in (result.hosts["b550"].reason or ""), summary_table(result)
     assert not (root / "etc/modprobe.d/passthrough-vfio.conf").exists()
+
+
+def test_sample_site_play_in_check_mode_counts_the_host_plan(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """In check mode the host plan is not applied, so the vm role counts the cards that plan
+    hands over (planned_functions) instead of refusing them as not handed over."""
+    inventory = str(REPO / "inventory/sample/hosts.yml")
+    assert main(["provision", "-i", inventory, "--sample", "--check", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["hosts"]["sample-hgx"]["changed"] == 2, report

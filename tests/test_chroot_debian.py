@@ -15,12 +15,17 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
+
 from passthrough import fakehost
 from passthrough.apply import chroot_argv
 from passthrough.cli import main
 
 from .conftest import CACHE
 from .conftest import run_ok as _run
+
+# the debootstrap tier: minutes on a cold cache (README "Tests": the fast loop skips it)
+pytestmark = pytest.mark.slow
 
 
 def _files(root: Path, top: str) -> dict[str, bytes]:

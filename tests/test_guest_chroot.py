@@ -14,9 +14,14 @@ import shutil
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from passthrough.ansible import run, summary_table
 
 from .conftest import run_ok
+
+# the debootstrap tier: minutes on a cold cache (README "Tests": the fast loop skips it)
+pytestmark = pytest.mark.slow
 
 STAND_IN_CTK = """#!/bin/sh
 # STAND-IN for nvidia-ctk (test only): writes what the real tool writes for these commands.

@@ -521,3 +521,19 @@ def test_cloud_init_seed_iso(
         )
         == 2
     )
+
+
+def test_the_spec_decides_and_the_template_only_prints(hosts: dict[str, Path]) -> None:
+    """Profile, hiding and virt_type are decided in vm/spec.py; the template has no branch
+    on them (it prints the profile and hiding only as metadata)."""
+    host = discover(str(hosts["consumer-intel"]))
+    win = build_spec(host, VmOptions(name="w", profile="windows", hide=False, virt_type="qemu"))
+    assert win.cpu_mode == "maximum" and win.clock_offset == "localtime" and win.hyperv_clock
+    assert [e.name for e in win.enlightenments][:3] == ["relaxed", "vapic", "spinlocks"]
+    assert win.hyperv_vendor_id is None and not win.kvm_hidden and win.vmport_off
+    linux = build_spec(host, VmOptions(name="l", vendor_id="abc"))
+    assert linux.cpu_mode == "host-passthrough" and linux.clock_offset == "utc"
+    assert linux.enlightenments == () and linux.hyperv_vendor_id == "abc" and linux.kvm_hidden
+    template = (REPO / "templates/domain.xml.j2").read_text()
+    for decided in ("spec.profile ==", "spec.virt_type ==", "{% if spec.hide %}"):
+        assert decided not in template, decided

@@ -374,3 +374,40 @@ def from_flags(args: argparse.Namespace) -> dict[str, Any]:
             value = raw
         values[opt.name] = check(opt, value, where)
     return values
+
+
+# -- the Ansible module's options --------------------------------------------------------
+
+# Ansible's option types for each kind; sizes are whole MiB there (memory_mib), paths stay
+# "str" so Ansible does not expand ~ or variables in them before the table checks them.
+ANSIBLE_TYPES = {
+    Kind.TEXT: "str",
+    Kind.INT: "int",
+    Kind.BOOL: "bool",
+    Kind.SIZE: "int",
+    Kind.PATH: "str",
+    Kind.CHOICE: "str",
+    Kind.ROM: "str",
+    Kind.ADDRESSES: "list",
+}
+
+
+def ansible_option(opt: VmOption) -> dict[str, Any]:
+    """One option as an Ansible argument_spec entry, named by its VmOptions field."""
+    entry: dict[str, Any] = {"type": ANSIBLE_TYPES[opt.kind]}
+    if opt.kind is Kind.ADDRESSES:
+        entry["elements"] = "str"
+    if opt.choices:
+        entry["choices"] = list(opt.choices)
+    if opt.default is None:
+        # the one option without a default and without which there is no guest
+        if opt.name == "name":
+            entry["required"] = True
+    else:
+        entry["default"] = list(opt.default) if isinstance(opt.default, tuple) else opt.default
+    return entry
+
+
+def ansible_argument_spec() -> dict[str, dict[str, Any]]:
+    """The passthrough_vm module's guest options, generated from :data:`OPTIONS`."""
+    return {opt.name: ansible_option(opt) for opt in OPTIONS}

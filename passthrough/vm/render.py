@@ -6,29 +6,19 @@ value can never become markup). Hex formatting lives here, in one place.
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import jinja2
 
+from passthrough import resources
 from passthrough.vm.spec import VmSpec
 
 POLICY_NS = "https://passthrough.dev/xmlns/policy/1"
 
 
 def templates_dir() -> Path:
-    """templates/ of the checkout, or share/passthrough/templates of an installed wheel."""
-    env = os.environ.get("PASSTHROUGH_TEMPLATES")
-    candidates = [Path(env)] if env else []
-    candidates += [
-        Path(__file__).resolve().parents[2] / "templates",
-        Path(sys.prefix) / "share/passthrough/templates",
-    ]
-    for c in candidates:
-        if (c / "domain.xml.j2").exists():
-            return c
-    raise FileNotFoundError("templates/domain.xml.j2 not found (set PASSTHROUGH_TEMPLATES)")
+    """The installed wheel's templates, or templates/ of the checkout."""
+    return resources.find("templates", "domain.xml.j2", "PASSTHROUGH_TEMPLATES")
 
 
 def environment() -> jinja2.Environment:

@@ -1,7 +1,8 @@
 """A guest's specification, built from discovery and options; every decision made here.
 
 The template only loops and branches over what this module computed: guest PCI
-addresses, the MMIO window, vCPU pins, hiding. Every value is checked against the options
+addresses, the MMIO window, vCPU pins, hiding, the profile's Hyper-V enlightenments and clock,
+the CPU mode. Every value is checked against the options
 table (options.py) and against the host before any rendering, the field named.
 """
 
@@ -53,6 +54,33 @@ class GuestCard:
 
 
 @dataclass(frozen=True)
+class Enlightenment:
+    """A Hyper-V enlightenment the guest gets, on; ``retries`` only for spinlocks."""
+
+    name: str
+    retries: int | None = None
+
+
+# What a Windows guest gets (its scheduler, timers and TLB flushes go through Hyper-V's
+# paravirtual interfaces); a Linux guest needs none of them for a GPU.
+WINDOWS_ENLIGHTENMENTS = (
+    Enlightenment("relaxed"),
+    Enlightenment("vapic"),
+    Enlightenment("spinlocks", retries=8191),
+    Enlightenment("vpindex"),
+    Enlightenment("runtime"),
+    Enlightenment("synic"),
+    Enlightenment("stimer"),
+    Enlightenment("reset"),
+    Enlightenment("frequencies"),
+    Enlightenment("tlbflush"),
+    Enlightenment("ipi"),
+)
+# host-passthrough needs KVM; under TCG the closest is QEMU's "max" model (libvirt: maximum)
+CPU_MODES = {"kvm": "host-passthrough", "qemu": "maximum"}
+
+
+@dataclass(frozen=True)
 class VmOptions:
     name: str
     vcpus: int = 4
@@ -99,6 +127,14 @@ class VmSpec:
     vcpu_pins: tuple[tuple[int, str], ...]
     emulator_cpus: str | None
     virt_type: str = "kvm"
+    # what the profile, hiding and virt_type decide; the template only prints these
+    cpu_mode: str = "host-passthrough"
+    enlightenments: tuple[Enlightenment, ...] = ()
+    hyperv_vendor_id: str | None = None  # <vendor_id> inside <hyperv>, when hidden
+    kvm_hidden: bool = False
+    vmport_off: bool = False
+    clock_offset: str = "utc"  # Windows keeps the RTC in local time
+    hyperv_clock: bool = False
     warnings: tuple[str, ...] = ()
     meta: dict[str, Any] = field(default_factory=dict, hash=False)
     layout: Layout | None = None  # the address planner's decisions (vm/layout.py)
@@ -206,6 +242,7 @@ def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) ->
         versions=versions if versions is not None else read_versions(host.root),
         virt_type=opts.virt_type,
     )
+    windows = opts.profile == "windows"
     return VmSpec(
         name=opts.name,
         vcpus=opts.vcpus,
@@ -229,6 +266,13 @@ def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) ->
         vcpu_pins=tuple(pins),
         emulator_cpus=emulator,
         virt_type=opts.virt_type,
+        cpu_mode=CPU_MODES[opts.virt_type],
+        enlightenments=WINDOWS_ENLIGHTENMENTS if windows else (),
+        hyperv_vendor_id=opts.vendor_id if opts.hide else None,
+        kvm_hidden=opts.hide,
+        vmport_off=windows,
+        clock_offset="localtime" if windows else "utc",
+        hyperv_clock=windows,
         warnings=tuple(warnings),
         layout=layout,
     )

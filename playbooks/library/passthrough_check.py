@@ -6,10 +6,30 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: passthrough_check
 short_description: Readiness checks for GPU passthrough
+description:
+  - The checks of C(passthrough check) (IOMMU, kernel arguments, vfio-pci, each GPU's verdict)
+    as facts, or with I(verify) the running host against the last apply. Changes nothing.
+  - Needs the C(passthrough) Python package on the target.
 options:
   root: {description: Host root to read, type: str, default: /}
   verify: {description: Check the running host against the last apply instead, type: bool, default: false}
 author: passthrough developers
+"""
+
+EXAMPLES = r"""
+- name: Is this host ready for GPU passthrough?
+  passthrough_check:
+  register: readiness
+
+- name: After the reboot, is the running host what the last apply set up?
+  passthrough_check:
+    verify: true
+"""
+
+RETURN = r"""
+checks: {description: every check with its id, level (pass, warn, fail), summary and fix, returned: always, type: list, elements: dict}
+gpus: {description: the GPUs and their verdicts as passthrough scan --json prints them (empty with verify), returned: always, type: list, elements: dict}
+failures: {description: one line per failed check, returned: always, type: list, elements: str}
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 (Ansible wants DOCUMENTATION first)

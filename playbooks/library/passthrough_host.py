@@ -26,6 +26,18 @@ options:
 author: passthrough developers
 """
 
+EXAMPLES = r"""
+- name: Hand two cards to vfio-pci with 16 one-GiB huge pages
+  passthrough_host:
+    gpus: ["0000:18:00.0", "0000:19:00.0"]
+    hugepages: 16
+  register: host_plan
+
+- name: Undo every applied change
+  passthrough_host:
+    state: absent
+"""
+
 RETURN = r"""
 changed: {description: whether anything was (or in check mode would be) changed, type: bool}
 reboot_required: {description: whether a reboot is needed for the change to take effect, type: bool}

@@ -6,56 +6,107 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: passthrough_vm
 short_description: Render, validate and define (and start) a GPU passthrough guest
+description:
+  - Renders the guest's domain XML from the host's facts, validates it (libvirt's schema and
+    the passthrough policy), defines it and starts it.
+  - The guest options are the ones C(passthrough render) takes; the module builds its
+    argument_spec from the same table (passthrough/vm/options.py), so this list is checked
+    against it by the test suite.
+  - Needs the C(passthrough) Python package on the target.
 options:
   root: {description: Host root whose facts shape the guest, type: str, default: /}
   uri: {description: libvirt connection URI, type: str, default: "qemu:///system"}
   name: {description: Domain name, type: str, required: true}
-  vcpus: {description: vCPUs, type: int, default: 4}
-  memory_mib: {description: Memory in MiB, type: int, default: 8192}
-  gpus: {description: PCI addresses of the cards, type: list, elements: str, default: []}
+  gpus: {description: PCI addresses of the cards; empty means every viable NVIDIA GPU, type: list, elements: str, default: []}
+  vcpus: {description: vCPUs (at most the host's logical CPUs), type: int, default: 4}
+  memory_mib: {description: Memory in MiB (at most the host's RAM unless overcommit), type: int, default: 8192}
+  overcommit: {description: Allow more guest memory than the host has RAM, type: bool, default: false}
   disk: {description: An existing disk image, type: str}
   base_image: {description: A cloud image to put a qcow2 overlay on, type: str}
   image_dir: {description: Where the overlay goes, type: str, default: /var/lib/libvirt/images}
   bridge: {description: Host bridge, type: str}
   network: {description: 'libvirt network ("none" for no NIC)', type: str, default: default}
   seed: {description: cloud-init seed ISO, type: str}
-  profile: {description: linux or windows, type: str, default: linux, choices: [linux, windows]}
+  profile: {description: Guest OS profile, type: str, default: linux, choices: [linux, windows]}
   hide: {description: Hide the hypervisor from the NVIDIA driver, type: bool, default: true}
-  vendor_id: {description: Hyper-V vendor_id, type: str, default: passthrough}
-  rom: {description: on, off or a ROM file, type: str, default: "on"}
+  vendor_id: {description: Hyper-V vendor_id (1 to 12 characters), type: str, default: passthrough}
+  hide_hypervisor_cpuid: {description: Also clear the CPUID hypervisor bit (costs Windows its Hyper-V enlightenments), type: bool, default: false}
+  rom: {description: "The cards' option ROM: on, off or an absolute ROM file path", type: str, default: "on"}
   hugepages: {description: Huge-page backed, locked memory, type: bool, default: false}
-  state: {description: running, defined or absent, type: str, default: running, choices: [running, defined, absent]}
+  numa_pin: {description: Pin vCPUs and memory to the GPUs' NUMA node, type: bool, default: true}
   virt_type: {description: "kvm, or qemu for software emulation (TCG) where /dev/kvm does not work", type: str, default: kvm, choices: [kvm, qemu]}
+  state: {description: running, defined or absent, type: str, default: running, choices: [running, defined, absent]}
   require_handed_over: {description: Refuse cards the host has not handed to vfio-pci (bound now or by its last apply), type: bool, default: true}
+  planned_functions:
+    description:
+      - PCI functions the host plan of this run hands to vfio-pci (the passthrough_host result's
+        plan.functions), counted as handed over; in check mode that plan was not applied.
+    type: list
+    elements: str
+    default: []
 author: passthrough developers
 """
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402 (Ansible wants DOCUMENTATION first)
+EXAMPLES = r"""
+- name: A Linux guest with two H100s, on an overlay of a cloud image
+  passthrough_vm:
+    name: gpu-vm
+    gpus: ["0000:18:00.0", "0000:19:00.0"]
+    vcpus: 16
+    memory_mib: 131072
+    base_image: /var/lib/libvirt/images/debian-12-genericcloud-amd64.qcow2
+    seed: /var/lib/libvirt/images/gpu-vm-seed.iso
+
+- name: Render and validate only (nothing defined)
+  passthrough_vm:
+    name: gpu-vm
+    state: defined
+  check_mode: true
+
+- name: Remove the guest
+  passthrough_vm:
+    name: gpu-vm
+    state: absent
+"""
+
+RETURN = r"""
+xml: {description: the rendered domain XML, returned: unless state is absent, type: str}
+status: {description: the domain's state from libvirt (name, active, ...), returned: unless state is absent, type: dict}
+warnings_list: {description: what the spec noted but did not refuse (NUMA, unchecked host facts), returned: unless state is absent, type: list, elements: str}
+codes: {description: on a safety-policy refusal, its codes (README "Safety policy"), returned: failure, type: list, elements: str}
+"""
+
+from ansible.module_utils.basic import AnsibleModule, _load_params  # noqa: E402 (Ansible wants DOCUMENTATION first)
+
+# what the module adds to the guest options of passthrough/vm/options.py
+MODULE_OPTIONS: dict[str, dict[str, object]] = {
+    "root": {"type": "str", "default": "/"},
+    "uri": {"type": "str", "default": "qemu:///system"},
+    "state": {"type": "str", "default": "running", "choices": ["running", "defined", "absent"]},
+    "require_handed_over": {"type": "bool", "default": True},
+    "planned_functions": {"type": "list", "elements": "str", "default": []},
+}
+
+
+def argument_spec() -> dict[str, dict[str, object]]:
+    """The module's options: the guest options from the package's table, then its own.
+    Raises ImportError where the package is not installed."""
+    from passthrough.vm.options import ansible_argument_spec
+
+    return {**ansible_argument_spec(), **MODULE_OPTIONS}
 
 
 def main() -> None:
-    spec_args = {
-        "root": {"type": "str", "default": "/"},
-        "uri": {"type": "str", "default": "qemu:///system"},
-        "name": {"type": "str", "required": True},
-        "vcpus": {"type": "int", "default": 4},
-        "memory_mib": {"type": "int", "default": 8192},
-        "gpus": {"type": "list", "elements": "str", "default": []},
-        "disk": {"type": "str"},
-        "base_image": {"type": "str"},
-        "image_dir": {"type": "str", "default": "/var/lib/libvirt/images"},
-        "bridge": {"type": "str"},
-        "network": {"type": "str", "default": "default"},
-        "seed": {"type": "str"},
-        "profile": {"type": "str", "default": "linux", "choices": ["linux", "windows"]},
-        "hide": {"type": "bool", "default": True},
-        "vendor_id": {"type": "str", "default": "passthrough"},
-        "rom": {"type": "str", "default": "on"},
-        "hugepages": {"type": "bool", "default": False},
-        "state": {"type": "str", "default": "running", "choices": ["running", "defined", "absent"]},
-        "virt_type": {"type": "str", "default": "kvm", "choices": ["kvm", "qemu"]},
-        "require_handed_over": {"type": "bool", "default": True},
-    }
+    try:
+        spec_args = argument_spec()
+    except ImportError as exc:
+        # no table to check the options against: accept whatever was given, to fail with
+        # the reason rather than with "unsupported parameters"
+        given = {k: {"type": "raw"} for k in _load_params() if not k.startswith("_ansible_")}
+        AnsibleModule(argument_spec=given, supports_check_mode=True).fail_json(
+            msg=f"the passthrough Python package is not installed on the target ({exc})"
+        )
+        return
     module = AnsibleModule(argument_spec=spec_args, supports_check_mode=True)
     try:
         from passthrough.errors import PassthroughError
@@ -64,10 +115,8 @@ def main() -> None:
         from passthrough.vm.render import render
         from passthrough.vm.spec import VmOptions, build_spec
         from passthrough.vm.validate import validate_text
-    except ImportError as exc:
-        module.fail_json(
-            msg=f"the passthrough Python package is not installed on the target ({exc})"
-        )
+    except ImportError as exc:  # installed only in part
+        module.fail_json(msg=f"the passthrough Python package cannot be imported ({exc})")
         return
     p = module.params
     try:
@@ -96,7 +145,7 @@ def main() -> None:
             from passthrough.host.root import HostRoot
 
             tx = last_applied(HostRoot(p["root"])) or {}
-            planned = set(tx.get("functions", []))
+            planned = set(tx.get("functions", [])) | set(p["planned_functions"])
             drivers = {str(f.address): f.driver for f in host.functions}
             for card in spec.cards:
                 for fn in card.functions:

@@ -1,0 +1,199 @@
+"""The Ansible side of the VM options table (passthrough/vm/options.py): the passthrough_vm
+module's argument_spec is generated from it, and what Ansible reads as static text (the
+module's DOCUMENTATION, the role's argument_specs, defaults and task) is checked against
+it here, so a new or changed option cannot reach one side only. The module is also run for
+real (as Ansible runs it: a JSON args file) to show a table default and a table refusal."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+from passthrough import fakehost
+from passthrough.vm.options import OPTIONS, ansible_argument_spec, ansible_option
+
+REPO = Path(__file__).parents[1]
+LIBRARY = REPO / "playbooks/library"
+ROLE = REPO / "playbooks/roles/passthrough_vm"
+# options of the role's guest entries that are not guest options of the table
+ROLE_ONLY = {"ssh_host", "state"}
+# module options the role fills from role variables rather than from each guest entry
+FROM_ROLE_VARS = {"root": "passthrough_vm_root", "uri": "passthrough_vm_uri"}
+FROM_ROLE_VARS["require_handed_over"] = "passthrough_vm_require_handed_over"
+
+
+def _module(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, LIBRARY / f"{name}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _compared(entry: dict[str, Any]) -> dict[str, Any]:
+    """What Ansible enforces of an option (descriptions are prose)."""
+    keys = ("type", "elements", "default", "choices", "required")
+    return {k: entry[k] for k in keys if k in entry and entry[k] not in (None, False)}
+
+
+def test_module_argument_spec_is_the_table_plus_its_own_options() -> None:
+    vm = _module("passthrough_vm")
+    spec = vm.argument_spec()
+    assert {k: spec[k] for k in ansible_argument_spec()} == ansible_argument_spec()
+    assert set(spec) == {o.name for o in OPTIONS} | set(vm.MODULE_OPTIONS)
+    assert spec["memory_mib"] == {"type": "int", "default": 8192}
+    assert spec["gpus"] == {"type": "list", "elements": "str", "default": []}
+    assert spec["name"] == {"type": "str", "required": True}
+
+
+def test_module_documentation_agrees_with_its_argument_spec() -> None:
+    vm = _module("passthrough_vm")
+    documented = yaml.safe_load(vm.DOCUMENTATION)["options"]
+    spec = vm.argument_spec()
+    assert set(documented) == set(spec), "DOCUMENTATION and argument_spec name other options"
+    for name, entry in spec.items():
+        assert _compared(documented[name]) == _compared(entry), name
+        assert documented[name].get("description"), f"{name} has no description"
+
+
+@pytest.mark.parametrize("path", sorted(LIBRARY.glob("*.py")), ids=lambda p: p.stem)
+def test_every_module_has_documentation_examples_and_return(path: Path) -> None:
+    mod = _module(path.stem)
+    doc = yaml.safe_load(mod.DOCUMENTATION)
+    assert doc["module"] == path.stem and doc.get("description"), "no module description"
+    returned = yaml.safe_load(mod.RETURN)
+    assert isinstance(returned, dict) and returned
+    assert all(v.get("description") and v.get("type") for v in returned.values())
+    examples = yaml.safe_load(mod.EXAMPLES)
+    assert isinstance(examples, list) and examples
+    for task in examples:
+        args = task[path.stem] or {}
+        unknown = set(args) - set(doc["options"])
+        assert not unknown, f"{task['name']}: {sorted(unknown)} not in DOCUMENTATION"
+    # and as Ansible itself reads it
+    r = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-doc"), "-M", str(LIBRARY), path.stem],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0 and "ERROR" not in r.stderr, r.stderr
+    assert "EXAMPLES" in r.stdout and "RETURN VALUES" in r.stdout
+
+
+def _argument_specs() -> dict[str, Any]:
+    data = yaml.safe_load((ROLE / "meta/argument_specs.yml").read_text())
+    return dict(data["argument_specs"]["main"]["options"])
+
+
+def test_role_guest_options_agree_with_the_table() -> None:
+    guest = _argument_specs()["passthrough_vm_guests"]["options"]
+    assert set(guest) == {o.name for o in OPTIONS} | ROLE_ONLY
+    for opt in OPTIONS:
+        assert _compared(guest[opt.name]) == _compared(ansible_option(opt)), opt.name
+    state = _module("passthrough_vm").MODULE_OPTIONS["state"]
+    assert _compared(guest["state"]) == _compared(state)
+
+
+_TEMPLATED_DEFAULT = re.compile(r"^\{\{ *\w+ *\| *default\((?P<value>.*)\) *\}\}$")
+
+
+def test_role_defaults_agree_with_its_argument_specs() -> None:
+    specs = _argument_specs()
+    defaults = yaml.safe_load((ROLE / "defaults/main.yml").read_text())
+    assert set(defaults) == set(specs)
+    for name, value in defaults.items():
+        templated = _TEMPLATED_DEFAULT.match(value) if isinstance(value, str) else None
+        # "{{ passthrough_root | default('/') }}": the value when nothing else is set
+        plain = yaml.safe_load(templated["value"]) if templated else value
+        assert plain == specs[name].get("default"), name
+    module = _module("passthrough_vm").MODULE_OPTIONS
+    for option, var in FROM_ROLE_VARS.items():
+        assert specs[var].get("default") == module[option].get("default"), var
+
+
+def test_role_task_leaves_every_guest_default_to_the_table() -> None:
+    tasks = yaml.safe_load((ROLE / "tasks/main.yml").read_text())
+    (task,) = [t for t in tasks if "passthrough_vm" in t]
+    args = task["passthrough_vm"]
+    assert set(args) == set(_module("passthrough_vm").argument_spec())
+    for name, value in args.items():
+        if name in FROM_ROLE_VARS:
+            assert value == "{{ " + FROM_ROLE_VARS[name] + " }}", name
+        elif name == "name":
+            assert value == "{{ item.name }}"
+        elif name == "planned_functions":  # the host role's result, when it ran
+            assert value == "{{ passthrough_host_result.plan.functions | default([]) }}"
+        else:  # left out: the module's default, which is the table's
+            assert value == "{{ item." + name + " | default(omit) }}", name
+
+
+def _run_module(tmp_path: Path, **args: Any) -> dict[str, Any]:
+    """The module as Ansible runs it: a file holding ANSIBLE_MODULE_ARGS, JSON out."""
+    args_file = tmp_path / "args.json"
+    args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
+    r = subprocess.run(
+        [sys.executable, str(LIBRARY / "passthrough_vm.py"), str(args_file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return dict(json.loads(r.stdout))
+
+
+@pytest.fixture(scope="module")
+def hgx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fakehost.build(fakehost.load("hgx-h100"), tmp_path_factory.mktemp("hgx") / "root")
+
+
+def test_module_takes_table_options_and_defaults_for_real(hgx: Path, tmp_path: Path) -> None:
+    common = {
+        "root": str(hgx),
+        "uri": "test:///default",
+        "name": "passthrough-structure-ansible",
+        "gpus": ["0000:18:00.0"],
+        "require_handed_over": False,
+        "_ansible_check_mode": True,
+    }
+    pinned = _run_module(tmp_path, **common)
+    assert not pinned.get("failed"), pinned
+    assert "<vcpupin vcpu='0'" in pinned["xml"]  # numa_pin's table default: on
+    assert "<vcpu placement='static'>4</vcpu>" in pinned["xml"]  # vcpus' default
+    # numa_pin and hide_hypervisor_cpuid were flags of render only before the table
+    unpinned = _run_module(tmp_path, **common, numa_pin=False, hide_hypervisor_cpuid=True)
+    assert not unpinned.get("failed"), unpinned
+    assert "<vcpupin" not in unpinned["xml"]
+    assert "<feature policy='disable' name='hypervisor'/>" in unpinned["xml"]
+
+
+def test_module_refuses_what_the_table_refuses(hgx: Path, tmp_path: Path) -> None:
+    common = {"root": str(hgx), "uri": "test:///default", "_ansible_check_mode": True}
+    low = _run_module(tmp_path, **common, name="g", vcpus=0, require_handed_over=False)
+    assert low["failed"] and low["msg"] == "vcpus: 0 is below the minimum of 1"
+    bad = _run_module(tmp_path, **common, name="g", profile="macos")
+    assert bad["failed"] and "profile" in bad["msg"] and "linux, windows" in bad["msg"]
+
+
+def test_module_without_the_package_fails_with_the_reason(tmp_path: Path) -> None:
+    """A target without passthrough: the import is blocked here (sys.modules entry None,
+    as Python does for a failed import) and the module run as Ansible runs it."""
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"name": "g", "vcpus": 2}}))
+    blocked = (
+        "import runpy, sys; sys.modules['passthrough'] = None; "
+        f"sys.argv = ['passthrough_vm', {str(args)!r}]; "
+        f"runpy.run_path({str(LIBRARY / 'passthrough_vm.py')!r}, run_name='__main__')"
+    )
+    r = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60)
+    out = json.loads(r.stdout)
+    assert r.returncode == 1 and out["failed"], out
+    assert out["msg"].startswith("the passthrough Python package is not installed on the target")
