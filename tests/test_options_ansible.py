@@ -32,6 +32,12 @@ FROM_ROLE_VARS["require_handed_over"] = "passthrough_vm_require_handed_over"
 
 
 def _module(name: str) -> ModuleType:
+    # the guest module imports its checks as Ansible packs them: from module_utils
+    import ansible.module_utils
+
+    utils = str(LIBRARY.parent / "module_utils")
+    if utils not in ansible.module_utils.__path__:
+        ansible.module_utils.__path__.append(utils)
     spec = importlib.util.spec_from_file_location(name, LIBRARY / f"{name}.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)

@@ -32,6 +32,47 @@ options:
 author: passthrough developers
 """
 
+EXAMPLES = r"""
+- name: The guest sees its GPU (before anything is installed)
+  passthrough_guest_check:
+    stage: hardware
+    compute: false
+
+- name: The whole stack, with the node labels the role set
+  passthrough_guest_check:
+    stage: all
+    labels:
+      nvidia.com/gpu.present: "true"
+
+- name: A capture taken elsewhere, with the tools' recorded outputs
+  passthrough_guest_check:
+    root: /srv/captures/h100-guest
+    commands: /srv/captures/h100-guest/commands
+    compute: false
+"""
+
+RETURN = r"""
+checks:
+  description: Every check with its id, level (PASS, WARN, FAIL, SKIP), summary and fix.
+  returned: always
+  type: list
+  elements: dict
+gpus:
+  description: The NVIDIA functions the guest sees, with their guest addresses and BARs.
+  returned: always
+  type: list
+  elements: dict
+virtual_machine:
+  description: Whether the root is a virtual machine, the hypervisor and the evidence.
+  returned: always
+  type: dict
+failures:
+  description: One line per failed check that counts at this stage, with its fix.
+  returned: always
+  type: list
+  elements: str
+"""
+
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 (Ansible wants DOCUMENTATION first)
 from ansible.module_utils.passthrough_guest.check import (  # noqa: E402
     FAIL,
