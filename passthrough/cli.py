@@ -427,19 +427,24 @@ def _discover(args: argparse.Namespace, stack: list[str]) -> Any:
     from passthrough.host.discover import discover
 
     root = _open_root(args.root, stack)
-    use_udev = getattr(args, "udev", "auto")
-    source = None
-    if use_udev == "yes" or (use_udev == "auto" and os.path.abspath(root) == "/"):
-        try:
-            import pyudev  # noqa: F401
+    return discover(root, pci_source=_udev_source(root, getattr(args, "udev", "auto")))
 
-            from passthrough.host.udev import udev_pci_source
 
-            source = udev_pci_source
-        except ImportError:
-            if use_udev == "yes":
-                raise
-    return discover(root, pci_source=source)
+def _udev_source(root: str, use_udev: str = "auto") -> Any:
+    """pyudev's enumeration on the live root (names from the hwdb), or None for the root's
+    sysfs files: a fixture, a snapshot, or a live machine without pyudev (a GPU guest
+    with no pip) — unless ``--udev yes`` insists on it."""
+    if use_udev == "no" or (use_udev == "auto" and os.path.abspath(root) != "/"):
+        return None
+    try:
+        import pyudev  # noqa: F401
+    except ImportError:
+        if use_udev == "yes":
+            raise
+        return None
+    from passthrough.host.udev import udev_pci_source
+
+    return udev_pci_source
 
 
 def _dump(obj: object) -> None:
@@ -513,14 +518,7 @@ def cmd_snapshot(args: argparse.Namespace, stack: list[str]) -> int:
         recorder.append(r)
         return r
 
-    source = None
-    if os.path.abspath(root_path) == "/":
-        try:
-            from passthrough.host.udev import udev_pci_source
-
-            source = udev_pci_source
-        except ImportError:
-            source = None
+    source = _udev_source(root_path)
     host = discover(root_path, pci_source=source, root_factory=factory)
     if source is not None:
         # pyudev read the PCI tree behind the recorder's back: read it again through it.

@@ -554,3 +554,45 @@ def test_guest_role_stops_first_when_a_bar_did_not_fit(
     started = [t.strip() for t in tasks if t.strip().startswith("TASK")]
     assert started[-1] == "TASK The guest sees its GPU", started  # nothing after it ran
     assert result.hosts["h100-guest"].changed == 0
+
+
+def test_snapshot_of_a_live_machine_without_pyudev(tmp_path: Path) -> None:
+    """Seen on the real H100 guest (no pip, no pyudev): `snapshot` stopped with "pyudev
+    cannot be imported" while `scan` read sysfs. Both now fall back to the root's sysfs
+    files; the capture then reads back as the same machine."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE.format(blocked=("pyudev", "libvirt")))
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "PYTHONPATH": f"{site}:{REPO}",
+        "BLOCK_LOG": str(tmp_path / "blocked.log"),
+    }
+    out = tmp_path / "live.tar.gz"
+    done = subprocess.run(
+        [sys.executable, "-m", "passthrough", "snapshot", "-o", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0 and out.is_file(), done.stderr
+    assert "pyudev" in (tmp_path / "blocked.log").read_text()  # it was tried, and refused
+    scan = subprocess.run(
+        [sys.executable, "-m", "passthrough", "scan", "--json", "--root", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert scan.returncode == 0, scan.stderr
+    live = {p.name for p in Path("/sys/bus/pci/devices").iterdir()}
+    with tarfile.open(out) as tar:
+        captured = {
+            m.name.split("/")[4]
+            for m in tar.getmembers()
+            if m.name.startswith("sys/bus/pci/devices/") and m.name.count("/") == 4
+        }
+    assert captured == live
