@@ -16,7 +16,6 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from passthrough.errors import EXIT_HOST_STEP, PassthroughError
 from passthrough.host.root import HostRoot
@@ -32,7 +31,7 @@ from passthrough.journal import (
     TxState,
     sha256,
 )
-from passthrough.plan.actions import Action, Plan, RemoveFile, Run, WriteFile
+from passthrough.plan.actions import Action, Plan, PlanRecord, RemoveFile, Run, WriteFile
 
 LOCK = f"{STATE}/lock"
 
@@ -257,7 +256,7 @@ def _pending_reruns(journal: Journal, plan: Plan) -> list[Run]:
 def apply(
     root: HostRoot,
     plan: Plan,
-    record: dict[str, Any],
+    record: PlanRecord,
     runner: Runner = _default_runner,
     progress: Callable[[str], None] | None = None,
 ) -> Transaction | None:
@@ -323,11 +322,11 @@ def apply(
         return tx
 
 
-def last_applied(root: HostRoot) -> dict[str, Any] | None:
+def last_applied(root: HostRoot) -> PlanRecord | None:
     """The plan record of the newest complete apply, for verify."""
     for tx in reversed(Journal.load(root).transactions):
         if tx.kind is TxKind.APPLY and tx.state is TxState.COMPLETE and tx.record:
-            return {**tx.record, "id": tx.id}
+            return tx.record
     return None
 
 

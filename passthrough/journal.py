@@ -18,6 +18,7 @@ from typing import Any
 
 from passthrough.errors import PassthroughError
 from passthrough.host.root import HostRoot
+from passthrough.plan.actions import PlanRecord
 
 STATE = "var/lib/passthrough"
 JOURNAL = f"{STATE}/journal.json"
@@ -149,7 +150,7 @@ class Transaction:
     started: float
     steps: list[Step] = field(default_factory=list)
     # apply: what verify needs of the plan (cards, functions, kernel_args, binding, ...)
-    record: dict[str, Any] = field(default_factory=dict)
+    record: PlanRecord | None = None
     # apply: the kernel arguments this transaction added and the keys it dropped
     args_set: list[str] = field(default_factory=list)
     args_dropped: list[str] = field(default_factory=list)
@@ -169,7 +170,7 @@ class Transaction:
             "started": self.started,
             "finished": self.finished,
             "undone": self.undone,
-            "record": self.record,
+            "record": self.record.to_json() if self.record else {},
             "args_set": self.args_set,
             "args_dropped": self.args_dropped,
             "undid": self.undid,
@@ -185,7 +186,7 @@ class Transaction:
             state=TxState(d["state"]),
             started=float(d.get("started", 0.0)),
             steps=[Step.from_json(s) for s in d.get("steps", [])],
-            record=dict(d.get("record") or {}),
+            record=_record(d.get("record")),
             args_set=list(d.get("args_set") or []),
             args_dropped=list(d.get("args_dropped") or []),
             finished=d.get("finished"),
@@ -196,6 +197,14 @@ class Transaction:
 
 
 RECORD_KEYS = ("cards", "functions", "kernel_args", "binding", "bootloader")
+
+
+def _record(d: dict[str, Any] | None) -> PlanRecord | None:
+    """An apply's plan record as stored (v2: under ``record``; v1: inline in the
+    transaction, next to its own keys); None where there is none (undo, an empty apply)."""
+    if not d or not any(k in d for k in RECORD_KEYS):
+        return None
+    return PlanRecord.from_json(d)
 
 
 def _from_v1(root: HostRoot, d: dict[str, Any]) -> Transaction:
@@ -240,7 +249,7 @@ def _from_v1(root: HostRoot, d: dict[str, Any]) -> Transaction:
         state=TxState(d["state"]),
         started=float(d.get("started", 0.0)),
         steps=steps,
-        record={k: d[k] for k in RECORD_KEYS if k in d},
+        record=_record(d),
         args_set=list(ka.get("set") or []),
         args_dropped=list(ka.get("remove") or []),
         finished=d.get("finished"),

@@ -7,6 +7,7 @@ from passthrough.errors import PassthroughError
 from passthrough.host.root import HostRoot
 from passthrough.model import CheckResult, Host, Level
 from passthrough.plan import vfio
+from passthrough.plan.actions import Binding
 from passthrough.plan.kargs import key_of
 
 
@@ -18,14 +19,15 @@ class NothingApplied(PassthroughError):
 
 
 def verify(root: HostRoot, host: Host) -> list[CheckResult]:
-    tx = last_applied(root)
-    if tx is None:
+    record = last_applied(root)  # the plan of the newest complete apply
+    if record is None:
         raise NothingApplied(root.path)
     results: list[CheckResult] = []
     running = list(host.kernel.cmdline)
     running_keys = {key_of(a) for a in running}
-    missing = [a for a in tx["kernel_args"]["set"] if a not in running]
-    stale = [k for k in tx["kernel_args"]["remove"] if k in running_keys]
+    wanted = list(record.kernel_args.set.values())
+    missing = [a for a in wanted if a not in running]
+    stale = sorted(k for k in record.kernel_args.drop if k in running_keys)
     if missing or stale:
         results.append(
             CheckResult(
@@ -42,8 +44,7 @@ def verify(root: HostRoot, host: Host) -> list[CheckResult]:
             CheckResult(
                 "kernel-args",
                 Level.PASS,
-                "running kernel has "
-                + (" ".join(tx["kernel_args"]["set"]) or "the planned arguments"),
+                "running kernel has " + (" ".join(wanted) or "the planned arguments"),
             )
         )
     if host.iommu.groups:
@@ -60,7 +61,7 @@ def verify(root: HostRoot, host: Host) -> list[CheckResult]:
             )
         )
     by_addr = {str(f.address): f for f in host.functions}
-    for addr in tx["functions"]:
+    for addr in record.functions:
         f = by_addr.get(addr)
         if f is None:
             results.append(
@@ -82,7 +83,7 @@ def verify(root: HostRoot, host: Host) -> list[CheckResult]:
                     (
                         f"a host driver claimed it: check that /{vfio.UDEV_RULE} has a line for {addr} "
                         "and that the initramfs was rebuilt after it changed"
-                        if tx.get("binding") == "driver_override"
+                        if record.binding is Binding.DRIVER_OVERRIDE
                         else "a host driver claimed it first: check the softdeps in "
                         f"/{vfio.MODPROBE} reached the initramfs"
                     ),

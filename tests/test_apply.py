@@ -13,12 +13,13 @@ import pytest
 
 from passthrough import apply as apply_mod
 from passthrough import fakehost
-from passthrough.apply import ApplyError, Busy, apply, locked, undo
+from passthrough.apply import ApplyError, Busy, apply, last_applied, locked, undo
 from passthrough.cli import main
 from passthrough.host.discover import discover
 from passthrough.host.root import HostRoot
 from passthrough.journal import StepKind, StepState, Transaction, TxState
-from passthrough.plan.actions import Run
+from passthrough.model import BootloaderKind
+from passthrough.plan.actions import Binding, Run
 from passthrough.plan.build import PlanOptions, make_plan
 
 from .test_plan import build
@@ -293,6 +294,94 @@ def test_verify_points_a_per_device_binding_at_its_udev_rule(
         "/etc/udev/rules.d/40-passthrough-vfio.rules has a line for 0000:18:00.0"
         in checks["vfio 0000:18:00.0"]["fix"]
     )
+
+
+# The plan record as journals stored it before it was typed: v2 under "record", v1 inline.
+OLD_RECORD = {
+    "cards": [
+        {
+            "address": "0000:01:00.0",
+            "name": "NVIDIA Corporation AD102 [GeForce RTX 4090]",
+            "functions": ["0000:01:00.0", "0000:01:00.1"],
+        }
+    ],
+    "functions": ["0000:01:00.0", "0000:01:00.1"],
+    "kernel_args": {"set": ["vfio-pci.ids=10de:2684,10de:22ba"], "remove": ["nouveau.modeset"]},
+    "binding": "driver_override",
+    "bootloader": "grub",
+}
+OLD_JOURNALS = {
+    "v2": {
+        "schema": "passthrough.journal/v2",
+        "version": 2,
+        "transactions": [
+            {
+                "id": "20250101T000000-0",
+                "kind": "apply",
+                "state": "complete",
+                "started": 1735689600.0,
+                "finished": 1735689601.0,
+                "undone": None,
+                "record": OLD_RECORD,
+                "args_set": ["vfio-pci.ids=10de:2684,10de:22ba"],
+                "args_dropped": [],
+                "undid": [],
+                "restored": [],
+                "steps": [],
+            }
+        ],
+    },
+    "v1": {
+        "schema": "passthrough.journal/v1",
+        "transactions": [
+            {
+                "id": "20250101T000000-0",
+                "started": 1735689600.0,
+                "finished": 1735689601.0,
+                "state": "complete",
+                "steps": [],
+                **OLD_RECORD,
+            }
+        ],
+    },
+}
+
+
+@pytest.mark.parametrize("version", sorted(OLD_JOURNALS))
+def test_verify_reads_the_plan_record_an_older_journal_stored(
+    version: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = build(tmp_path, "consumer-intel", {})
+    journal = path / "var/lib/passthrough/journal.json"
+    journal.parent.mkdir(parents=True)
+    journal.write_text(json.dumps(OLD_JOURNALS[version]))
+    cmdline = path / "proc/cmdline"
+    cmdline.write_text(cmdline.read_text().strip() + " nouveau.modeset=0\n")
+    record = last_applied(HostRoot(str(path)))
+    assert record is not None
+    assert record.binding is Binding.DRIVER_OVERRIDE and record.bootloader is BootloaderKind.GRUB
+    assert record.cards[0].functions == ("0000:01:00.0", "0000:01:00.1")
+    assert record.to_json() == OLD_RECORD  # written back in the shape it was read
+    assert main(["verify", "--root", str(path), "--json"]) == 1
+    checks = {c["id"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    # the arguments to set and the key to drop both come from the old record
+    assert "vfio-pci.ids=10de:2684,10de:22ba" in checks["kernel-args"]["summary"]
+    assert "still has nouveau.modeset" in checks["kernel-args"]["summary"]
+    # its binding decides the advice: a per-device binding points at the udev rule
+    assert "40-passthrough-vfio.rules" in checks["vfio 0000:01:00.0"]["fix"]
+
+
+def test_the_journal_stores_the_plan_record_it_reads_back(tmp_path: Path) -> None:
+    path = build(tmp_path, "hgx-h100", {})
+    root = HostRoot(str(path))
+    plan, _ = make_plan(root, discover(str(path)), PlanOptions(gpus=("18:00.0",)))
+    assert plan.binding is Binding.DRIVER_OVERRIDE
+    tx = apply(root, plan, plan.record())
+    assert tx is not None
+    stored = json.loads((path / "var/lib/passthrough/journal.json").read_text())
+    assert stored["transactions"][-1]["record"]["binding"] == "driver_override"
+    assert stored["transactions"][-1]["record"]["functions"] == plan.functions
+    assert last_applied(root) == plan.record()
 
 
 def test_cli_plan_json_and_apply_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -431,7 +431,7 @@ def test_reads_a_journal_written_by_the_previous_format(tmp_path: Path) -> None:
                         "outputs_backed_up": True,
                     },
                 ],
-                "cards": plan.cards,
+                "cards": [c.to_json() for c in plan.cards],
                 "functions": plan.functions,
                 "kernel_args": {"set": ["vfio-pci.ids=10de:2684,10de:22ba"], "remove": []},
                 "binding": "ids",

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from passthrough.host.root import HostRoot
+from passthrough.model import BootloaderKind, InitramfsKind
 from passthrough.plan.kargs import ArgChange, describe
 
 
@@ -45,36 +47,110 @@ class Run:
 Action = WriteFile | RemoveFile | Run
 
 
+class Binding(StrEnum):
+    """How the planned functions reach vfio-pci at boot."""
+
+    IDS = "ids"  # vfio-pci.ids=vendor:device, when those IDs name only the chosen cards
+    DRIVER_OVERRIDE = "driver_override"  # a udev rule per address, when they would take more
+
+
+@dataclass(frozen=True)
+class PlannedCard:
+    address: str
+    name: str
+    functions: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"address": self.address, "name": self.name, "functions": list(self.functions)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> PlannedCard:
+        return cls(
+            address=str(d["address"]),
+            name=str(d.get("name", "")),
+            functions=tuple(map(str, d.get("functions") or [])),
+        )
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """What the journal keeps of an applied plan, for verify (and the VM module's check
+    that a card was handed over). Its JSON is the same object journals v1 (inline in the
+    transaction) and v2 (under ``record``) stored, so older journals read as they are."""
+
+    cards: tuple[PlannedCard, ...]
+    functions: tuple[str, ...]
+    kernel_args: ArgChange  # what the next boot must have: the target, not the edit
+    binding: Binding
+    bootloader: BootloaderKind
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cards": [c.to_json() for c in self.cards],
+            "functions": list(self.functions),
+            "kernel_args": self.kernel_args.to_json(),
+            "binding": self.binding.value,
+            "bootloader": self.bootloader.value,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> PlanRecord:
+        return cls(
+            cards=tuple(PlannedCard.from_json(c) for c in d.get("cards") or []),
+            functions=tuple(map(str, d.get("functions") or [])),
+            kernel_args=ArgChange.from_json(d.get("kernel_args") or {}),
+            # the binding and bootloader have been recorded since the first journal;
+            # a record without them is read as the planner's defaults
+            binding=Binding(d.get("binding", Binding.IDS.value)),
+            bootloader=BootloaderKind(d.get("bootloader", BootloaderKind.UNKNOWN.value)),
+        )
+
+
 @dataclass
 class Plan:
     root: str
     actions: list[Action]
     reboot: bool
-    kernel_args: ArgChange
-    cards: list[dict[str, Any]]
-    bootloader: str
-    initramfs: str
-    binding: str  # "ids" or "driver_override"
+    kernel_args: ArgChange  # the edit the actions make
+    cards: list[PlannedCard]
+    bootloader: BootloaderKind
+    initramfs: InitramfsKind
+    binding: Binding
     target_args: ArgChange = field(default_factory=ArgChange)  # what the next boot must have
     functions: list[str] = field(default_factory=list)  # addresses that go to vfio-pci
     notes: list[str] = field(default_factory=list)
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> PlanRecord:
         """What the journal keeps of this plan, for verify."""
-        return {
-            "cards": self.cards,
-            "functions": self.functions,
-            "kernel_args": {
-                "set": list(self.target_args.set.values()),
-                "remove": sorted(self.target_args.drop),
-            },
-            "binding": self.binding,
-            "bootloader": self.bootloader,
-        }
+        return PlanRecord(
+            cards=tuple(self.cards),
+            functions=tuple(self.functions),
+            # the reasons are prose for the plan's text: the journal keeps only the change
+            kernel_args=ArgChange(set=self.target_args.set, drop=self.target_args.drop),
+            binding=self.binding,
+            bootloader=self.bootloader,
+        )
 
     @property
     def empty(self) -> bool:
         return not self.actions
+
+    def to_json(self, root: HostRoot) -> dict[str, Any]:
+        """``passthrough plan --json`` and the host module's ``plan`` (schema plan/v1)."""
+        return {
+            "schema": "passthrough.plan/v1",
+            "root": self.root,
+            "changed": not self.empty,
+            "reboot_required": self.reboot,
+            "bootloader": self.bootloader.value,
+            "initramfs": self.initramfs.value,
+            "binding": self.binding.value,
+            "cards": [c.to_json() for c in self.cards],
+            "functions": list(self.functions),
+            "kernel_args": self.kernel_args.to_json(),
+            "actions": [action_json(a, root) for a in self.actions],
+            "notes": list(self.notes),
+        }
 
 
 def file_diff(root: HostRoot, action: WriteFile | RemoveFile) -> str:
@@ -91,41 +167,26 @@ def file_diff(root: HostRoot, action: WriteFile | RemoveFile) -> str:
     )
 
 
+def action_json(action: Action, root: HostRoot) -> dict[str, Any]:
+    if isinstance(action, WriteFile | RemoveFile):
+        kind = "write" if isinstance(action, WriteFile) else "remove"
+        return {
+            "kind": kind,
+            "path": "/" + action.path,
+            "why": action.why,
+            "diff": file_diff(root, action),
+        }
+    return {"kind": "run", "argv": list(action.argv), "why": action.why}
+
+
 def plan_json(plan: Plan, root: HostRoot) -> dict[str, Any]:
-    actions: list[dict[str, Any]] = []
-    for a in plan.actions:
-        if isinstance(a, WriteFile):
-            actions.append(
-                {"kind": "write", "path": "/" + a.path, "why": a.why, "diff": file_diff(root, a)}
-            )
-        elif isinstance(a, RemoveFile):
-            actions.append(
-                {"kind": "remove", "path": "/" + a.path, "why": a.why, "diff": file_diff(root, a)}
-            )
-        else:
-            actions.append({"kind": "run", "argv": list(a.argv), "why": a.why})
-    return {
-        "schema": "passthrough.plan/v1",
-        "root": plan.root,
-        "changed": not plan.empty,
-        "reboot_required": plan.reboot,
-        "bootloader": plan.bootloader,
-        "initramfs": plan.initramfs,
-        "binding": plan.binding,
-        "cards": plan.cards,
-        "functions": plan.functions,
-        "kernel_args": {
-            "set": list(plan.kernel_args.set.values()),
-            "remove": sorted(plan.kernel_args.drop),
-        },
-        "actions": actions,
-        "notes": plan.notes,
-    }
+    """The name the CLI and the host module call; the shape is ``Plan.to_json``."""
+    return plan.to_json(root)
 
 
 def plan_text(plan: Plan, root: HostRoot) -> str:
     lines: list[str] = []
-    cards = ", ".join(f"{c['address']} ({c['name']})" for c in plan.cards) or "none"
+    cards = ", ".join(f"{c.address} ({c.name})" for c in plan.cards) or "none"
     lines.append(f"Cards for vfio-pci: {cards}")
     lines.append(
         f"Bootloader: {plan.bootloader} · initramfs: {plan.initramfs} · binding: {plan.binding}"

@@ -7,8 +7,8 @@ Each knows where its configured arguments live (``configured``) and how to chang
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
+from typing import ClassVar
 
 from passthrough.errors import PassthroughError
 from passthrough.host.root import HostRoot
@@ -31,7 +31,7 @@ class UnknownBootloader(PassthroughError):
 
 
 class Bootloader:
-    name = "unknown"
+    name: ClassVar[BootloaderKind] = BootloaderKind.UNKNOWN
 
     def __init__(self, root: HostRoot, host: Host) -> None:
         self.root = root
@@ -47,7 +47,7 @@ class Bootloader:
 class Grub(Bootloader):
     """Debian/Ubuntu GRUB: a drop-in in /etc/default/grub.d (sourced last), then update-grub."""
 
-    name = "grub"
+    name = BootloaderKind.GRUB
     DROPIN = "etc/default/grub.d/99-passthrough.cfg"
     VARS = ("GRUB_CMDLINE_LINUX", "GRUB_CMDLINE_LINUX_DEFAULT")
 
@@ -114,7 +114,7 @@ class Grub(Bootloader):
 class Grubby(Bootloader):
     """RHEL/Fedora BLS entries, changed with grubby for every kernel."""
 
-    name = "grubby"
+    name = BootloaderKind.GRUBBY
     TOUCHES = (
         "boot/loader/entries/*.conf",
         "etc/default/grub",
@@ -163,7 +163,7 @@ class Grubby(Bootloader):
 class KernelCmdlineFile(Bootloader):
     """systemd-boot / Proxmox: /etc/kernel/cmdline, then the tool that copies it to the ESP."""
 
-    name = "systemd-boot"
+    name = BootloaderKind.SYSTEMD_BOOT
     PATH = "etc/kernel/cmdline"
 
     def configured(self) -> list[str]:
@@ -223,7 +223,7 @@ class KernelCmdlineFile(Bootloader):
 
 
 class Proxmox(KernelCmdlineFile):
-    name = "proxmox-boot-tool"
+    name = BootloaderKind.PROXMOX
 
     def regenerate(self) -> Run:
         return Run(
@@ -236,7 +236,7 @@ class Proxmox(KernelCmdlineFile):
 class Kernelstub(Bootloader):
     """Pop!_OS: kernelstub keeps the options in /etc/kernelstub/configuration."""
 
-    name = "kernelstub"
+    name = BootloaderKind.KERNELSTUB
     CONFIG = "etc/kernelstub/configuration"
 
     def configured(self) -> list[str]:
@@ -279,7 +279,7 @@ class Kernelstub(Bootloader):
 class RpmOstree(Bootloader):
     """Image-based Fedora: kernel arguments belong to the deployment (rpm-ostree kargs)."""
 
-    name = "rpm-ostree"
+    name = BootloaderKind.RPM_OSTREE
 
     def configured(self) -> list[str]:
         return list(self.host.kernel.cmdline)
@@ -317,7 +317,3 @@ CLASSES: dict[BootloaderKind, type[Bootloader]] = {
 def for_host(root: HostRoot, host: Host) -> Bootloader | None:
     cls = CLASSES.get(host.boot.bootloader)
     return cls(root, host) if cls else None
-
-
-def valid_arg(arg: str) -> bool:
-    return bool(re.fullmatch(r"[A-Za-z0-9_.\-]+(=[A-Za-z0-9_.,:/\-]+)?", arg))

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from passthrough.errors import PassthroughError
 from passthrough.host.root import HostRoot
-from passthrough.model import Host
+from passthrough.model import BootloaderKind, Host
 from passthrough.plan import vfio
-from passthrough.plan.actions import Action, Plan, RemoveFile, WriteFile
+from passthrough.plan.actions import Action, Binding, Plan, PlannedCard, RemoveFile, WriteFile
 from passthrough.plan.bootloaders import UnknownBootloader, for_host
 from passthrough.plan.kargs import ArgChange, KargOptions, desired, needed
 from passthrough.plan.select import Selection, select
@@ -118,11 +118,11 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
         if not change.is_empty():
             actions += loader.actions(change)
     cards = [
-        {
-            "address": str(v.gpu.address),
-            "name": v.gpu.primary.name,
-            "functions": [str(f.address) for f in v.gpu.functions],
-        }
+        PlannedCard(
+            address=str(v.gpu.address),
+            name=v.gpu.primary.name,
+            functions=tuple(str(f.address) for f in v.gpu.functions),
+        )
         for v in sel.cards
     ]
     plan = Plan(
@@ -131,9 +131,9 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
         reboot=bool(actions),
         kernel_args=change,
         cards=cards,
-        bootloader=loader.name if loader else "unknown",
-        initramfs=host.boot.initramfs.value,
-        binding="driver_override" if sel.ids_ambiguous else "ids",
+        bootloader=loader.name if loader else BootloaderKind.UNKNOWN,
+        initramfs=host.boot.initramfs,
+        binding=Binding.DRIVER_OVERRIDE if sel.ids_ambiguous else Binding.IDS,
         target_args=target,
         functions=[str(f.address) for f in sel.functions],
         notes=notes,

@@ -6,8 +6,9 @@ removing the same arguments gives the original list back (property-tested).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from passthrough.errors import PassthroughError
 from passthrough.model import Host
@@ -57,6 +58,17 @@ class ArgChange:
 
     def is_empty(self) -> bool:
         return not self.set and not self.drop
+
+    def to_json(self) -> dict[str, list[str]]:
+        """The plan's JSON and the journal's record: full arguments set, keys removed."""
+        return {"set": list(self.set.values()), "remove": sorted(self.drop)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ArgChange:
+        return cls(
+            set={key_of(a): a for a in map(str, d.get("set") or [])},
+            drop=frozenset(map(str, d.get("remove") or [])),
+        )
 
 
 def edit(args: Sequence[str], change: ArgChange) -> list[str]:
@@ -212,7 +224,3 @@ def describe(change: ArgChange) -> list[str]:
     lines = [line("+", arg, key) for key, arg in change.set.items()]
     lines += [line("-", key, key) for key in sorted(change.drop)]
     return lines
-
-
-def args_of(values: Iterable[str]) -> list[str]:
-    return [a for v in values for a in v.split()]

@@ -8,9 +8,8 @@ table (options.py) and against the host before any rendering, the field named.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from passthrough.analysis import policy
 from passthrough.model import Host, PciAddress, PciFunction
@@ -136,7 +135,6 @@ class VmSpec:
     clock_offset: str = "utc"  # Windows keeps the RTC in local time
     hyperv_clock: bool = False
     warnings: tuple[str, ...] = ()
-    meta: dict[str, Any] = field(default_factory=dict, hash=False)
     layout: Layout | None = None  # the address planner's decisions (vm/layout.py)
 
 

@@ -144,8 +144,8 @@ def main() -> None:
             from passthrough.apply import last_applied
             from passthrough.host.root import HostRoot
 
-            tx = last_applied(HostRoot(p["root"])) or {}
-            planned = set(tx.get("functions", [])) | set(p["planned_functions"])
+            record = last_applied(HostRoot(p["root"]))
+            planned = set(record.functions if record else ()) | set(p["planned_functions"])
             drivers = {str(f.address): f.driver for f in host.functions}
             for card in spec.cards:
                 for fn in card.functions:
