@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from passthrough.errors import MalformedHostData
 from passthrough.host.root import HostRoot
@@ -56,13 +57,6 @@ def parents_from_path(real: str) -> tuple[PciAddress, ...]:
     ``sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0``."""
     parts = [p for p in real.split("/") if PciAddress.looks_like(p)]
     return tuple(PciAddress.parse(p) for p in parts[:-1])
-
-
-def _hex_attr(root: HostRoot, rel: str, required: bool) -> int | None:
-    value = root.read_int(rel, 16)
-    if value is None and required:
-        raise MalformedHostData(root.abs(rel), "missing or empty (every PCI function has it)")
-    return value
 
 
 def _uevent(text: str | None) -> dict[str, str]:
@@ -119,56 +113,72 @@ def _event_id(event: dict[str, str]) -> tuple[int, int] | None:
         return None  # reported with its path when the record is built
 
 
-def read_function(
-    root: HostRoot,
-    name: str,
-    names: Namer | None = None,
-    located: tuple[str, dict[str, str]] | None = None,
-) -> PciFunction | None:
-    """One function from ``sys/bus/pci/devices/NAME``; None (and a problem noted) when
-    the entry is a dangling link.
+class FunctionFacts(Protocol):
+    """Where one function's facts are read: its sysfs directory under a root (below) or
+    pyudev on a live host (``udev.py``). Each answers None for what is absent."""
 
-    The kernel's ``uevent`` file carries IDs, class, driver and modalias in one read; the
-    individual attribute files are the fallback (and the authority when they disagree
-    would be a kernel bug, not ours to arbitrate).
-    """
-    address = PciAddress.parse(name)
-    if located is None:
-        located = _locate(root, name)
-        if located is None:
-            return None
-    real, event = located
-    where = root.abs(f"{real}/uevent")
-    ids: tuple[int | None, int | None] | None = hex_pair(event.get("PCI_ID"), where)
-    subsys: tuple[int | None, int | None] | None = hex_pair(event.get("PCI_SUBSYS_ID"), where)
-    if ids is None:
-        ids = (_hex_attr(root, f"{real}/vendor", True), _hex_attr(root, f"{real}/device", True))
-    vendor, device = ids
-    class_code = hex_field(event.get("PCI_CLASS"), where)
+    def event(self, key: str) -> str | None:
+        """A uevent property (PCI_ID, PCI_CLASS, MODALIAS, ...)."""
+
+    def attr(self, name: str) -> str | None:
+        """A sysfs attribute's text, whitespace stripped."""
+
+    def link(self, name: str) -> str | None:
+        """The last component of a link's target (iommu_group, physfn)."""
+
+    def where(self, name: str) -> str:
+        """The path an error about ``name`` names."""
+
+
+def _hex(src: FunctionFacts, name: str, required: bool) -> int | None:
+    value = hex_field(src.attr(name), src.where(name))
+    if value is None and required:
+        raise MalformedHostData(src.where(name), "missing or empty (every PCI function has it)")
+    return value
+
+
+def _int(src: FunctionFacts, name: str, text: str | None) -> int | None:
+    if text is None or text == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise MalformedHostData(src.where(name), f"expected a number, got {text[:40]!r}") from None
+
+
+def build_function(
+    address: PciAddress,
+    src: FunctionFacts,
+    *,
+    driver: str | None,
+    parents: tuple[PciAddress, ...],
+    sysfs_path: str,
+    names: Namer | None,
+) -> PciFunction:
+    """One PciFunction from its facts, read the same way from sysfs and from udev: the
+    uevent properties first (one read carries IDs, class and modalias), the individual
+    attribute files as the fallback (the authority, were they to disagree, would be a
+    kernel bug, not ours to arbitrate)."""
+    uevent = src.where("uevent")
+    vendor, device = hex_pair(src.event("PCI_ID"), uevent) or (
+        _hex(src, "vendor", True),
+        _hex(src, "device", True),
+    )
+    class_code = hex_field(src.event("PCI_CLASS"), uevent)
     if class_code is None:
-        class_code = _hex_attr(root, f"{real}/class", True)
-    if subsys is None:
-        subsys = (
-            _hex_attr(root, f"{real}/subsystem_vendor", False),
-            _hex_attr(root, f"{real}/subsystem_device", False),
-        )
-    sub_vendor, sub_device = subsys
+        class_code = _hex(src, "class", True)
+    sub_vendor, sub_device = hex_pair(src.event("PCI_SUBSYS_ID"), uevent) or (
+        _hex(src, "subsystem_vendor", False),
+        _hex(src, "subsystem_device", False),
+    )
     assert vendor is not None and device is not None and class_code is not None
     vendor_name, device_name = names(vendor, device) if names else (None, None)
-    driver = event.get("DRIVER") if event else root.link_name(f"{real}/driver")
-    numa = root.read_int(f"{real}/numa_node")
+    numa = _int(src, "numa_node", src.attr("numa_node"))
     # boot_vga exists on VGA-class functions only
-    boot_vga_raw = root.read(f"{real}/boot_vga") if class_code >> 8 == SUBCLASS_VGA else None
-    reset = root.read(f"{real}/reset_method")
-    resource = root.read(f"{real}/resource")
-    group = root.link_name(f"{real}/iommu_group")
-    physfn = root.link_name(f"{real}/physfn")
-    try:
-        group_no = int(group) if group is not None else None
-    except ValueError:
-        raise MalformedHostData(
-            root.abs(f"{real}/iommu_group"), f"not a group number: {group!r}"
-        ) from None
+    boot_vga = src.attr("boot_vga") if class_code >> 8 == SUBCLASS_VGA else None
+    reset = src.attr("reset_method")
+    resource = src.attr("resource")
+    physfn = src.link("physfn")
     return PciFunction(
         address=address,
         vendor_id=vendor,
@@ -177,18 +187,61 @@ def read_function(
         subsystem_device_id=sub_device,
         class_code=class_code,
         driver=driver,
-        iommu_group=group_no,
+        iommu_group=_int(src, "iommu_group", src.link("iommu_group")),
         numa_node=numa if numa is not None and numa >= 0 else None,
-        boot_vga=None if boot_vga_raw in (None, "") else boot_vga_raw == "1",
+        boot_vga=None if boot_vga in (None, "") else boot_vga == "1",
         reset_methods=tuple(reset.split()) if reset is not None else None,
-        bars=parse_resource(resource, root.abs(f"{real}/resource")) if resource else (),
-        parents=parents_from_path(real),
+        bars=parse_resource(resource, src.where("resource")) if resource else (),
+        parents=parents,
         physfn=PciAddress.parse(physfn) if physfn and PciAddress.looks_like(physfn) else None,
-        sriov_totalvfs=root.read_int(f"{real}/sriov_totalvfs"),
-        modalias=event.get("MODALIAS") or root.read(f"{real}/modalias"),
-        sysfs_path=real,
+        sriov_totalvfs=_int(src, "sriov_totalvfs", src.attr("sriov_totalvfs")),
+        modalias=src.event("MODALIAS") or src.attr("modalias"),
+        sysfs_path=sysfs_path,
         vendor_name=vendor_name,
         device_name=device_name,
+    )
+
+
+class _SysfsFacts:
+    """A function's sysfs directory under a root, and the uevent file read from it."""
+
+    def __init__(self, root: HostRoot, real: str, event: dict[str, str]) -> None:
+        self.root, self.real, self.uevent = root, real, event
+
+    def event(self, key: str) -> str | None:
+        return self.uevent.get(key)
+
+    def attr(self, name: str) -> str | None:
+        return self.root.read(f"{self.real}/{name}")
+
+    def link(self, name: str) -> str | None:
+        return self.root.link_name(f"{self.real}/{name}")
+
+    def where(self, name: str) -> str:
+        return self.root.abs(f"{self.real}/{name}")
+
+
+def read_function(
+    root: HostRoot,
+    name: str,
+    names: Namer | None = None,
+    located: tuple[str, dict[str, str]] | None = None,
+) -> PciFunction | None:
+    """One function from ``sys/bus/pci/devices/NAME``; None (and a problem noted) when
+    the entry is a dangling link."""
+    address = PciAddress.parse(name)
+    if located is None:
+        located = _locate(root, name)
+        if located is None:
+            return None
+    real, event = located
+    return build_function(
+        address,
+        _SysfsFacts(root, real, event),
+        driver=event.get("DRIVER") if event else root.link_name(f"{real}/driver"),
+        parents=parents_from_path(real),
+        sysfs_path=real,
+        names=names,
     )
 
 

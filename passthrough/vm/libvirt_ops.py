@@ -161,25 +161,18 @@ def status(uri: str, name: str) -> dict[str, Any]:
 def _status(dom: Any, uri: str) -> dict[str, Any]:
     from lxml import etree
 
+    from passthrough.vm.validate.domain import fmt, pci_address
+
     state, _reason = dom.state()
     doc = etree.fromstring(dom.XMLDesc(0).encode())
     hostdevs = []
     for h in doc.findall("devices/hostdev"):
-        src = h.find("source/address")
-        guest = h.find("address")
-        if src is None:
+        host = pci_address(h.find("source/address"))
+        if h.get("type") != "pci" or host is None:
             continue
-        host = (
-            f"{int(src.get('domain', '0'), 16):04x}:{int(src.get('bus'), 16):02x}:"
-            f"{int(src.get('slot'), 16):02x}.{int(src.get('function', '0'), 16):x}"
-        )
-        where = None
-        if guest is not None and guest.get("bus") is not None:
-            where = (
-                f"{int(guest.get('bus'), 16):02x}:{int(guest.get('slot'), 16):02x}."
-                f"{int(guest.get('function', '0'), 16):x}"
-            )
-        hostdevs.append({"host": host, "guest": where})
+        guest = pci_address(h.find("address"))
+        # the guest side without its PCI domain (always 0 in a guest): 01:00.0
+        hostdevs.append({"host": fmt(host), "guest": fmt(guest)[5:] if guest else None})
     return {
         "name": dom.name(),
         "uri": uri,

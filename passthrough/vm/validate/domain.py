@@ -33,7 +33,10 @@ class Hostdev:
         self.gpu = gpu
 
 
-def _addr(el: Any) -> Address | None:
+def pci_address(el: Any) -> Address | None:
+    """A libvirt ``<address>`` element (a hostdev's source, or a guest address) as numbers,
+    or None where there is none or it is not a PCI address in range. ``vm status`` reads
+    a defined domain's hostdevs with it too."""
     if el is None:
         return None
     try:
@@ -107,9 +110,13 @@ def hostdevs(doc: Any, host: Host | None) -> list[Hostdev]:
     for h in doc.findall("devices/hostdev"):
         if h.get("type") != "pci":
             continue
-        src = _addr(h.find("source/address"))
+        src = pci_address(h.find("source/address"))
         guest_el = h.find("address")
-        guest = _addr(guest_el) if guest_el is not None and guest_el.get("type") == "pci" else None
+        guest = (
+            pci_address(guest_el)
+            if guest_el is not None and guest_el.get("type") == "pci"
+            else None
+        )
         out.append(Hostdev(h, src, guest, rendered or (src is not None and src in on_host)))
     return out
 
@@ -134,7 +141,7 @@ def _guest_slots(ctx: _Ctx, devs: list[Hostdev]) -> None:
     seen: dict[Address, Any] = {}
     slots: dict[Slot, dict[int, Any]] = {}
     for el in ctx.doc.iterfind("devices/*/address[@type='pci']"):
-        a = _addr(el)
+        a = pci_address(el)
         if a is None:
             continue
         if a in seen:
