@@ -537,3 +537,16 @@ def test_the_spec_decides_and_the_template_only_prints(hosts: dict[str, Path]) -
     template = (REPO / "templates/domain.xml.j2").read_text()
     for decided in ("spec.profile ==", "spec.virt_type ==", "{% if spec.hide %}"):
         assert decided not in template, decided
+
+
+def test_vm_status_lists_pci_hostdevs_and_passes_over_usb_ones(rendered: dict[str, str]) -> None:
+    """``vm status`` reads hostdev addresses with validate's parser: a USB hostdev given by
+    bus/device (no slot) is not a PCI function and is left out, not a crash."""
+    from passthrough.vm.libvirt_ops import define
+
+    usb = "<hostdev mode='subsystem' type='usb'><source><address bus='1' device='2'/></source></hostdev>"
+    xml = rendered["consumer-2fn"].replace("</devices>", usb + "</devices>", 1)
+    assert "type='usb'" in xml
+    status = define("test:///default", xml, "rtx4090")
+    assert [h["host"] for h in status["hostdevs"]] == ["0000:01:00.0", "0000:01:00.1"]
+    assert all(h["guest"] is not None and h["guest"].count(":") == 1 for h in status["hostdevs"])
