@@ -454,9 +454,10 @@ def _dump(obj: object) -> None:
 
 
 def cmd_scan(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.analysis.scan import Scan, analyse
     from passthrough.model import PciAddress
-    from passthrough.output import Painter, render_scan, wants_color, write
-    from passthrough.report import Scan, analyse, scan_json
+    from passthrough.output.json import scan_json
+    from passthrough.output.text import Painter, render_scan, wants_color, write
 
     wanted = [PciAddress.parse(a) for a in args.addresses]
     scan = analyse(_discover(args, stack))
@@ -483,8 +484,9 @@ def cmd_scan(args: argparse.Namespace, stack: list[str]) -> int:
 
 
 def cmd_check(args: argparse.Namespace, stack: list[str]) -> int:
-    from passthrough.output import Painter, machine_line, render_checks, wants_color, write
-    from passthrough.report import analyse, scan_json
+    from passthrough.analysis.scan import analyse
+    from passthrough.output.json import scan_json
+    from passthrough.output.text import Painter, machine_line, render_checks, wants_color, write
 
     scan = analyse(_discover(args, stack))
     if args.json:
@@ -540,7 +542,7 @@ def cmd_guest(args: argparse.Namespace, stack: list[str]) -> int:
     from passthrough.guest.check import FAIL, WARN, render, run_guest_checks
     from passthrough.guest.root import GuestRoot, find_root
     from passthrough.guest.runner import runner_for
-    from passthrough.output import Painter, wants_color
+    from passthrough.output.text import Painter, wants_color
 
     if args.guest_command is None:
         raise PassthroughError("guest: say which action (check); see --help")
@@ -643,8 +645,8 @@ def _progress(args: argparse.Namespace) -> Callable[[str], None]:
 
 
 def cmd_apply(args: argparse.Namespace, stack: list[str]) -> int:
-    from passthrough.apply import apply, command_mode
-    from passthrough.status import status
+    from passthrough.execute.apply import apply, command_mode
+    from passthrough.execute.status import status
 
     root, _host, plan = _plan(args, stack, changing="apply")
     tx = apply(root, plan, plan.record(), progress=_progress(args))
@@ -681,7 +683,7 @@ def cmd_apply(args: argparse.Namespace, stack: list[str]) -> int:
 
 
 def cmd_undo(args: argparse.Namespace, stack: list[str]) -> int:
-    from passthrough.apply import undo
+    from passthrough.execute.undo import undo
     from passthrough.host.root import HostRoot
 
     root = HostRoot(_open_root(args.root, stack, changing="undo"))
@@ -712,8 +714,8 @@ def cmd_undo(args: argparse.Namespace, stack: list[str]) -> int:
 
 
 def cmd_status(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.execute.status import status, status_json, status_text
     from passthrough.host.root import HostRoot
-    from passthrough.status import status, status_json, status_text
 
     report = status(HostRoot(_open_root(args.root, stack)))
     if args.json:
@@ -724,11 +726,11 @@ def cmd_status(args: argparse.Namespace, stack: list[str]) -> int:
 
 
 def cmd_verify(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.execute.verify import verify
     from passthrough.host.discover import discover
     from passthrough.host.root import HostRoot
     from passthrough.model import Level
-    from passthrough.output import Painter, render_checks, wants_color
-    from passthrough.verify import verify
+    from passthrough.output.text import Painter, render_checks, wants_color
 
     root_path = _open_root(args.root, stack)
     results = verify(HostRoot(root_path), discover(root_path))
@@ -736,7 +738,7 @@ def cmd_verify(args: argparse.Namespace, stack: list[str]) -> int:
     if args.json:
         _dump(
             {
-                "schema": "passthrough.verify/v1",
+                "schema": "passthrough.execute.verify/v1",
                 "ok": not failed,
                 "checks": [
                     {"id": r.id, "level": r.level.value, "summary": r.summary, "fix": r.fix}
@@ -751,7 +753,7 @@ def cmd_verify(args: argparse.Namespace, stack: list[str]) -> int:
 
 def cmd_bind(args: argparse.Namespace, stack: list[str]) -> int:
     from passthrough.analysis.viability import judge_all
-    from passthrough.bind import bind_now
+    from passthrough.execute.bind import bind_now
     from passthrough.host.discover import discover
     from passthrough.host.root import HostRoot
     from passthrough.plan.select import select
@@ -802,7 +804,7 @@ def cmd_render(args: argparse.Namespace, stack: list[str]) -> int:
         for line in layout["decisions"]:  # the address planner's reasons, beside the XML
             sys.stderr.write(f"passthrough: layout: {line}\n")
     if args.output:
-        from passthrough.apply import atomic_write
+        from passthrough.execute.files import atomic_write
 
         atomic_write(os.path.abspath(args.output), xml.encode())
         if not args.json:
@@ -892,7 +894,7 @@ def cmd_vm(args: argparse.Namespace, stack: list[str]) -> int:
 def cmd_provision(args: argparse.Namespace, stack: list[str]) -> int:
     import time
 
-    from passthrough.ansible import ProvisionFailed, run, summary_table
+    from passthrough.provision.runner import ProvisionFailed, run, summary_table
 
     extravars: dict[str, Any] = {}
     for item in args.extra_var:

@@ -356,7 +356,7 @@ def test_journal_paths_cannot_climb_out(root: Path, outside: Path) -> None:
     up = "../" * 30 + str(outside).lstrip("/")
     (root / "bk").write_text("restored\n")
     journal = {
-        "schema": "passthrough.journal/v1",
+        "schema": "passthrough.execute.journal/v1",
         "transactions": [
             {
                 "id": "t",

@@ -16,10 +16,10 @@ from passthrough.analysis import viability
 from passthrough.analysis.viability import (
     describe,
     find_gpus,
-    kernel_version,
     mmio_window,
 )
 from passthrough.errors import PassthroughError
+from passthrough.kernel import kernel_version
 from passthrough.model import (
     BMC_VGA_VENDORS,
     NVIDIA,

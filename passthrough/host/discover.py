@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from passthrough.errors import NotAHostRoot
@@ -78,3 +79,20 @@ def discover(
         memory_mib=facts.read_memory_mib(root),
         machine=facts.read_machine(root),
     )
+
+
+def pci_source_for(root: str, use_udev: str = "auto") -> PciSource | None:
+    """pyudev's enumeration on the live root (names from the hwdb), or None for the root's
+    sysfs files: a fixture, a snapshot, or a live machine without pyudev (a GPU guest
+    with no pip) — unless ``use_udev="yes"`` insists on it."""
+    if use_udev == "no" or (use_udev == "auto" and os.path.abspath(root) != "/"):
+        return None
+    try:
+        import pyudev  # noqa: F401
+    except ImportError:
+        if use_udev == "yes":
+            raise
+        return None
+    from passthrough.host.udev import udev_pci_source
+
+    return udev_pci_source

@@ -17,12 +17,13 @@ from enum import Enum
 from typing import Any
 
 from passthrough.errors import PassthroughError
+from passthrough.execute import files
 from passthrough.host.root import HostRoot
 
 STATE = "var/lib/passthrough"
 JOURNAL = f"{STATE}/journal.json"
 BACKUPS = f"{STATE}/backups"
-SCHEMA = "passthrough.journal/v2"
+SCHEMA = "passthrough.execute.journal/v2"
 VERSION = 2
 
 
@@ -263,7 +264,7 @@ class Journal:
             data = json.loads(raw)
             if data.get("version") == VERSION:
                 txs = [Transaction.from_json(t) for t in data["transactions"]]
-            elif data.get("schema") == "passthrough.journal/v1":
+            elif data.get("schema") == "passthrough.execute.journal/v1":
                 txs = [_from_v1(root, t) for t in data["transactions"]]
             else:
                 raise BadJournal(where, f"unknown journal version {data.get('version')!r}")
@@ -281,11 +282,9 @@ class Journal:
         }
 
     def save(self) -> None:
-        # looked up at each call: the kill test replaces apply's writer to stop the process
-        # at every write, journal saves included
-        from passthrough.apply import atomic_write
-
-        atomic_write(
+        # files.atomic_write looked up at each call: the kill test replaces the writer to
+        # stop the process at every write, journal saves included
+        files.atomic_write(
             self.root.real(JOURNAL), (json.dumps(self.to_json(), indent=2) + "\n").encode(), 0o600
         )
 

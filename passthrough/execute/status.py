@@ -11,9 +11,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from passthrough.apply import read_file
+from passthrough.execute.files import read_file
+from passthrough.execute.journal import Journal, Step, StepKind, StepState, TxKind, TxState, sha256
 from passthrough.host.root import HostRoot
-from passthrough.journal import Journal, Step, StepKind, StepState, TxKind, TxState, sha256
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ def status(root: HostRoot) -> Status:
 
 def status_json(st: Status) -> dict[str, Any]:
     return {
-        "schema": "passthrough.status/v1",
+        "schema": "passthrough.execute.status/v1",
         "root": st.root,
         "transactions": [asdict(t) for t in st.transactions],
         "drifted": st.drifted,
