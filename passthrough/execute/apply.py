@@ -220,17 +220,12 @@ def apply(
         actions: list[Action] = [*plan.actions, *_pending_reruns(journal, plan)]
         if not actions:
             return None
-        tx = Transaction(
-            id=time.strftime("%Y%m%dT%H%M%S") + f"-{len(journal.transactions)}",
-            kind=TxKind.APPLY,
-            state=TxState.RUNNING,
-            started=time.time(),
+        tx = journal.begin(
+            TxKind.APPLY,
             record=record,
             args_set=list(plan.kernel_args.set.values()),
             args_dropped=sorted(plan.kernel_args.drop),
         )
-        journal.transactions.append(tx)
-        journal.save()
         for n, action in enumerate(actions):
             if isinstance(action, WriteFile | RemoveFile):
                 step = _file_step(journal, tx, n, action)

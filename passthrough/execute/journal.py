@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -253,6 +254,19 @@ def _from_v1(root: HostRoot, d: dict[str, Any]) -> Transaction:
 class Journal:
     root: HostRoot
     transactions: list[Transaction]
+
+    def begin(self, kind: TxKind, **fields: Any) -> Transaction:
+        """A new running transaction, journaled (saved) before any of its steps."""
+        tx = Transaction(
+            id=time.strftime("%Y%m%dT%H%M%S") + f"-{len(self.transactions)}",
+            kind=kind,
+            state=TxState.RUNNING,
+            started=time.time(),
+            **fields,
+        )
+        self.transactions.append(tx)
+        self.save()
+        return tx
 
     @classmethod
     def load(cls, root: HostRoot) -> Journal:

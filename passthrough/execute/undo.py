@@ -218,17 +218,9 @@ def undo(
         drifted = {d.path: d.why for d in decisions if d.action == "drifted"}
         if drifted and not force:
             raise DriftRefused(drifted)
-        tx = Transaction(
-            id=time.strftime("%Y%m%dT%H%M%S") + f"-{len(journal.transactions)}",
-            kind=TxKind.UNDO,
-            state=TxState.RUNNING,
-            started=time.time(),
-            undid=[t.id for t in targets],
-        )
         for t in targets:
             t.state = TxState.UNDOING
-        journal.transactions.append(tx)
-        journal.save()
+        tx = journal.begin(TxKind.UNDO, undid=[t.id for t in targets])
         missing: list[str] = []
         for d in reversed(decisions):  # newest paths first, as they were made
             if d.action == "missing":
@@ -304,13 +296,7 @@ def _rerun_pending(
     pending = [s for _tx, s in journal.pending() if s.regenerate]
     if not pending or command_mode(journal.root) == "list":
         return result
-    tx = Transaction(
-        id=time.strftime("%Y%m%dT%H%M%S") + f"-{len(journal.transactions)}",
-        kind=TxKind.UNDO,
-        state=TxState.RUNNING,
-        started=time.time(),
-    )
-    journal.transactions.append(tx)
+    tx = journal.begin(TxKind.UNDO)
     steps = [
         Step(n=i, kind=StepKind.RUN, state=StepState.BEGUN, argv=s.argv, regenerate=True)
         for i, s in enumerate(pending)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from passthrough.errors import NotAHostRoot
 from passthrough.host import facts
+from passthrough.host.critical import read_critical
 from passthrough.host.pci import Namer, read_functions, with_names
 from passthrough.host.pciids import find_pci_ids, lookup
 from passthrough.host.root import HostRoot
@@ -70,7 +71,7 @@ def discover(
         kernel=kernel,
         distro=facts.read_distro(root),
         boot=facts.read_boot(root, kernel),
-        critical=facts.read_critical(root),
+        critical=read_critical(root),
         dmi=facts.read_dmi(root),
         functions=tuple(functions),
         groups=group_functions(functions),
