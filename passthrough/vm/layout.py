@@ -243,34 +243,16 @@ def _choose_bits(
     return target, MaxPhysAddr("emulate", bits=target)
 
 
-def plan_layout(
-    cards: Sequence[Sequence[PciFunction]],
-    *,
-    host_bits: int | None,
-    iommu_bits: int | None,
+def _window(
+    need: int,
+    bits: int,
     cpu_vendor: str | None,
     memory_mib: int,
-    versions: Versions = DEFAULT_VERSIONS,
-    virt_type: str = "kvm",
-) -> Layout:
-    """Decide the guest's layout for these cards (one list of functions per root port)."""
-    say: list[str] = []
-    bars = [card_bars(fns) for fns in cards if fns]
-    need, alignment = pack(bars)
-    low = sum(c.low for c in bars)
-    bits, maxphys = _choose_bits(host_bits, iommu_bits, versions, virt_type, say)
-    if iommu_bits and bits > iommu_bits:
-        raise LayoutRefused(
-            f"guest physical addresses reach 2^{bits} = {format_size(1 << bits)} but the host IOMMU "
-            f"maps only {iommu_bits} bits ({format_size(1 << iommu_bits)}), and libvirt "
-            f"{dotted(versions.libvirt)} cannot lower the guest's bits: "
-            "DMA mapping would fail"
-        )
-    if need:
-        say.append(
-            f"64-bit prefetchable BARs need {format_size(need)} packed largest first "
-            f"(aligned to {format_size(alignment)}) over {len([c for c in bars if c.high])} root port(s)"
-        )
+    versions: Versions,
+    say: list[str],
+) -> tuple[Window, int, int | None]:
+    """OVMF's own window when it is enough (and trusted), else one set through X-PciMmio64Mb:
+    (window, the guest's address limit, X in MiB or None)."""
     own, limit = firmware_window(bits, cpu_vendor, memory_mib, versions.ovmf, None)
     x_mib: int | None = None
     window = own
@@ -301,22 +283,13 @@ def plan_layout(
             f"{reason}: {X_PCIMMIO64}={x_mib} ({format_size(x_mib * MIB)}, a power of two: OVMF "
             "aligns the aperture to it anyway)"
         )
-    if need and window.end > limit:
-        raise LayoutRefused(
-            f"the cards' 64-bit BARs need {format_size(need)}; with {format_size(memory_mib * MIB)} of RAM "
-            f"OVMF puts a {format_size(window.size)} window at {window.base:#x}..{window.end:#x}, "
-            f"above the guest's address limit 2^{limit.bit_length() - 1} = {format_size(limit)} "
-            f"(host CPU {host_bits if host_bits else 'unknown'} bits, IOMMU "
-            f"{iommu_bits if iommu_bits else 'unknown'} bits)"
-        )
-    if need:
-        # (when OVMF picks its dynamic window over X, X's classic placement would end
-        # below base + 2^(bits-3) < 2^bits too: an older firmware than assumed still fits)
-        say.append(
-            f"OVMF's {window.how} window {window.base:#x}..{window.end:#x} "
-            f"({format_size(window.size)}) ends within the guest's limit {format_size(limit)} "
-            f"(2^{limit.bit_length() - 1})"
-        )
+    return window, limit, x_mib
+
+
+def _fwcfg_route(
+    x_mib: int | None, need: int, versions: Versions, say: list[str]
+) -> tuple[str | None, int | None]:
+    """How X-PciMmio64Mb reaches the firmware, and the matching 64-bit PCI hole (KiB)."""
     via: str | None = None
     hole: int | None = None
     if x_mib is not None:
@@ -335,6 +308,55 @@ def plan_layout(
         )
     elif not need:
         say.append("no 64-bit prefetchable BARs: no window element")
+    return via, hole
+
+
+def plan_layout(
+    cards: Sequence[Sequence[PciFunction]],
+    *,
+    host_bits: int | None,
+    iommu_bits: int | None,
+    cpu_vendor: str | None,
+    memory_mib: int,
+    versions: Versions = DEFAULT_VERSIONS,
+    virt_type: str = "kvm",
+) -> Layout:
+    """Decide the guest's layout for these cards (one list of functions per root port)."""
+    say: list[str] = []
+    bars = [card_bars(fns) for fns in cards if fns]
+    need, alignment = pack(bars)
+    low = sum(c.low for c in bars)
+    bits, maxphys = _choose_bits(host_bits, iommu_bits, versions, virt_type, say)
+    if iommu_bits and bits > iommu_bits:
+        raise LayoutRefused(
+            f"guest physical addresses reach 2^{bits} = {format_size(1 << bits)} but the host IOMMU "
+            f"maps only {iommu_bits} bits ({format_size(1 << iommu_bits)}), and libvirt "
+            f"{dotted(versions.libvirt)} cannot lower the guest's bits: "
+            "DMA mapping would fail"
+        )
+    if need:
+        say.append(
+            f"64-bit prefetchable BARs need {format_size(need)} packed largest first "
+            f"(aligned to {format_size(alignment)}) over {len([c for c in bars if c.high])} root port(s)"
+        )
+    window, limit, x_mib = _window(need, bits, cpu_vendor, memory_mib, versions, say)
+    if need and window.end > limit:
+        raise LayoutRefused(
+            f"the cards' 64-bit BARs need {format_size(need)}; with {format_size(memory_mib * MIB)} of RAM "
+            f"OVMF puts a {format_size(window.size)} window at {window.base:#x}..{window.end:#x}, "
+            f"above the guest's address limit 2^{limit.bit_length() - 1} = {format_size(limit)} "
+            f"(host CPU {host_bits if host_bits else 'unknown'} bits, IOMMU "
+            f"{iommu_bits if iommu_bits else 'unknown'} bits)"
+        )
+    if need:
+        # (when OVMF picks its dynamic window over X, X's classic placement would end
+        # below base + 2^(bits-3) < 2^bits too: an older firmware than assumed still fits)
+        say.append(
+            f"OVMF's {window.how} window {window.base:#x}..{window.end:#x} "
+            f"({format_size(window.size)}) ends within the guest's limit {format_size(limit)} "
+            f"(2^{limit.bit_length() - 1})"
+        )
+    via, hole = _fwcfg_route(x_mib, need, versions, say)
     if low:
         say.append(f"{format_size(low)} of BARs stay below 4 GiB")
     return Layout(
