@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from passthrough import fakehost
-from passthrough.apply import chroot_argv
+from passthrough.execute.apply import chroot_argv
 
 GOLDEN = Path(__file__).parent / "golden"
 REPO = Path(__file__).parents[1]

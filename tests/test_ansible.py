@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from passthrough import fakehost
-from passthrough.ansible import run, summary_table
 from passthrough.cli import main
+from passthrough.provision.runner import run, summary_table
 
 REPO = Path(__file__).parents[1]
 PLAYBOOKS = REPO / "playbooks"

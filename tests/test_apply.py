@@ -11,13 +11,15 @@ from typing import Any
 
 import pytest
 
-from passthrough import apply as apply_mod
 from passthrough import fakehost
-from passthrough.apply import ApplyError, Busy, apply, last_applied, locked, undo
 from passthrough.cli import main
+from passthrough.execute import apply as apply_mod
+from passthrough.execute import files as files_mod
+from passthrough.execute.apply import ApplyError, Busy, apply, last_applied, locked
+from passthrough.execute.journal import StepKind, StepState, Transaction, TxState
+from passthrough.execute.undo import undo
 from passthrough.host.discover import discover
 from passthrough.host.root import HostRoot
-from passthrough.journal import StepKind, StepState, Transaction, TxState
 from passthrough.model import BootloaderKind
 from passthrough.plan.actions import Binding, Run
 from passthrough.plan.build import PlanOptions, make_plan
@@ -142,25 +144,25 @@ def test_adding_a_card_rebuilds_the_initramfs_for_its_udev_rule(tmp_path: Path) 
 
 def _count_calls(path: Path) -> int:
     calls = 0
-    real = apply_mod.atomic_write
+    real = files_mod.atomic_write
 
     def counting(*args: Any, **kwargs: Any) -> None:
         nonlocal calls
         calls += 1
         real(*args, **kwargs)
 
-    apply_mod.atomic_write = counting  # type: ignore[assignment]
+    files_mod.atomic_write = counting  # type: ignore[assignment]
     try:
         _apply(path)
     finally:
-        apply_mod.atomic_write = real  # type: ignore[assignment]
+        files_mod.atomic_write = real  # type: ignore[assignment]
     return calls
 
 
 def _killed_apply(path: str, kill_at: int) -> None:
     """Runs in a forked child: SIGKILL-like exit (no cleanup) at the kill_at-th write."""
     calls = 0
-    real = apply_mod.atomic_write
+    real = files_mod.atomic_write
 
     def dying(*args: Any, **kwargs: Any) -> None:
         nonlocal calls
@@ -169,7 +171,7 @@ def _killed_apply(path: str, kill_at: int) -> None:
             os._exit(9)
         real(*args, **kwargs)
 
-    apply_mod.atomic_write = dying  # type: ignore[assignment]
+    files_mod.atomic_write = dying  # type: ignore[assignment]
     _apply(Path(path))
     os._exit(0)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from passthrough.analysis.scan import analyse
 from passthrough.host.discover import discover
 from passthrough.model import Level
-from passthrough.report import analyse
 
 from .conftest import build_variant
 

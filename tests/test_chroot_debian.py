@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from passthrough import fakehost
-from passthrough.apply import chroot_argv
 from passthrough.cli import main
+from passthrough.execute.apply import chroot_argv
 
 from .conftest import CACHE
 from .conftest import run_ok as _run

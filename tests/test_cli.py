@@ -188,17 +188,32 @@ def test_help_teaches_and_completion_lists_commands() -> None:
     r = run("scan", "--help")
     assert r.returncode == 0 and "examples:" in r.stdout and "exit codes" in r.stdout
     r = run("completion", "bash")
-    assert r.returncode == 0 and "complete -F _passthrough passthrough" in r.stdout
+    assert r.returncode == 0 and "-F _shtab_passthrough passthrough" in r.stdout
     assert "snapshot" in r.stdout and "--gpus-only" in r.stdout
     bash = shutil.which("bash")
     assert bash is not None
     # the script loads in a real bash and completes a subcommand
     probe = (
         r.stdout
-        + '\nCOMP_WORDS=(passthrough sc); COMP_CWORD=1; _passthrough; echo "${COMPREPLY[@]}"\n'
+        + '\nCOMP_WORDS=(passthrough sc); COMP_CWORD=1; _shtab_passthrough; echo "${COMPREPLY[@]}"\n'
     )
     out = subprocess.run([bash, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["scan"]
+    # ... and a nested action, and a command's option
+    for words, cword, want in (
+        ("passthrough sample b", 2, ["build"]),
+        ("passthrough scan --gp", 2, ["--gpus-only"]),
+    ):
+        probe = (
+            r.stdout
+            + f'\nCOMP_WORDS=({words}); COMP_CWORD={cword}; _shtab_passthrough; echo "${{COMPREPLY[@]}}"\n'
+        )
+        out = subprocess.run([bash, "-c", probe], capture_output=True, text=True, check=True).stdout
+        assert out.split() == want, words
+    r = run("completion", "zsh")
+    assert (
+        r.returncode == 0 and r.stdout.startswith("#compdef passthrough") and "snapshot" in r.stdout
+    )
 
 
 def test_unknown_option_is_usage_error() -> None:

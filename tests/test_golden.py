@@ -12,8 +12,9 @@ import jsonschema
 import pytest
 
 from passthrough import fakehost
+from passthrough.analysis.scan import analyse
 from passthrough.host.discover import discover
-from passthrough.report import analyse, scan_json
+from passthrough.output.json import scan_json
 
 from .conftest import GOLDEN, assert_golden
 

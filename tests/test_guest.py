@@ -507,7 +507,7 @@ def _guest_inventory(tmp_path: Path) -> Path:
 
 
 def test_guest_role_checks_the_h100_capture_first_and_last(capture: Path, tmp_path: Path) -> None:
-    from passthrough.ansible import run, summary_table
+    from passthrough.provision.runner import run, summary_table
 
     tasks: list[str] = []
     result = run(
@@ -532,7 +532,7 @@ def test_guest_role_checks_the_h100_capture_first_and_last(capture: Path, tmp_pa
 def test_guest_role_stops_first_when_a_bar_did_not_fit(
     variant: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    from passthrough.ansible import run
+    from passthrough.provision.runner import run
 
     root, commands = variant
     _bar1_line(root, EMPTY)

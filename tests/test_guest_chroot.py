@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from passthrough.ansible import run, summary_table
+from passthrough.provision.runner import run, summary_table
 
 from .conftest import run_ok
 

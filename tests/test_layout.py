@@ -20,17 +20,15 @@ from passthrough.cli import main
 from passthrough.host.discover import discover
 from passthrough.host.snapshot import unpack
 from passthrough.model import Host, PciFunction
+from passthrough.units import GIB, MIB, TIB
 from passthrough.vm.layout import (
-    GIB,
-    MIB,
-    TIB,
     LayoutRefused,
     MaxPhysAddr,
     card_bars,
-    layout_findings,
     pack,
     plan_layout,
 )
+from passthrough.vm.layout_check import layout_findings
 from passthrough.vm.render import render
 from passthrough.vm.spec import VmOptions, build_spec
 from passthrough.vm.validate import validate_text

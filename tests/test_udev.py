@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from passthrough import fakehost
+from passthrough.analysis.scan import analyse
 from passthrough.host.discover import discover
-from passthrough.report import analyse, scan_json
+from passthrough.output.json import scan_json
 
 UMOCKDEV_RUN = shutil.which("umockdev-run")
 pytestmark = pytest.mark.umockdev
@@ -25,7 +26,8 @@ PROBE = """
 import json, sys
 from passthrough.host.discover import discover
 from passthrough.host.udev import udev_pci_source
-from passthrough.report import analyse, scan_json
+from passthrough.analysis.scan import analyse
+from passthrough.output.json import scan_json
 data = scan_json(analyse(discover(sys.argv[1], pci_source=udev_pci_source)))
 print(json.dumps(data))
 """

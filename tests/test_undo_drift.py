@@ -18,14 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from passthrough.apply import CHROOT_SCRIPT, ApplyError, apply, undo
 from passthrough.cli import main
+from passthrough.execute.apply import CHROOT_SCRIPT, ApplyError, apply
+from passthrough.execute.journal import JOURNAL, Journal, StepState, Transaction, TxState
+from passthrough.execute.status import status
+from passthrough.execute.undo import undo
 from passthrough.host.discover import discover
 from passthrough.host.root import HostRoot
-from passthrough.journal import JOURNAL, Journal, StepState, Transaction, TxState
 from passthrough.plan.actions import WriteFile
 from passthrough.plan.build import PlanOptions, make_plan
-from passthrough.status import status
 
 from .test_apply import changed, snapshot_tree
 from .test_plan import build

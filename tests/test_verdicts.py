@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from passthrough.analysis.scan import analyse
 from passthrough.host.discover import discover
-from passthrough.report import analyse, scan_json
+from passthrough.output.json import scan_json
 
 
 def _gpus(root: Path) -> dict[str, dict[str, Any]]:

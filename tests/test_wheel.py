@@ -92,7 +92,7 @@ def test_wheel_carries_templates_playbooks_and_schemas(
         [
             str(venv / "bin/python"),
             "-c",
-            "import passthrough, passthrough.ansible as a, passthrough.vm.render as r;"
+            "import passthrough, passthrough.provision.runner as a, passthrough.vm.render as r;"
             "print(passthrough.__file__); print(a.playbooks_dir()); print(r.templates_dir())",
         ],
         tmp_path,

@@ -1,7 +1,7 @@
 """Run under `umockdev-wrapper`: a UMockdev test bed holds the recorded PCI devices, and a
 thread stands in for the kernel (a stand-in, named as such: no real driver core exists
 here) — it honours writes to unbind / driver_override / drivers_probe and emits the
-uevents the real kernel would. `passthrough.bind` itself is the real code under test.
+uevents the real kernel would. `passthrough.execute.bind` itself is the real code under test.
 
 usage: umockdev_bind_probe.py RECORD MODE   (MODE: ok | in-use | no-bind)
 """
@@ -20,7 +20,7 @@ gi.require_version("UMockdev", "1.0")
 from gi.repository import UMockdev  # noqa: E402
 
 from passthrough.analysis.viability import judge_all  # noqa: E402
-from passthrough.bind import BindFailed, BindRefused, bind_now  # noqa: E402
+from passthrough.execute.bind import BindFailed, BindRefused, bind_now  # noqa: E402
 from passthrough.host.discover import discover  # noqa: E402
 from passthrough.host.root import HostRoot  # noqa: E402
 from passthrough.plan.select import select  # noqa: E402

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from passthrough.analysis.policy import BMC_VGA
-from passthrough.analysis.viability import kernel_version
+from passthrough.kernel import kernel_version
 from passthrough.model import CheckResult, GpuVerdict, Host, Level
 
 INTEL = "GenuineIntel"

@@ -16,10 +16,10 @@ from passthrough.analysis import viability
 from passthrough.analysis.viability import (
     describe,
     find_gpus,
-    kernel_version,
     mmio_window,
 )
 from passthrough.errors import PassthroughError
+from passthrough.kernel import kernel_version
 from passthrough.model import (
     BMC_VGA_VENDORS,
     NVIDIA,
@@ -207,46 +207,24 @@ def _critical(host: Host, where: str, addresses: Iterable[PciAddress]) -> list[F
     return found
 
 
-def selection_findings(
-    host: Host,
-    addresses: Iterable[PciAddress],
-    allow_boot_gpu: bool = False,
-    index: HostIndex | None = None,
-) -> list[Finding]:
-    """The policy on any set of functions a guest would take (a plan's cards, a domain's
-    hostdevs): errors refuse it, warnings are told."""
-    index = index or HostIndex.of(host)
-    by_addr = index.by_addr
-    taken = set(addresses)
+def _function_findings(fn: PciFunction) -> list[Finding]:
+    """What no guest may take whatever its group: the BMC's VGA, bridges."""
     found: list[Finding] = []
-    chosen: list[PciFunction] = []
-    for addr in sorted(taken):
-        fn = by_addr.get(addr)
-        if fn is None:
-            found.append(
-                Finding(UNKNOWN_DEVICE, ERROR, f"{addr} is no PCI function on this host", (addr,))
-            )
-            continue
-        chosen.append(fn)
-        if fn.is_display and fn.vendor_id in BMC_VGA_VENDORS:
-            found.append(
-                Finding(
-                    BMC_VGA,
-                    ERROR,
-                    f"{addr}: server management VGA ({BMC_VGA_VENDORS[fn.vendor_id]}): the host "
-                    "console through the BMC, never a candidate",
-                    (addr,),
-                )
-            )
-        if fn.is_bridge_like:
-            found.append(
-                Finding(
-                    BRIDGE_SELECTED,
-                    ERROR,
-                    f"{describe(fn)} is a bridge: bridges and root ports stay with the host",
-                    (addr,),
-                )
-            )
+    if fn.is_display and fn.vendor_id in BMC_VGA_VENDORS:
+        bmc = BMC_VGA_VENDORS[fn.vendor_id]
+        why = f"{fn.address}: server management VGA ({bmc}): the host console through the BMC"
+        found.append(Finding(BMC_VGA, ERROR, why + ", never a candidate", (fn.address,)))
+    if fn.is_bridge_like:
+        why = f"{describe(fn)} is a bridge: bridges and root ports stay with the host"
+        found.append(Finding(BRIDGE_SELECTED, ERROR, why, (fn.address,)))
+    return found
+
+
+def _grouping_findings(
+    host: Host, index: HostIndex, taken: set[PciAddress], chosen: list[PciFunction]
+) -> list[Finding]:
+    """No IOMMU, functions outside any group, and what each group taken shares."""
+    found: list[Finding] = []
     if not host.groups:
         if chosen:
             why = (
@@ -257,45 +235,62 @@ def selection_findings(
             )
             found.append(Finding(NO_IOMMU, ERROR, why, tuple(f.address for f in chosen)))
         found += _critical(host, "the selection", (f.address for f in chosen))
-    else:
-        ungrouped = [f for f in chosen if f.iommu_group is None and not f.is_bridge_like]
-        if ungrouped:
-            found.append(
-                Finding(
-                    NO_IOMMU_GROUP,
-                    ERROR,
-                    "no IOMMU group for " + ", ".join(str(f.address) for f in ungrouped),
-                    tuple(f.address for f in ungrouped),
-                )
+        return found
+    ungrouped = [f for f in chosen if f.iommu_group is None and not f.is_bridge_like]
+    if ungrouped:
+        found.append(
+            Finding(
+                NO_IOMMU_GROUP,
+                ERROR,
+                "no IOMMU group for " + ", ".join(str(f.address) for f in ungrouped),
+                tuple(f.address for f in ungrouped),
             )
-        groups = index.groups
-        for number in sorted({f.iommu_group for f in chosen if f.iommu_group is not None}):
-            members = groups[number].members
-            found += _group_findings(taken, number, members, by_addr)
-            found += _critical(host, f"IOMMU group {number}", members)
-    for fn in chosen:
-        if fn.is_display and fn.boot_vga and fn.vendor_id not in BMC_VGA_VENDORS:
-            if allow_boot_gpu:
-                found.append(
-                    Finding(
-                        BOOT_GPU,
-                        WARNING,
-                        "boot VGA: firmware and the host console draw on it; handing it over "
-                        f"needs the console moved off it ({_console_arg(host)}) and may need "
-                        "the card's ROM for the guest",
-                        (fn.address,),
-                    )
-                )
-            else:
-                found.append(
-                    Finding(
-                        BOOT_GPU,
-                        ERROR,
-                        f"{fn.address} is the boot VGA (the host console draws on it); "
-                        "--allow-boot-gpu takes it knowingly",
-                        (fn.address,),
-                    )
-                )
+        )
+    for number in sorted({f.iommu_group for f in chosen if f.iommu_group is not None}):
+        members = index.groups[number].members
+        found += _group_findings(taken, number, members, index.by_addr)
+        found += _critical(host, f"IOMMU group {number}", members)
+    return found
+
+
+def _boot_vga_finding(host: Host, fn: PciFunction, allow_boot_gpu: bool) -> Finding:
+    why = (
+        "boot VGA: firmware and the host console draw on it; handing it over needs the console "
+        f"moved off it ({_console_arg(host)}) and may need the card's ROM for the guest"
+        if allow_boot_gpu
+        else f"{fn.address} is the boot VGA (the host console draws on it); "
+        "--allow-boot-gpu takes it knowingly"
+    )
+    return Finding(BOOT_GPU, WARNING if allow_boot_gpu else ERROR, why, (fn.address,))
+
+
+def selection_findings(
+    host: Host,
+    addresses: Iterable[PciAddress],
+    allow_boot_gpu: bool = False,
+    index: HostIndex | None = None,
+) -> list[Finding]:
+    """The policy on any set of functions a guest would take (a plan's cards, a domain's
+    hostdevs): errors refuse it, warnings are told."""
+    index = index or HostIndex.of(host)
+    taken = set(addresses)
+    found: list[Finding] = []
+    chosen: list[PciFunction] = []
+    for addr in sorted(taken):
+        fn = index.by_addr.get(addr)
+        if fn is None:
+            found.append(
+                Finding(UNKNOWN_DEVICE, ERROR, f"{addr} is no PCI function on this host", (addr,))
+            )
+            continue
+        chosen.append(fn)
+        found += _function_findings(fn)
+    found += _grouping_findings(host, index, taken, chosen)
+    found += [
+        _boot_vga_finding(host, fn, allow_boot_gpu)
+        for fn in chosen
+        if fn.is_display and fn.boot_vga and fn.vendor_id not in BMC_VGA_VENDORS
+    ]
     return found
 
 

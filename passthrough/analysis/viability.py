@@ -3,7 +3,6 @@ sizes and words the verdicts use. The verdicts themselves: ``analysis/policy.py`
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 from passthrough.model import Gpu, GpuVerdict, Host, PciAddress, PciFunction
@@ -16,11 +15,6 @@ from passthrough.pciclass import (
 from passthrough.units import GIB
 
 LARGE_BAR = 32 * GIB
-
-
-def kernel_version(release: str | None) -> tuple[int, int] | None:
-    m = re.match(r"(\d+)\.(\d+)", release or "")
-    return (int(m[1]), int(m[2])) if m else None
 
 
 def describe(fn: PciFunction) -> str:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from passthrough.errors import NotAHostRoot
 from passthrough.host import facts
+from passthrough.host.critical import read_critical
 from passthrough.host.pci import Namer, read_functions, with_names
 from passthrough.host.pciids import find_pci_ids, lookup
 from passthrough.host.root import HostRoot
@@ -69,7 +71,7 @@ def discover(
         kernel=kernel,
         distro=facts.read_distro(root),
         boot=facts.read_boot(root, kernel),
-        critical=facts.read_critical(root),
+        critical=read_critical(root),
         dmi=facts.read_dmi(root),
         functions=tuple(functions),
         groups=group_functions(functions),
@@ -78,3 +80,20 @@ def discover(
         memory_mib=facts.read_memory_mib(root),
         machine=facts.read_machine(root),
     )
+
+
+def pci_source_for(root: str, use_udev: str = "auto") -> PciSource | None:
+    """pyudev's enumeration on the live root (names from the hwdb), or None for the root's
+    sysfs files: a fixture, a snapshot, or a live machine without pyudev (a GPU guest
+    with no pip) — unless ``use_udev="yes"`` insists on it."""
+    if use_udev == "no" or (use_udev == "auto" and os.path.abspath(root) != "/"):
+        return None
+    try:
+        import pyudev  # noqa: F401
+    except ImportError:
+        if use_udev == "yes":
+            raise
+        return None
+    from passthrough.host.udev import udev_pci_source
+
+    return udev_pci_source

@@ -309,3 +309,22 @@ def unpack(archive: str, dest: str) -> str:
             f"{echo(archive)}: not a readable snapshot ({echo(str(exc))})"
         ) from None
     return dest
+
+
+def capture(root_path: str, out_path: str) -> tuple[Host, dict[str, int]]:
+    """Discover ``root_path`` through a recorder and write what was read to ``out_path``."""
+    from passthrough.host.discover import discover, pci_source_for, root_pci_source
+
+    recorder: list[RecordingRoot] = []
+
+    def factory(path: str) -> RecordingRoot:
+        r = RecordingRoot(path)
+        recorder.append(r)
+        return r
+
+    source = pci_source_for(root_path)
+    host = discover(root_path, pci_source=source, root_factory=factory)
+    if source is not None:
+        # pyudev read the PCI tree behind the recorder's back: read it again through it.
+        root_pci_source(recorder[0])
+    return host, write_snapshot(recorder[0], host, out_path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from passthrough.analysis.scan import analyse
 from passthrough.errors import PassthroughError
 from passthrough.host.root import HostRoot
 from passthrough.model import BootloaderKind, Host
@@ -12,7 +13,6 @@ from passthrough.plan.actions import Action, Binding, Plan, PlannedCard, RemoveF
 from passthrough.plan.bootloaders import UnknownBootloader, for_host
 from passthrough.plan.kargs import ArgChange, KargOptions, desired, needed
 from passthrough.plan.select import Selection, select
-from passthrough.report import analyse
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import fnmatch
 import re
 
-from passthrough.analysis.viability import kernel_version
 from passthrough.host.root import HostRoot
+from passthrough.kernel import kernel_version
 from passthrough.model import Host, InitramfsKind, PciFunction
 from passthrough.plan.actions import Run, WriteFile
 from passthrough.plan.kargs import UnsafeCmdline, utf8_text

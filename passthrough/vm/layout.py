@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from passthrough.errors import PassthroughError
-from passthrough.model import Finding, Host, PciAddress, PciFunction, Severity
-from passthrough.units import GIB, KIB, MIB, TIB, format_size
-from passthrough.vm.versions import DEFAULT_VERSIONS, Versions, dotted, read_versions
+from passthrough.model import PciAddress, PciFunction
+from passthrough.units import GIB, MIB, format_size
+from passthrough.vm.versions import DEFAULT_VERSIONS, Versions, dotted
 
 OVMF_FALLBACK = 32 * GIB  # OVMF's 64-bit aperture when it does not size one itself
 OVMF_MAX_BITS = 46  # OVMF clamps trusted CPU bits to this (it avoids 5-level paging)
@@ -43,7 +43,7 @@ def _pow2_floor(n: int) -> int:
     return 1 << (n.bit_length() - 1) if n > 0 else 0
 
 
-def _pow2_ceil(n: int) -> int:
+def pow2_ceil(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
@@ -243,6 +243,74 @@ def _choose_bits(
     return target, MaxPhysAddr("emulate", bits=target)
 
 
+def _window(
+    need: int,
+    bits: int,
+    cpu_vendor: str | None,
+    memory_mib: int,
+    versions: Versions,
+    say: list[str],
+) -> tuple[Window, int, int | None]:
+    """OVMF's own window when it is enough (and trusted), else one set through X-PciMmio64Mb:
+    (window, the guest's address limit, X in MiB or None)."""
+    own, limit = firmware_window(bits, cpu_vendor, memory_mib, versions.ovmf, None)
+    x_mib: int | None = None
+    window = own
+    ovmf_text = dotted(versions.ovmf)
+    if (
+        need
+        and need <= own.size
+        and own.end <= limit
+        and not (versions.assumed and need > OVMF_FALLBACK)
+    ):
+        say.append(
+            f"OVMF {ovmf_text} sizes its own {own.how} window of {format_size(own.size)} at "
+            f"{own.base:#x}: enough, no window element"
+        )
+    elif need:
+        x_mib = max(pow2_ceil(need), GIB) // MIB
+        if x_mib > X_PCIMMIO64_MAX_MIB:
+            raise LayoutRefused(
+                f"the cards need a {format_size(need)} 64-bit window; OVMF accepts at most 16 TiB"
+            )
+        window, limit = firmware_window(bits, cpu_vendor, memory_mib, versions.ovmf, x_mib)
+        reason = (
+            f"OVMF's own window ({own.how}, {format_size(own.size)}) is too small"
+            if need > own.size or own.end > limit
+            else f"the firmware's version is {versions.source}, so its own sizing is not relied on"
+        )
+        say.append(
+            f"{reason}: {X_PCIMMIO64}={x_mib} ({format_size(x_mib * MIB)}, a power of two: OVMF "
+            "aligns the aperture to it anyway)"
+        )
+    return window, limit, x_mib
+
+
+def _fwcfg_route(
+    x_mib: int | None, need: int, versions: Versions, say: list[str]
+) -> tuple[str | None, int | None]:
+    """How X-PciMmio64Mb reaches the firmware, and the matching 64-bit PCI hole (KiB)."""
+    via: str | None = None
+    hole: int | None = None
+    if x_mib is not None:
+        if FWCFG_OVMF_NATIVE_SINCE is not None and versions.libvirt >= FWCFG_OVMF_NATIVE_SINCE:
+            via = "sysinfo"
+        else:
+            via = "qemu:commandline"
+            say.append(
+                f"{X_PCIMMIO64} goes through <qemu:commandline>: libvirt refuses opt/ovmf/ "
+                "names in <sysinfo type='fwcfg'> as reserved"
+            )
+        hole = x_mib * 1024
+        say.append(
+            f"<pcihole64> {hole} KiB on pcie-root: QEMU's 64-bit PCI hole "
+            "(q35-pcihost.pci-hole64-size) covers the same window"
+        )
+    elif not need:
+        say.append("no 64-bit prefetchable BARs: no window element")
+    return via, hole
+
+
 def plan_layout(
     cards: Sequence[Sequence[PciFunction]],
     *,
@@ -271,36 +339,7 @@ def plan_layout(
             f"64-bit prefetchable BARs need {format_size(need)} packed largest first "
             f"(aligned to {format_size(alignment)}) over {len([c for c in bars if c.high])} root port(s)"
         )
-    own, limit = firmware_window(bits, cpu_vendor, memory_mib, versions.ovmf, None)
-    x_mib: int | None = None
-    window = own
-    ovmf_text = dotted(versions.ovmf)
-    if (
-        need
-        and need <= own.size
-        and own.end <= limit
-        and not (versions.assumed and need > OVMF_FALLBACK)
-    ):
-        say.append(
-            f"OVMF {ovmf_text} sizes its own {own.how} window of {format_size(own.size)} at "
-            f"{own.base:#x}: enough, no window element"
-        )
-    elif need:
-        x_mib = max(_pow2_ceil(need), GIB) // MIB
-        if x_mib > X_PCIMMIO64_MAX_MIB:
-            raise LayoutRefused(
-                f"the cards need a {format_size(need)} 64-bit window; OVMF accepts at most 16 TiB"
-            )
-        window, limit = firmware_window(bits, cpu_vendor, memory_mib, versions.ovmf, x_mib)
-        reason = (
-            f"OVMF's own window ({own.how}, {format_size(own.size)}) is too small"
-            if need > own.size or own.end > limit
-            else f"the firmware's version is {versions.source}, so its own sizing is not relied on"
-        )
-        say.append(
-            f"{reason}: {X_PCIMMIO64}={x_mib} ({format_size(x_mib * MIB)}, a power of two: OVMF "
-            "aligns the aperture to it anyway)"
-        )
+    window, limit, x_mib = _window(need, bits, cpu_vendor, memory_mib, versions, say)
     if need and window.end > limit:
         raise LayoutRefused(
             f"the cards' 64-bit BARs need {format_size(need)}; with {format_size(memory_mib * MIB)} of RAM "
@@ -317,24 +356,7 @@ def plan_layout(
             f"({format_size(window.size)}) ends within the guest's limit {format_size(limit)} "
             f"(2^{limit.bit_length() - 1})"
         )
-    via: str | None = None
-    hole: int | None = None
-    if x_mib is not None:
-        if FWCFG_OVMF_NATIVE_SINCE is not None and versions.libvirt >= FWCFG_OVMF_NATIVE_SINCE:
-            via = "sysinfo"
-        else:
-            via = "qemu:commandline"
-            say.append(
-                f"{X_PCIMMIO64} goes through <qemu:commandline>: libvirt refuses opt/ovmf/ "
-                "names in <sysinfo type='fwcfg'> as reserved"
-            )
-        hole = x_mib * 1024
-        say.append(
-            f"<pcihole64> {hole} KiB on pcie-root: QEMU's 64-bit PCI hole "
-            "(q35-pcihost.pci-hole64-size) covers the same window"
-        )
-    elif not need:
-        say.append("no 64-bit prefetchable BARs: no window element")
+    via, hole = _fwcfg_route(x_mib, need, versions, say)
     if low:
         say.append(f"{format_size(low)} of BARs stay below 4 GiB")
     return Layout(
@@ -351,148 +373,3 @@ def plan_layout(
         versions=versions,
         decisions=tuple(say),
     )
-
-
-# -- a hand-written domain ------------------------------------------------------------------
-
-
-def _int(text: str | None, base: int = 10) -> int | None:
-    try:
-        return int(text or "", base)
-    except ValueError:
-        return None
-
-
-_UNITS = {"b": 1, "bytes": 1, "k": KIB, "kib": KIB, "m": MIB, "mib": MIB, "g": GIB, "gib": GIB}
-_UNITS.update({"kb": 1000, "mb": 1000**2, "gb": 1000**3, "t": TIB, "tib": TIB})
-
-
-def _memory_mib(doc: Any) -> int | None:
-    mem = doc.find("memory")
-    if mem is None:
-        return None
-    value = _int(mem.text)
-    factor = _UNITS.get((mem.get("unit") or "KiB").lower())
-    return None if value is None or factor is None else value * factor // MIB
-
-
-def _x_pcimmio64(doc: Any) -> int | None:
-    values: list[str] = []
-    for entry in doc.findall("sysinfo[@type='fwcfg']/entry"):
-        if entry.get("name") == X_PCIMMIO64:
-            values.append(entry.text or "")
-    args = [a.get("value", "") for a in doc.iter(f"{{{QEMU_NS}}}arg")]
-    for a in args:
-        if f"name={X_PCIMMIO64}," in a:
-            values.append(a.rpartition("string=")[2])
-    sizes = [v for v in (_int(s.strip()) for s in values) if v is not None]
-    return max(sizes) if sizes else None
-
-
-def _guest_bits(doc: Any, host: Host, versions: Versions) -> tuple[int, str]:
-    addr = doc.find("cpu/maxphysaddr")
-    host_bits = host.cpu.phys_bits
-    if addr is None:
-        cpu = doc.find("cpu")
-        mode = cpu.get("mode") if cpu is not None else None
-        if (
-            doc.get("type") == "kvm"
-            and mode in ("host-passthrough", "maximum")
-            and host_bits
-            and versions.qemu >= QEMU_HOST_BITS_SINCE
-        ):
-            return host_bits, "no <maxphysaddr>: QEMU gives -cpu host the host's bits"
-        return QEMU_DEFAULT_PHYS_BITS, "no <maxphysaddr>: QEMU's default"
-    if addr.get("mode") == "emulate":
-        bits = _int(addr.get("bits"))
-        if bits is not None:
-            return bits, "<maxphysaddr mode='emulate'>"
-    if addr.get("mode") == "passthrough" and host_bits:
-        limit = _int(addr.get("limit"))
-        if limit is not None and limit < host_bits:
-            return limit, "the host's bits, limited"
-        return host_bits, "the host's bits"
-    return QEMU_DEFAULT_PHYS_BITS, "unreadable <maxphysaddr>: QEMU's default"
-
-
-# What layout_findings can say (validate's rule catalogue lists them under "host").
-LAYOUT_CODES: dict[str, str] = {
-    "mmio-window-too-small": "the guest firmware's 64-bit window cannot hold the hostdevs' BARs",
-    "mmio-window-above-limit": "the window needed does not fit below the guest's address limit",
-    "guest-bits-above-iommu": "guest physical address bits beyond what the host IOMMU maps: "
-    "QEMU's DMA mappings fail",
-}
-
-
-def layout_findings(domain: Any, host: Host, versions: Versions | None = None) -> list[Finding]:
-    """Check a domain (an lxml or ElementTree ``<domain>`` element) against this host: can
-    the window OVMF will build hold its hostdevs' BARs, below the guest's address limit and
-    within what the host IOMMU maps? Codes: ``mmio-window-too-small``,
-    ``mmio-window-above-limit``, ``guest-bits-above-iommu``."""
-    if versions is None:
-        versions = read_versions(host.root)
-    by_bus: dict[int, list[PciFunction]] = {}
-    for hd in domain.findall("devices/hostdev[@type='pci']"):
-        src = hd.find("source/address")
-        if src is None:
-            continue
-        parts = [_int(src.get(k), 16) for k in ("domain", "bus", "slot", "function")]
-        if any(p is None for p in parts):
-            continue
-        d, b, s, f = (int(p or 0) for p in parts)
-        fn = host.function(PciAddress(d, b, s, f))
-        guest = hd.find("address")
-        bus = _int(guest.get("bus"), 16) if guest is not None else None
-        if fn is not None:
-            by_bus.setdefault(bus if bus is not None else -1 - len(by_bus), []).append(fn)
-    out: list[Finding] = []
-    if not by_bus:
-        return out
-    devices = tuple(sorted(f.address for fns in by_bus.values() for f in fns))
-    need, _ = pack(card_bars(fns) for fns in by_bus.values())
-    bits, bits_why = _guest_bits(domain, host, versions)
-    iommu = host.iommu.address_bits
-    if iommu and bits > iommu:
-        out.append(
-            Finding(
-                "guest-bits-above-iommu",
-                Severity.ERROR,
-                f"the guest addresses {bits} bits ({bits_why}) but the host IOMMU maps only "
-                f"{iommu}: DMA mapping fails once anything sits above 2^{iommu} = "
-                f"{format_size(1 << iommu)}; add <maxphysaddr> with {iommu} bits",
-                devices,
-            )
-        )
-    if not need:
-        return out
-    memory = _memory_mib(domain) or 0
-    x_mib = _x_pcimmio64(domain)
-    window, limit = firmware_window(bits, host.cpu.vendor, memory, versions.ovmf, x_mib)
-    how = (
-        f"{X_PCIMMIO64}={x_mib}"
-        if x_mib and window.how == "classic"
-        else f"OVMF's {window.how} window"
-    )
-    if need > window.size:
-        out.append(
-            Finding(
-                "mmio-window-too-small",
-                Severity.ERROR,
-                f"the hostdevs' 64-bit BARs need {format_size(need)} packed, but {how} gives "
-                f"{format_size(window.size)} ({need} > {window.size} bytes): the guest sees BARs "
-                f"unassigned; set {X_PCIMMIO64} to at least {max(_pow2_ceil(need), GIB) // MIB}",
-                devices,
-            )
-        )
-    elif window.end > limit:
-        out.append(
-            Finding(
-                "mmio-window-above-limit",
-                Severity.ERROR,
-                f"{how} puts {format_size(window.size)} at {window.base:#x}..{window.end:#x}, above "
-                f"the guest's address limit 2^{limit.bit_length() - 1} = {format_size(limit)} "
-                f"({bits} bits: {bits_why}; {format_size(memory * MIB)} of RAM)",
-                devices,
-            )
-        )
-    return out

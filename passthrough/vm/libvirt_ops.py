@@ -6,10 +6,11 @@ handler is silenced so it does not print to stderr behind our back.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from typing import Any
 
-from passthrough.errors import EXIT_BACKEND, EXIT_USAGE, PassthroughError, quote
+from passthrough.errors import EXIT_BACKEND, EXIT_USAGE, PassthroughError, echo, quote
 
 STATES = {
     0: "no state",
@@ -102,6 +103,32 @@ def define(
         return _status(dom, uri)
     finally:
         conn.close()
+
+
+def define_file(
+    uri: str, path: str, base_image: str | None = None, start_it: bool = False
+) -> dict[str, Any]:
+    """Define the domain XML in ``path``; with ``base_image``, first make the qcow2 overlay
+    its first disk points at on that image."""
+    from lxml import etree
+
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+        doc = etree.fromstring(data)
+    except OSError as exc:
+        raise PassthroughError(f"{echo(path)}: {exc.strerror}") from None
+    except etree.XMLSyntaxError as exc:
+        raise PassthroughError(f"{echo(path)}: not well-formed XML ({exc})") from None
+    overlay = None
+    if base_image:
+        disk = doc.find("devices/disk[@device='disk']/source")
+        if disk is None or not disk.get("file"):
+            raise PassthroughError(f"{path}: no disk source for the overlay")
+        if not os.path.exists(base_image):
+            raise PassthroughError(f"--base-image {base_image}: does not exist")
+        overlay = (base_image, str(disk.get("file")))
+    return define(uri, data.decode(), doc.findtext("name") or "", overlay, start_it=start_it)
 
 
 def start(uri: str, name: str) -> None:

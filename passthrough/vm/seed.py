@@ -16,13 +16,13 @@ import re
 import struct
 
 from passthrough.errors import PassthroughError
+from passthrough.inputs import Unreadable, read_text
 
 USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 # RFC 1123: dot-separated labels of letters, digits and '-', 1 to 63 each, no '-' at either
 # end; 253 characters in all
 LABEL_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 KEY_TYPE_RE = re.compile(r"^(ssh-(rsa|ed25519|dss)|ecdsa-sha2-nistp(256|384|521)|sk-[a-z0-9@.-]+)$")
-MAX_KEY_FILE = 1 << 20
 
 
 class BadSeed(PassthroughError):
@@ -73,16 +73,9 @@ def check_key_line(line: str, where: str) -> None:
 def read_keys(key_file: str) -> list[str]:
     where = f"--ssh-key {key_file}"
     try:
-        with open(key_file, "rb") as fh:
-            data = fh.read(MAX_KEY_FILE + 1)
-    except OSError as exc:
-        raise BadSeed(where, exc.strerror or "cannot read it") from None
-    if len(data) > MAX_KEY_FILE:
-        raise BadSeed(where, "larger than 1 MiB: not a public key file")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise BadSeed(where, "not text: not a public key file") from None
+        text = read_text(key_file, "a public key file")
+    except Unreadable as exc:
+        raise BadSeed(where, str(exc)) from None
     keys = [line.strip() for line in text.splitlines() if line.strip()]
     keys = [k for k in keys if not k.startswith("#")]
     if not keys:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from passthrough.analysis import policy
-from passthrough.model import Host, PciAddress, PciFunction
+from passthrough.model import GpuVerdict, Host, PciAddress, PciFunction
 from passthrough.vm.layout import Layout, plan_layout
 from passthrough.vm.options import (
     DEFAULT_VENDOR_ID,
@@ -155,10 +155,7 @@ def _cpuset(cpus: tuple[int, ...]) -> str:
     return ",".join(parts)
 
 
-def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) -> VmSpec:
-    # types, ranges and patterns from the options table, then what only the host can say
-    check_options({f: getattr(opts, f) for f in VmOptions.__dataclass_fields__})
-    unchecked = check_against_host(host, opts.vcpus, opts.memory_mib, opts.overcommit)
+def _check_files(opts: VmOptions) -> None:
     for field_name in ("disk", "base_image", "seed"):
         value = getattr(opts, field_name)
         if value is not None and not Path(value).exists():
@@ -168,8 +165,11 @@ def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) ->
             "disk", "give either an existing disk or a base image for an overlay, not both"
         )
 
+
+def _choose(host: Host, opts: VmOptions) -> tuple[list[GpuVerdict], list[str]]:
+    """The cards named (default: every viable NVIDIA GPU), and the policy's warnings."""
     verdicts = policy.judge_all(host)
-    chosen = []
+    chosen: list[GpuVerdict] = []
     if opts.gpus:
         for token in opts.gpus:
             address = PciAddress.parse(token)
@@ -190,9 +190,15 @@ def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) ->
     harm = [f for f in policy.errors(findings) if f.code in policy.HOST_HARM]
     if harm:
         raise policy.Refused(harm)
-    warnings = list(unchecked) + [f"{f.message} [{f.code}]" for f in policy.errors(findings)]
+    return chosen, [f"{f.message} [{f.code}]" for f in policy.errors(findings)]
+
+
+def _guest_cards(
+    chosen: list[GpuVerdict],
+) -> tuple[list[GuestCard], list[list[PciFunction]]]:
+    """Each card on its own root port, and per port the functions the guest gets."""
     cards: list[GuestCard] = []
-    functions: list[list[PciFunction]] = []  # per root port, what the guest gets
+    functions: list[list[PciFunction]] = []
     for i, v in enumerate(chosen):
         port = i + 1
         fns = tuple(
@@ -212,8 +218,13 @@ def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) ->
             GuestCard(port_index=port, port_slot=1 + i // 8, port_function=i % 8, functions=fns)
         )
         functions.append([f for f in v.gpu.functions if not f.is_bridge_like])
+    return cards, functions
 
-    # NUMA: pin to the GPUs' node when they share one.
+
+def _numa(
+    host: Host, opts: VmOptions, chosen: list[GpuVerdict], warnings: list[str]
+) -> tuple[int | None, list[tuple[int, str]], str | None]:
+    """Pin to the GPUs' node when they share one: (node, vCPU pins, emulator cpuset)."""
     nodes = {v.gpu.primary.numa_node for v in chosen if v.gpu.primary.numa_node is not None}
     node = nodes.pop() if len(nodes) == 1 else None
     pins: list[tuple[int, str]] = []
@@ -230,6 +241,18 @@ def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) ->
         emulator = _cpuset(cpus)
     elif node is not None and opts.numa_pin:
         warnings.append(f"NUMA node {node} has no CPU list in sysfs: not pinned")
+    return node, pins, emulator
+
+
+def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) -> VmSpec:
+    # types, ranges and patterns from the options table, then what only the host can say
+    check_options({f: getattr(opts, f) for f in VmOptions.__dataclass_fields__})
+    unchecked = check_against_host(host, opts.vcpus, opts.memory_mib, opts.overcommit)
+    _check_files(opts)
+    chosen, policy_warnings = _choose(host, opts)
+    warnings = list(unchecked) + policy_warnings
+    cards, functions = _guest_cards(chosen)
+    node, pins, emulator = _numa(host, opts, chosen, warnings)
     # refuses (exit 2) a layout the guest cannot address, before anything is rendered
     layout = plan_layout(
         functions,

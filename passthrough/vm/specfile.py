@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
+from passthrough.inputs import Unreadable, read_text
 from passthrough.vm.options import BY_KEY, BadVmSpec, Kind, check, size_mib, unknown_key
 
-MAX_SPEC_BYTES = 1 << 20
 # integers YAML 1.1 reads in a base the writer probably did not mean
 _OCTAL = re.compile(r"^[-+]?0[0-7_]+$")
 
@@ -116,19 +116,9 @@ def load_spec_file(path: str) -> dict[str, Any]:
     """VM options (VmOptions field → value) from a YAML file keyed like the render flags."""
     where = f"--spec {path}"
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_SPEC_BYTES + 1)
-    except OSError as exc:
-        raise BadVmSpec(where, exc.strerror or "cannot read it") from None
-    if len(data) > MAX_SPEC_BYTES:
-        raise BadVmSpec(where, "larger than 1 MiB: not a VM spec file")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise BadVmSpec(
-            where, f"line {line}: byte 0x{data[exc.start]:02x} is not UTF-8 text"
-        ) from None
+        text = read_text(path, "a VM spec file")
+    except Unreadable as exc:
+        raise BadVmSpec(where, str(exc)) from None
     try:
         loaded = yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no object tags
     except BadVmSpec as exc:

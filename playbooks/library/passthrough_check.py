@@ -44,12 +44,13 @@ def main() -> None:
         supports_check_mode=True,
     )
     try:
+        from passthrough.analysis.scan import analyse
         from passthrough.errors import PassthroughError
+        from passthrough.execute.verify import verify
         from passthrough.host.discover import discover
         from passthrough.host.root import HostRoot
         from passthrough.model import Level
-        from passthrough.report import analyse, scan_json
-        from passthrough.verify import verify
+        from passthrough.output.json import scan_json
     except ImportError as exc:
         module.fail_json(
             msg=f"the passthrough Python package is not installed on the target ({exc})"

@@ -62,11 +62,12 @@ def main() -> None:
         supports_check_mode=True,
     )
     try:
-        from passthrough.apply import apply, undo
         from passthrough.errors import PassthroughError
+        from passthrough.execute.apply import apply
+        from passthrough.execute.journal import Journal
+        from passthrough.execute.undo import undo
         from passthrough.host.discover import discover
         from passthrough.host.root import HostRoot
-        from passthrough.journal import Journal
         from passthrough.plan.actions import RemoveFile, WriteFile, plan_json
         from passthrough.plan.build import PlanOptions, make_plan
     except ImportError as exc:

@@ -141,7 +141,7 @@ def main() -> None:
         )
         spec = build_spec(host, opts)
         if p["require_handed_over"]:
-            from passthrough.apply import last_applied
+            from passthrough.execute.apply import last_applied
             from passthrough.host.root import HostRoot
 
             record = last_applied(HostRoot(p["root"]))

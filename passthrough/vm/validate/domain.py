@@ -268,7 +268,7 @@ def _register_host_policies() -> None:
     """The safety policy's and the address planner's codes, for --select/--ignore,
     --list-rules and SARIF (each finding still carries its own severity)."""
     from passthrough.analysis import policy
-    from passthrough.vm.layout import LAYOUT_CODES
+    from passthrough.vm.layout_check import LAYOUT_CODES
 
     errors = policy.HOST_HARM | {
         policy.GROUP_SHARED,
@@ -290,7 +290,7 @@ def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
     address planner's arithmetic (can the guest's window hold the BARs, below its limit)."""
     from passthrough.analysis import policy
     from passthrough.model import PciAddress
-    from passthrough.vm.layout import layout_findings
+    from passthrough.vm.layout_check import layout_findings
 
     _register_host_policies()
     known = facts(host).known

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from passthrough.errors import PassthroughError
+from passthrough.execute import files
 from passthrough.host.root import HostRoot
 from passthrough.plan.actions import PlanRecord
 
@@ -262,6 +264,19 @@ class Journal:
     root: HostRoot
     transactions: list[Transaction]
 
+    def begin(self, kind: TxKind, **fields: Any) -> Transaction:
+        """A new running transaction, journaled (saved) before any of its steps."""
+        tx = Transaction(
+            id=time.strftime("%Y%m%dT%H%M%S") + f"-{len(self.transactions)}",
+            kind=kind,
+            state=TxState.RUNNING,
+            started=time.time(),
+            **fields,
+        )
+        self.transactions.append(tx)
+        self.save()
+        return tx
+
     @classmethod
     def load(cls, root: HostRoot) -> Journal:
         raw = root.read_bytes(JOURNAL)
@@ -290,11 +305,9 @@ class Journal:
         }
 
     def save(self) -> None:
-        # looked up at each call: the kill test replaces apply's writer to stop the process
-        # at every write, journal saves included
-        from passthrough.apply import atomic_write
-
-        atomic_write(
+        # files.atomic_write looked up at each call: the kill test replaces the writer to
+        # stop the process at every write, journal saves included
+        files.atomic_write(
             self.root.real(JOURNAL), (json.dumps(self.to_json(), indent=2) + "\n").encode(), 0o600
         )
 

@@ -16,10 +16,12 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from passthrough.errors import EXIT_HOST_STEP, PassthroughError
-from passthrough.host.root import HostRoot
-from passthrough.journal import (
+from passthrough.execute import files
+from passthrough.execute.files import read_file, remove
+from passthrough.execute.journal import (
     BACKUPS,
     STATE,
     Journal,
@@ -31,6 +33,7 @@ from passthrough.journal import (
     TxState,
     sha256,
 )
+from passthrough.host.root import HostRoot
 from passthrough.plan.actions import Action, Plan, PlanRecord, RemoveFile, Run, WriteFile
 
 LOCK = f"{STATE}/lock"
@@ -45,49 +48,6 @@ class Busy(PassthroughError):
         super().__init__(
             f"another apply or undo is running (lock held on {path}); try again when it ends"
         )
-
-
-# -- small, careful file primitives --------------------------------------------------------
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str, data: bytes, mode: int | None = None) -> None:
-    """Write ``path`` so that a crash leaves either the old or the new content."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    if mode is None:
-        try:
-            mode = os.stat(path).st_mode & 0o7777
-        except FileNotFoundError:
-            mode = 0o644
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.passthrough-tmp")
-    # A fresh file, never whatever sits at that name (a link planted there would carry
-    # the write out of the root): remove it, then create exclusively, links not followed.
-    _remove(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    try:
-        os.write(fd, data)
-        os.fchmod(fd, mode)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(directory)
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return  # already absent
-    _fsync_dir(os.path.dirname(path))
 
 
 @contextmanager
@@ -181,15 +141,6 @@ def run_command(
 # -- backups -----------------------------------------------------------------------------
 
 
-def read_file(root: HostRoot, rel: str) -> bytes | None:
-    """A file's bytes whatever its size, None when absent (or not a regular file)."""
-    try:
-        with open(root.real(rel), "rb") as fh:
-            return fh.read()
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        return None
-
-
 def prune_backups(journal: Journal) -> list[str]:
     """Delete every backup no live transaction needs (undone ones, generated outputs an
     older journal kept, leftovers of a killed run). Returns what was removed."""
@@ -197,8 +148,8 @@ def prune_backups(journal: Journal) -> list[str]:
     keep = {root.real(b) for b in journal.referenced_backups()}
     top = root.real(BACKUPS)
     removed: list[str] = []
-    for dirpath, _dirs, files in os.walk(top, topdown=False):
-        for name in files:
+    for dirpath, _dirs, names in os.walk(top, topdown=False):
+        for name in names:
             path = os.path.join(dirpath, name)
             if path not in keep:
                 os.unlink(path)
@@ -231,7 +182,7 @@ def _file_step(journal: Journal, tx: Transaction, n: int, action: WriteFile | Re
     # only the first live change of a path needs the original: later ones return to it
     if before is not None and journal.original_step(rel) is None:
         step.backup = f"{BACKUPS}/{tx.id}/{n}-{rel.replace('/', '_')}"
-        atomic_write(root.real(step.backup), before, 0o600)
+        files.atomic_write(root.real(step.backup), before, 0o600)
     return step
 
 
@@ -269,17 +220,12 @@ def apply(
         actions: list[Action] = [*plan.actions, *_pending_reruns(journal, plan)]
         if not actions:
             return None
-        tx = Transaction(
-            id=time.strftime("%Y%m%dT%H%M%S") + f"-{len(journal.transactions)}",
-            kind=TxKind.APPLY,
-            state=TxState.RUNNING,
-            started=time.time(),
+        tx = journal.begin(
+            TxKind.APPLY,
             record=record,
             args_set=list(plan.kernel_args.set.values()),
             args_dropped=sorted(plan.kernel_args.drop),
         )
-        journal.transactions.append(tx)
-        journal.save()
         for n, action in enumerate(actions):
             if isinstance(action, WriteFile | RemoveFile):
                 step = _file_step(journal, tx, n, action)
@@ -298,11 +244,11 @@ def apply(
             try:
                 if isinstance(action, WriteFile):
                     say(f"write /{action.path}")
-                    atomic_write(root.real(action.path), action.content, action.mode)
+                    files.atomic_write(root.real(action.path), action.content, action.mode)
                     step.state = StepState.DONE
                 elif isinstance(action, RemoveFile):
                     say(f"remove /{action.path}")
-                    _remove(root.real(action.path, follow_final=False))
+                    remove(root.real(action.path, follow_final=False))
                     step.state = StepState.DONE
                 else:
                     error = run_command(root, step, runner, say)
@@ -330,17 +276,18 @@ def last_applied(root: HostRoot) -> PlanRecord | None:
     return None
 
 
-from passthrough.undo import DriftRefused, UndoIncomplete, UndoResult, undo  # noqa: E402
+def listed(tx: Transaction | None) -> list[list[str]]:
+    """The commands a transaction could only list (not a full OS tree, or not root)."""
+    return [s.argv or [] for s in (tx.steps if tx else []) if s.state is StepState.LISTED]
 
-__all__ = [
-    "ApplyError",
-    "Busy",
-    "DriftRefused",
-    "UndoIncomplete",
-    "UndoResult",
-    "apply",
-    "atomic_write",
-    "last_applied",
-    "locked",
-    "undo",
-]
+
+def apply_json(tx: Transaction | None, plan: Plan, owed: list[list[str]]) -> dict[str, Any]:
+    """``apply --json``: what this run did, and the commands still owed by earlier ones."""
+    return {
+        "changed": tx is not None,
+        "reboot_required": plan.reboot,
+        "transaction": tx.id if tx else None,
+        "steps": [s.to_json() for s in (tx.steps if tx else [])],
+        "commands_not_run": listed(tx),
+        "pending": owed,
+    }

@@ -11,9 +11,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from passthrough.apply import read_file
+from passthrough.execute.files import read_file
+from passthrough.execute.journal import Journal, Step, StepKind, StepState, TxKind, TxState, sha256
 from passthrough.host.root import HostRoot
-from passthrough.journal import Journal, Step, StepKind, StepState, TxKind, TxState, sha256
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from passthrough.apply import last_applied
 from passthrough.errors import PassthroughError
+from passthrough.execute.apply import last_applied
 from passthrough.host.root import HostRoot
 from passthrough.model import CheckResult, Host, Level
 from passthrough.plan import vfio

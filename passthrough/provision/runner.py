@@ -56,6 +56,34 @@ class RunResult:
             and not any(h.failed or h.unreachable for h in self.hosts.values())
         )
 
+    def failure(self) -> ProvisionFailed:
+        """The one-line error for a run that was not ok: the hosts that failed."""
+        failed = [h.name for h in self.hosts.values() if h.failed or h.unreachable]
+        return ProvisionFailed(
+            f"{', '.join(sorted(failed or ['(playbook)']))} failed (status {self.status}, "
+            f"rc {self.rc}); see the log"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "status": self.status,
+            "rc": self.rc,
+            "log": self.log,
+            "seconds": round(self.seconds, 1),
+            "hosts": {
+                h.name: {
+                    "status": h.status,
+                    "ok": h.ok,
+                    "changed": h.changed,
+                    "failed": h.failed,
+                    "unreachable": h.unreachable,
+                    "reason": h.reason,
+                }
+                for h in self.hosts.values()
+            },
+        }
+
 
 def playbooks_dir() -> Path:
     """The installed wheel's playbooks, or playbooks/ of the checkout."""
@@ -104,6 +132,7 @@ def run(
     extravars: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
     log_path: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> RunResult:
     try:
         import ansible_runner
@@ -174,6 +203,7 @@ def run(
                 "ANSIBLE_ROLES_PATH": str(books / "roles"),
                 "ANSIBLE_NOCOLOR": "1",
                 "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+                **(env or {}),  # e.g. PASSTHROUGH_SAMPLE_ROOT for the sample inventory
             },
             event_handler=handle,
             quiet=True,

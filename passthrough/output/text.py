@@ -7,9 +7,9 @@ import sys
 from typing import TextIO
 
 from passthrough.analysis.checks import guest_without_iommu
+from passthrough.analysis.scan import Scan
 from passthrough.model import CheckResult, GpuVerdict, Level, PciAddress, PciFunction, Severity
 from passthrough.pciclass import CLASS_WORDS
-from passthrough.report import Scan
 from passthrough.units import format_size
 
 RESET = "\033[0m"

@@ -5,30 +5,13 @@ The JSON Schema lives in ``passthrough/schemas/scan-v1.schema.json``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from passthrough.analysis.checks import iommu_default_on, run_checks
-from passthrough.analysis.policy import judge_all
+from passthrough.analysis.checks import iommu_default_on
+from passthrough.analysis.scan import Scan
 from passthrough.model import CheckResult, Finding, GpuVerdict, Host, Level, PciFunction
 
 SCHEMA = "passthrough.scan/v1"
-
-
-@dataclass(frozen=True)
-class Scan:
-    host: Host
-    verdicts: list[GpuVerdict]
-    checks: list[CheckResult]
-
-    @property
-    def failed(self) -> bool:
-        return any(c.level is Level.FAIL for c in self.checks)
-
-
-def analyse(host: Host) -> Scan:
-    verdicts = judge_all(host)
-    return Scan(host=host, verdicts=verdicts, checks=run_checks(host, verdicts))
 
 
 def _function(f: PciFunction) -> dict[str, Any]:
@@ -160,14 +143,37 @@ def scan_json(scan: Scan) -> dict[str, Any]:
         "schema": SCHEMA,
         "root": h.root,
         "host": host_json(h),
-        "checks": [
-            {"id": c.id, "level": c.level.value, "summary": c.summary, "fix": c.fix}
-            for c in scan.checks
-        ],
+        "checks": checks_json(scan.checks),
         "gpus": [gpu_json(v) for v in scan.verdicts],
         "groups": [
             {"number": g.number, "members": [_function(by_addr[a]) for a in g.members]}
             for g in h.groups
         ],
         "problems": list(h.problems),
+    }
+
+
+def checks_json(checks: list[CheckResult]) -> list[dict[str, Any]]:
+    return [
+        {"id": c.id, "level": c.level.value, "summary": c.summary, "fix": c.fix} for c in checks
+    ]
+
+
+def check_json(scan: Scan) -> dict[str, Any]:
+    """``check --json``: passthrough.check/v1."""
+    return {
+        "schema": "passthrough.check/v1",
+        "root": scan.host.root,
+        "ok": not scan.failed,
+        "virtual_machine": host_json(scan.host)["virtual_machine"],
+        "checks": checks_json(scan.checks),
+    }
+
+
+def verify_json(results: list[CheckResult]) -> dict[str, Any]:
+    """``verify --json``: passthrough.verify/v1."""
+    return {
+        "schema": "passthrough.verify/v1",
+        "ok": not any(r.level is Level.FAIL for r in results),
+        "checks": checks_json(results),
     }

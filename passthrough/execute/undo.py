@@ -22,21 +22,19 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from passthrough.apply import (
+from passthrough.errors import EXIT_HOST_STEP, PassthroughError
+from passthrough.execute.apply import (
     Runner,
     _default_runner,
-    _remove,
-    atomic_write,
     locked,
     prune_backups,
-    read_file,
     run_command,
 )
-from passthrough.drift import Ambiguous, unpick
-from passthrough.errors import EXIT_HOST_STEP, PassthroughError
-from passthrough.host.root import HostRoot
-from passthrough.journal import (
+from passthrough.execute.drift import Ambiguous, unpick
+from passthrough.execute.files import atomic_write, read_file, remove
+from passthrough.execute.journal import (
     JOURNAL,
     Journal,
     Step,
@@ -47,6 +45,7 @@ from passthrough.journal import (
     TxState,
     sha256,
 )
+from passthrough.host.root import HostRoot
 
 
 class DriftRefused(PassthroughError):
@@ -95,6 +94,20 @@ class UndoResult:
     @property
     def changed(self) -> list[str]:
         return self.restored + self.unpicked + self.forced
+
+    @property
+    def listed(self) -> list[list[str]]:
+        """Commands that could only be listed: to run inside the root."""
+        return [s.argv or [] for s in self.commands if s.state is StepState.LISTED]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "restored": ["/" + p for p in self.restored],
+            "unpicked": ["/" + p for p in self.unpicked],
+            "forced": ["/" + p for p in self.forced],
+            "commands": [s.to_json() for s in self.commands],
+            "commands_not_run": self.listed,
+        }
 
 
 # -- deciding, per path, before anything changes ----------------------------------------
@@ -177,7 +190,7 @@ def _commands(targets: list[Transaction]) -> list[Step]:
 
 def _put(root: HostRoot, d: Decision) -> None:
     if d.content is None:
-        _remove(root.real(d.path, follow_final=False))
+        remove(root.real(d.path, follow_final=False))
     else:
         first = d.steps[0]
         atomic_write(root.real(d.path), d.content, first.mode if first.existed else None)
@@ -205,17 +218,9 @@ def undo(
         drifted = {d.path: d.why for d in decisions if d.action == "drifted"}
         if drifted and not force:
             raise DriftRefused(drifted)
-        tx = Transaction(
-            id=time.strftime("%Y%m%dT%H%M%S") + f"-{len(journal.transactions)}",
-            kind=TxKind.UNDO,
-            state=TxState.RUNNING,
-            started=time.time(),
-            undid=[t.id for t in targets],
-        )
         for t in targets:
             t.state = TxState.UNDOING
-        journal.transactions.append(tx)
-        journal.save()
+        tx = journal.begin(TxKind.UNDO, undid=[t.id for t in targets])
         missing: list[str] = []
         for d in reversed(decisions):  # newest paths first, as they were made
             if d.action == "missing":
@@ -286,18 +291,12 @@ def _rerun_pending(
     journal: Journal, runner: Runner, say: Callable[[str], None], result: UndoResult
 ) -> UndoResult:
     """Nothing left to undo, but a regeneration an earlier undo could not finish: again."""
-    from passthrough.apply import command_mode
+    from passthrough.execute.apply import command_mode
 
     pending = [s for _tx, s in journal.pending() if s.regenerate]
     if not pending or command_mode(journal.root) == "list":
         return result
-    tx = Transaction(
-        id=time.strftime("%Y%m%dT%H%M%S") + f"-{len(journal.transactions)}",
-        kind=TxKind.UNDO,
-        state=TxState.RUNNING,
-        started=time.time(),
-    )
-    journal.transactions.append(tx)
+    tx = journal.begin(TxKind.UNDO)
     steps = [
         Step(n=i, kind=StepKind.RUN, state=StepState.BEGUN, argv=s.argv, regenerate=True)
         for i, s in enumerate(pending)

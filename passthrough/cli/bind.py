@@ -1,0 +1,57 @@
+"""``passthrough bind``: idle cards onto vfio-pci now, without a reboot (live host)."""
+
+from __future__ import annotations
+
+import argparse
+
+from passthrough.cli.common import EPILOG, Subparsers, command, common, dump, open_root, progress
+from passthrough.cli.plan import plan_flags
+from passthrough.errors import EXIT_OK
+
+
+def add_parser(sub: Subparsers) -> None:
+    p = command(
+        sub,
+        "bind",
+        run,
+        help="bind idle cards to vfio-pci now, without a reboot (live host)",
+        description="Unbind each function of the selected cards, set driver_override=vfio-pci and "
+        "re-probe, waiting for the kernel's bind event (pyudev). Refuses cards whose GPU driver is "
+        "in use or that carry the host console. Not persistent: `apply` makes it stick across "
+        "reboots.",
+        epilog=EPILOG,
+    )
+    common(p)
+    plan_flags(p)
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="wait this long for bind events",
+    )
+
+
+def run(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.analysis.viability import judge_all
+    from passthrough.execute.bind import bind_now
+    from passthrough.host.discover import discover
+    from passthrough.host.root import HostRoot
+    from passthrough.plan.select import select
+
+    root_path = open_root(args.root, stack, changing="bind")
+    host = discover(root_path)
+    sel = select(host, judge_all(host), list(args.gpu), args.include_group, args.allow_boot_gpu)
+    bound = bind_now(
+        HostRoot(root_path), host, sel.functions, args.timeout, progress=progress(args)
+    )
+    if args.json:
+        dump({"bound": bound, "functions": [str(f.address) for f in sel.functions]})
+    elif bound:
+        print(
+            f"Bound to vfio-pci: {', '.join(bound)} "
+            "(until reboot; `passthrough apply` makes it persistent)"
+        )
+    else:
+        print("Already on vfio-pci: nothing to do.")
+    return EXIT_OK

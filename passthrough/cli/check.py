@@ -1,0 +1,39 @@
+"""``passthrough check``: readiness checks, each with a fix."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from passthrough.cli.common import EPILOG, Subparsers, command, common, dump
+from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK
+
+
+def add_parser(sub: Subparsers) -> None:
+    p = command(
+        sub,
+        "check",
+        run,
+        help="readiness checks (PASS/WARN/FAIL, each with a fix)",
+        description="Checks in the spirit of virt-host-validate plus what it misses: IOMMU "
+        "enabled and grouped, interrupt remapping, kernel default vs arguments, ACS override, "
+        "vfio modules, /dev/kvm, bootloader, viable GPUs. Exits 1 when any check FAILs.",
+        epilog=EPILOG,
+    )
+    common(p)
+
+
+def run(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.cli.scan import analysed
+    from passthrough.output.json import check_json
+    from passthrough.output.text import Painter, machine_line, render_checks, wants_color, write
+
+    scan = analysed(args, stack)
+    if args.json:
+        dump(check_json(scan))
+    else:
+        paint = Painter(wants_color(sys.stdout, args.color))
+        if scan.host.machine.guest:
+            write(machine_line(scan, paint) + "\n")
+        write(render_checks(scan.checks, paint))
+    return EXIT_CHECK_FAILED if scan.failed else EXIT_OK

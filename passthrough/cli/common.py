@@ -1,0 +1,113 @@
+"""What every command shares: the parser class, the common flags, opening a root, printing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from passthrough.errors import EXIT_USAGE, ReadOnlyRoot, echo
+
+EPILOG = """\
+exit codes:
+  0    ok
+  1    a check, verify or validate found problems
+  2    usage, input or a refusal: nothing was changed
+  3    a host step failed part-way: `passthrough undo` puts back what was changed
+  4    libvirt or Ansible failed underneath
+  130  interrupted (Ctrl-C)
+docs: README.md (JSON schema: passthrough/schemas/scan-v1.schema.json)
+"""
+
+# A command's body: the parsed flags, and a list of temporary directories main() removes.
+Run = Callable[[argparse.Namespace, list[str]], int]
+
+
+class Subparsers(Protocol):
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that exits 2 with one line, as every other input error does, and shows
+    the exit-code table under every command's --help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("epilog", EPILOG)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> Any:
+        # argparse quotes the offending value back: keep the line short
+        self.exit(EXIT_USAGE, f"passthrough: error: {echo(message, 200)} (see --help)\n")
+
+
+def examples(*lines: str) -> str:
+    """An epilog: the examples, then the exit-code table."""
+    return "examples:\n" + "".join(f"  {line}\n" for line in lines) + "\n" + EPILOG
+
+
+def command(sub: Subparsers, name: str, run: Run, **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand whose body is ``run``."""
+    p = sub.add_parser(name, **kwargs)
+    p.set_defaults(run=run)
+    return p
+
+
+def positive_int(text: str) -> int:
+    """A count given on purpose: 1 or more (leaving the flag out means none)."""
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number of 1 or more")
+    return int(text)
+
+
+def common(p: argparse.ArgumentParser, root: bool = True) -> None:
+    if root:
+        p.add_argument(
+            "--root",
+            default="/",
+            metavar="DIR",
+            help="host root to read: / (live), an unpacked snapshot, a fixture, "
+            "or a snapshot .tar.gz (default: /)",
+        )
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout, for machines")
+    p.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="colour output (default: auto; NO_COLOR honoured)",
+    )
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+
+
+def open_root(path: str, stack: list[str], changing: str | None = None) -> str:
+    """A .tar.gz snapshot is unpacked to a temporary directory (removed on exit); a
+    command that changes the host (``changing`` names it) refuses one."""
+    if os.path.isfile(path) and path.endswith((".tar.gz", ".tgz", ".tar")):
+        if changing:
+            raise ReadOnlyRoot(changing, path)
+        from passthrough.host.snapshot import unpack
+
+        tmp = tempfile.mkdtemp(prefix="passthrough-root-")
+        stack.append(tmp)
+        return unpack(path, tmp)
+    return path
+
+
+def dump(obj: object) -> None:
+    # Pretty for a person at a terminal; compact (and much faster) into a pipe or file.
+    indent = 2 if sys.stdout.isatty() else None
+    sys.stdout.write(json.dumps(obj, indent=indent) + "\n")
+
+
+def progress(args: argparse.Namespace, prefix: str = "  · ") -> Callable[[str], None]:
+    """Progress lines on stderr, none under --json."""
+
+    def say(message: str) -> None:
+        if not args.json:
+            sys.stderr.write(f"{prefix}{message}\n")
+
+    return say

@@ -1,0 +1,68 @@
+"""``passthrough sample``: the bundled sample hosts (list, build, umockdev)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from passthrough.cli.common import Parser, Subparsers, command, common, dump, examples
+from passthrough.errors import EXIT_OK
+
+
+def add_parser(sub: Subparsers) -> None:
+    p = command(
+        sub,
+        "sample",
+        run,
+        help="bundled sample hosts (build one to try the toolkit)",
+        description="Sample hosts modelled on published layouts, built as real directory trees.",
+        epilog=examples(
+            "passthrough sample list",
+            "passthrough sample build hgx-h100 /tmp/hgx",
+            "passthrough scan --root /tmp/hgx",
+        ),
+    )
+    actions = p.add_subparsers(dest="sample_command", metavar="ACTION", parser_class=Parser)
+    common(actions.add_parser("list", help="list the sample hosts"), root=False)
+    build = actions.add_parser("build", help="build a sample (or a description file) into DIR")
+    build.add_argument("name", metavar="NAME|FILE.yaml")
+    build.add_argument("dest", metavar="DIR")
+    common(build, root=False)
+    udev = actions.add_parser(
+        "umockdev", help="print a built sample's PCI devices as a umockdev record"
+    )
+    udev.add_argument("name", metavar="NAME|FILE.yaml")
+    udev.add_argument("root", metavar="BUILT_DIR")
+    common(udev, root=False)
+
+
+def run(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough import fakehost
+
+    action = args.sample_command
+    if action in (None, "list"):
+        rows = [
+            {"name": name, "description": str(fakehost.load(name).data.get("description", ""))}
+            for name in fakehost.sample_names()
+        ]
+        if getattr(args, "json", False):
+            dump(rows)
+        else:
+            width = max(len(r["name"]) for r in rows)
+            for r in rows:
+                print(f"{r['name']:<{width}}  {r['description']}")
+        return EXIT_OK
+    desc = fakehost.load(args.name)
+    if action == "build":
+        out = fakehost.build(desc, args.dest)
+        if args.json:
+            dump({"name": desc.name, "root": str(out), "pci_functions": len(desc.nodes)})
+        else:
+            print(
+                f"built {desc.name} in {out} ({len(desc.nodes)} PCI functions); "
+                f"try: passthrough scan --root {out}"
+            )
+        return EXIT_OK
+    sys.stdout.write(fakehost.umockdev_record(desc, Path(args.root)))
+    return EXIT_OK

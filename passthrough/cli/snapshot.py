@@ -1,0 +1,37 @@
+"""``passthrough snapshot``: capture what discovery reads into a .tar.gz."""
+
+from __future__ import annotations
+
+import argparse
+
+from passthrough.cli.common import EPILOG, Subparsers, command, common, dump, open_root
+from passthrough.errors import EXIT_OK, output_file
+
+
+def add_parser(sub: Subparsers) -> None:
+    p = command(
+        sub,
+        "snapshot",
+        run,
+        help="capture what discovery reads into a .tar.gz",
+        description="Capture the attributes, links and the few proc/etc/boot files that discovery "
+        "reads (no binary config space) so that `scan --root FILE` elsewhere gives the same report. "
+        "Attach it to bug reports.",
+        epilog=EPILOG,
+    )
+    common(p)
+    p.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write")
+
+
+def run(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.host.snapshot import capture
+
+    host, stats = capture(open_root(args.root, stack), output_file(args.output))
+    if args.json:
+        dump({"output": args.output, **stats})
+    else:
+        print(
+            f"wrote {args.output}: {stats['files']} files, {stats['links']} links "
+            f"({len(host.functions)} PCI functions)"
+        )
+    return EXIT_OK

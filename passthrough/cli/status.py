@@ -1,0 +1,34 @@
+"""``passthrough status``: what apply and undo did to this host, drift since, pending commands."""
+
+from __future__ import annotations
+
+import argparse
+
+from passthrough.cli.common import EPILOG, Subparsers, command, common, dump, open_root
+from passthrough.errors import EXIT_OK
+
+
+def add_parser(sub: Subparsers) -> None:
+    p = command(
+        sub,
+        "status",
+        run,
+        help="what apply/undo did to this host, drift since, pending commands",
+        description="The transactions in the journal (id, time, state), the files and kernel "
+        "arguments each changed, whether each file still holds what apply wrote, and every "
+        "command pending because it failed or could only be listed.",
+        epilog=EPILOG,
+    )
+    common(p)
+
+
+def run(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.execute.status import status, status_json, status_text
+    from passthrough.host.root import HostRoot
+
+    report = status(HostRoot(open_root(args.root, stack)))
+    if args.json:
+        dump(status_json(report))
+    else:
+        print(status_text(report))
+    return EXIT_OK

@@ -1,0 +1,52 @@
+"""``passthrough undo``: every file apply changed back to its original, then regenerate."""
+
+from __future__ import annotations
+
+import argparse
+
+from passthrough.cli.common import EPILOG, Subparsers, command, common, dump, open_root, progress
+from passthrough.errors import EXIT_OK
+
+
+def add_parser(sub: Subparsers) -> None:
+    p = command(
+        sub,
+        "undo",
+        run,
+        help="return every file apply changed to its original, then regenerate",
+        description="Put back the original of every file apply changed (all transactions) when it "
+        "still holds what apply wrote; a file changed since loses only our own lines where they "
+        "can be told apart, otherwise undo refuses (exit 2, nothing changed) and names it. "
+        "Generated files (grub.cfg, initramfs images, BLS entries) are never restored from a "
+        "backup: the plan's own tools run again for every kernel installed now (listed and left "
+        "pending where commands cannot run). A missing backup: the rest is restored, exit 3.",
+        epilog=EPILOG,
+    )
+    common(p)
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="put our backups back even over files changed since apply (those changes are lost)",
+    )
+
+
+def run(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.execute.undo import undo
+    from passthrough.host.root import HostRoot
+
+    root = HostRoot(open_root(args.root, stack, changing="undo"))
+    result = undo(root, progress=progress(args), force=args.force)
+    if args.json:
+        dump(result.to_json())
+    elif result.changed or result.commands:
+        parts = [f"Restored {len(result.restored)} files"]
+        if result.unpicked:
+            parts.append(f"took our lines out of {len(result.unpicked)} changed since apply")
+        if result.forced:
+            parts.append(f"put {len(result.forced)} back over later changes (--force)")
+        print("; ".join(parts) + ". Reboot to return to the original kernel arguments and drivers.")
+        for argv in result.listed:
+            print("  pending, run it inside the root: " + " ".join(argv))
+    else:
+        print("Nothing to undo.")
+    return EXIT_OK

@@ -1,0 +1,28 @@
+"""``passthrough validate``: the validate package's own command line, as a subcommand."""
+
+from __future__ import annotations
+
+import argparse
+
+from passthrough.cli.common import EPILOG, Subparsers, command, common, open_root
+
+
+def add_parser(sub: Subparsers) -> None:
+    from passthrough.vm.validate.main import DESCRIPTION, EXAMPLES, add_arguments
+
+    p = command(
+        sub,
+        "validate",
+        run,
+        help="check domain XML: libvirt schema, passthrough policy, optionally libvirt",
+        description=DESCRIPTION,
+        epilog=EXAMPLES + "\n" + EPILOG,
+    )
+    add_arguments(p)
+    common(p, root=False)
+
+
+def run(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.vm.validate.main import run as validate
+
+    return validate(args, lambda path: open_root(path, stack))

@@ -1,0 +1,40 @@
+"""``passthrough verify``: after the reboot, is the host what apply made it?"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from passthrough.cli.common import EPILOG, Subparsers, command, common, dump, open_root
+from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK
+
+
+def add_parser(sub: Subparsers) -> None:
+    p = command(
+        sub,
+        "verify",
+        run,
+        help="after the reboot: arguments live, IOMMU on, cards on vfio-pci",
+        description="Check the running host against the last apply: kernel arguments in "
+        "/proc/cmdline, IOMMU on, every function of the handed-over cards bound to vfio-pci, "
+        "nothing the host needs taken. Exits 1 when a check fails.",
+        epilog=EPILOG,
+    )
+    common(p)
+
+
+def run(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.execute.verify import verify
+    from passthrough.host.discover import discover
+    from passthrough.host.root import HostRoot
+    from passthrough.output.json import verify_json
+    from passthrough.output.text import Painter, render_checks, wants_color
+
+    root_path = open_root(args.root, stack)
+    results = verify(HostRoot(root_path), discover(root_path))
+    report = verify_json(results)
+    if args.json:
+        dump(report)
+    else:
+        print(render_checks(results, Painter(wants_color(sys.stdout, args.color))))
+    return EXIT_OK if report["ok"] else EXIT_CHECK_FAILED

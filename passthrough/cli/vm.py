@@ -1,0 +1,94 @@
+"""``passthrough vm``: seed, define, start, stop, undefine and inspect guests (libvirt)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from passthrough.cli.common import Parser, Subparsers, command, common, dump
+from passthrough.errors import EXIT_OK, PassthroughError, output_file
+
+ACTIONS = (
+    ("define", "define a domain from an XML file"),
+    ("start", "start a defined domain"),
+    ("stop", "shut a domain down (--force: destroy)"),
+    ("undefine", "undefine a stopped domain, with its NVRAM"),
+    ("status", "state and live hostdevs"),
+)
+
+
+def add_parser(sub: Subparsers) -> None:
+    p = command(sub, "vm", run, help="define, start, stop, undefine and inspect guests (libvirt)")
+    actions = p.add_subparsers(dest="vm_command", metavar="ACTION", parser_class=Parser)
+    seed = actions.add_parser(
+        "seed", help="write a cloud-init seed ISO (user + SSH key) for --seed"
+    )
+    seed.add_argument("--hostname", required=True)
+    seed.add_argument("--user", default="passthrough", help="the guest user Ansible logs in as")
+    seed.add_argument("--ssh-key", required=True, metavar="FILE.pub", help="OpenSSH public key(s)")
+    seed.add_argument("-o", "--output", required=True, metavar="FILE.iso")
+    common(seed, root=False)
+    for action, text in ACTIONS:
+        a = actions.add_parser(action, help=text)
+        a.add_argument("target", metavar="FILE.xml" if action == "define" else "NAME")
+        a.add_argument(
+            "--connect",
+            default="qemu:///system",
+            metavar="URI",
+            help="libvirt URI (default qemu:///system)",
+        )
+        if action == "define":
+            a.add_argument("--start", action="store_true", help="start it too")
+            a.add_argument(
+                "--base-image",
+                metavar="PATH",
+                help="make the qcow2 overlay the XML points at on this image",
+            )
+        if action == "stop":
+            a.add_argument(
+                "--force", action="store_true", help="destroy instead of a clean shutdown"
+            )
+        common(a, root=False)
+
+
+def _seed(args: argparse.Namespace) -> int:
+    from passthrough.vm.seed import write_seed
+
+    write_seed(output_file(args.output), args.hostname, args.user, args.ssh_key)
+    if args.json:
+        dump({"seed": args.output, "user": args.user})
+    else:
+        print(f"wrote {args.output} (cloud-init NoCloud: user {args.user}, host {args.hostname})")
+    return EXIT_OK
+
+
+def run(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.vm import libvirt_ops as lv
+
+    action = args.vm_command
+    if action is None:
+        raise PassthroughError("vm: an action is needed (define, start, stop, undefine, status)")
+    if action == "seed":
+        return _seed(args)
+    uri = args.connect
+    result: dict[str, Any]
+    if action == "define":
+        result = lv.define_file(uri, args.target, args.base_image, start_it=args.start)
+    elif action == "start":
+        lv.start(uri, args.target)
+        result = lv.status(uri, args.target)
+    elif action == "stop":
+        lv.stop(uri, args.target, force=args.force)
+        result = lv.status(uri, args.target)
+    elif action == "undefine":
+        lv.undefine(uri, args.target)
+        result = {"name": args.target, "uri": uri, "state": "undefined"}
+    else:
+        result = lv.status(uri, args.target)
+    if args.json:
+        dump(result)
+    else:
+        print(f"{result['name']} on {uri}: {result['state']}")
+        for h in result.get("hostdevs", []):
+            print(f"  hostdev {h['host']} → guest {h['guest'] or '?'}")
+    return EXIT_OK

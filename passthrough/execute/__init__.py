@@ -1,0 +1,1 @@
+"""Carrying out a plan on a host: journal, atomic files, apply, undo and drift, status, verify, bind."""

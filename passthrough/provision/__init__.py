@@ -1,0 +1,1 @@
+"""Provisioning a fleet: the Ansible playbooks driven through ansible-runner (runner.py)."""

@@ -1,0 +1,162 @@
+"""The address-space check of a hand-written domain: the same firmware and CPU model as
+the planner (layout.py), applied to XML someone else wrote (validate's "host" rules)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from passthrough.model import Finding, Host, PciAddress, PciFunction, Severity
+from passthrough.units import GIB, KIB, MIB, TIB, format_size
+from passthrough.vm.layout import (
+    QEMU_DEFAULT_PHYS_BITS,
+    QEMU_HOST_BITS_SINCE,
+    QEMU_NS,
+    X_PCIMMIO64,
+    card_bars,
+    firmware_window,
+    pack,
+    pow2_ceil,
+)
+from passthrough.vm.versions import Versions, read_versions
+
+
+def _int(text: str | None, base: int = 10) -> int | None:
+    try:
+        return int(text or "", base)
+    except ValueError:
+        return None
+
+
+_UNITS = {"b": 1, "bytes": 1, "k": KIB, "kib": KIB, "m": MIB, "mib": MIB, "g": GIB, "gib": GIB}
+_UNITS.update({"kb": 1000, "mb": 1000**2, "gb": 1000**3, "t": TIB, "tib": TIB})
+
+
+def _memory_mib(doc: Any) -> int | None:
+    mem = doc.find("memory")
+    if mem is None:
+        return None
+    value = _int(mem.text)
+    factor = _UNITS.get((mem.get("unit") or "KiB").lower())
+    return None if value is None or factor is None else value * factor // MIB
+
+
+def _x_pcimmio64(doc: Any) -> int | None:
+    values: list[str] = []
+    for entry in doc.findall("sysinfo[@type='fwcfg']/entry"):
+        if entry.get("name") == X_PCIMMIO64:
+            values.append(entry.text or "")
+    args = [a.get("value", "") for a in doc.iter(f"{{{QEMU_NS}}}arg")]
+    for a in args:
+        if f"name={X_PCIMMIO64}," in a:
+            values.append(a.rpartition("string=")[2])
+    sizes = [v for v in (_int(s.strip()) for s in values) if v is not None]
+    return max(sizes) if sizes else None
+
+
+def _guest_bits(doc: Any, host: Host, versions: Versions) -> tuple[int, str]:
+    addr = doc.find("cpu/maxphysaddr")
+    host_bits = host.cpu.phys_bits
+    if addr is None:
+        cpu = doc.find("cpu")
+        mode = cpu.get("mode") if cpu is not None else None
+        if (
+            doc.get("type") == "kvm"
+            and mode in ("host-passthrough", "maximum")
+            and host_bits
+            and versions.qemu >= QEMU_HOST_BITS_SINCE
+        ):
+            return host_bits, "no <maxphysaddr>: QEMU gives -cpu host the host's bits"
+        return QEMU_DEFAULT_PHYS_BITS, "no <maxphysaddr>: QEMU's default"
+    if addr.get("mode") == "emulate":
+        bits = _int(addr.get("bits"))
+        if bits is not None:
+            return bits, "<maxphysaddr mode='emulate'>"
+    if addr.get("mode") == "passthrough" and host_bits:
+        limit = _int(addr.get("limit"))
+        if limit is not None and limit < host_bits:
+            return limit, "the host's bits, limited"
+        return host_bits, "the host's bits"
+    return QEMU_DEFAULT_PHYS_BITS, "unreadable <maxphysaddr>: QEMU's default"
+
+
+# What layout_findings can say (validate's rule catalogue lists them under "host").
+LAYOUT_CODES: dict[str, str] = {
+    "mmio-window-too-small": "the guest firmware's 64-bit window cannot hold the hostdevs' BARs",
+    "mmio-window-above-limit": "the window needed does not fit below the guest's address limit",
+    "guest-bits-above-iommu": "guest physical address bits beyond what the host IOMMU maps: "
+    "QEMU's DMA mappings fail",
+}
+
+
+def layout_findings(domain: Any, host: Host, versions: Versions | None = None) -> list[Finding]:
+    """Check a domain (an lxml or ElementTree ``<domain>`` element) against this host: can
+    the window OVMF will build hold its hostdevs' BARs, below the guest's address limit and
+    within what the host IOMMU maps? Codes: ``mmio-window-too-small``,
+    ``mmio-window-above-limit``, ``guest-bits-above-iommu``."""
+    if versions is None:
+        versions = read_versions(host.root)
+    by_bus: dict[int, list[PciFunction]] = {}
+    for hd in domain.findall("devices/hostdev[@type='pci']"):
+        src = hd.find("source/address")
+        if src is None:
+            continue
+        parts = [_int(src.get(k), 16) for k in ("domain", "bus", "slot", "function")]
+        if any(p is None for p in parts):
+            continue
+        d, b, s, f = (int(p or 0) for p in parts)
+        fn = host.function(PciAddress(d, b, s, f))
+        guest = hd.find("address")
+        bus = _int(guest.get("bus"), 16) if guest is not None else None
+        if fn is not None:
+            by_bus.setdefault(bus if bus is not None else -1 - len(by_bus), []).append(fn)
+    out: list[Finding] = []
+    if not by_bus:
+        return out
+    devices = tuple(sorted(f.address for fns in by_bus.values() for f in fns))
+    need, _ = pack(card_bars(fns) for fns in by_bus.values())
+    bits, bits_why = _guest_bits(domain, host, versions)
+    iommu = host.iommu.address_bits
+    if iommu and bits > iommu:
+        out.append(
+            Finding(
+                "guest-bits-above-iommu",
+                Severity.ERROR,
+                f"the guest addresses {bits} bits ({bits_why}) but the host IOMMU maps only "
+                f"{iommu}: DMA mapping fails once anything sits above 2^{iommu} = "
+                f"{format_size(1 << iommu)}; add <maxphysaddr> with {iommu} bits",
+                devices,
+            )
+        )
+    if not need:
+        return out
+    memory = _memory_mib(domain) or 0
+    x_mib = _x_pcimmio64(domain)
+    window, limit = firmware_window(bits, host.cpu.vendor, memory, versions.ovmf, x_mib)
+    how = (
+        f"{X_PCIMMIO64}={x_mib}"
+        if x_mib and window.how == "classic"
+        else f"OVMF's {window.how} window"
+    )
+    if need > window.size:
+        out.append(
+            Finding(
+                "mmio-window-too-small",
+                Severity.ERROR,
+                f"the hostdevs' 64-bit BARs need {format_size(need)} packed, but {how} gives "
+                f"{format_size(window.size)} ({need} > {window.size} bytes): the guest sees BARs "
+                f"unassigned; set {X_PCIMMIO64} to at least {max(pow2_ceil(need), GIB) // MIB}",
+                devices,
+            )
+        )
+    elif window.end > limit:
+        out.append(
+            Finding(
+                "mmio-window-above-limit",
+                Severity.ERROR,
+                f"{how} puts {format_size(window.size)} at {window.base:#x}..{window.end:#x}, above "
+                f"the guest's address limit 2^{limit.bit_length() - 1} = {format_size(limit)} "
+                f"({bits} bits: {bits_why}; {format_size(memory * MIB)} of RAM)",
+                devices,
+            )
+        )
+    return out
