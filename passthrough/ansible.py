@@ -169,9 +169,8 @@ def run(
             extravars=extravars or {},
             envvars={
                 "ANSIBLE_CONFIG": str(books / "ansible.cfg"),
-                "ANSIBLE_LIBRARY": str(books / "library"),
-                "ANSIBLE_MODULE_UTILS": str(books / "module_utils"),
-                "ANSIBLE_ROLES_PATH": str(books / "roles"),
+                # the passthrough.gpu collection next to the playbooks
+                "ANSIBLE_COLLECTIONS_PATH": str(books),
                 "ANSIBLE_NOCOLOR": "1",
                 "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
             },

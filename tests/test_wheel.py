@@ -32,6 +32,8 @@ REPO = Path(__file__).parents[1]
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "passthrough", "templates")
 SOURCES += ("playbooks",)
 
+COLLECTION = "ansible_collections/passthrough/gpu"
+
 pytestmark = pytest.mark.slow
 
 
@@ -105,8 +107,11 @@ def test_wheel_carries_templates_playbooks_and_schemas(
         "data/templates/domain.xml.j2",
         "data/playbooks/site.yml",
         "data/playbooks/ansible.cfg",
-        "data/playbooks/library/passthrough_vm.py",
-        "data/playbooks/roles/passthrough_vm/meta/argument_specs.yml",
+        f"data/playbooks/{COLLECTION}/galaxy.yml",
+        f"data/playbooks/{COLLECTION}/plugins/modules/passthrough_vm.py",
+        # the guest checks travel as a copy, not as the checkout's link out of the tree
+        f"data/playbooks/{COLLECTION}/plugins/module_utils/passthrough_guest/check.py",
+        f"data/playbooks/{COLLECTION}/roles/passthrough_vm/meta/argument_specs.yml",
         "schemas/scan-v1.schema.json",
         "py.typed",
     ):

@@ -28,13 +28,13 @@ author: passthrough developers
 
 EXAMPLES = r"""
 - name: Hand two cards to vfio-pci with 16 one-GiB huge pages
-  passthrough_host:
+  passthrough.gpu.passthrough_host:
     gpus: ["0000:18:00.0", "0000:19:00.0"]
     hugepages: 16
   register: host_plan
 
 - name: Undo every applied change
-  passthrough_host:
+  passthrough.gpu.passthrough_host:
     state: absent
 """
 

@@ -9,6 +9,11 @@ short_description: Render, validate and define (and start) a GPU passthrough gue
 description:
   - Renders the guest's domain XML from the host's facts, validates it (libvirt's schema and
     the passthrough policy), defines it and starts it.
+  - An existing domain is compared with the rendered XML as far as the rendered XML speaks
+    (what libvirt adds on its own, such as addresses, MACs and controllers, is left out);
+    where it differs the module reports C(changed), shows the difference with C(--diff) and,
+    outside check mode, redefines the domain (a running one takes the new definition at its
+    next start).
   - The guest options are the ones C(passthrough render) takes; the module builds its
     argument_spec from the same table (passthrough/vm/options.py), so this list is checked
     against it by the test suite.
@@ -49,7 +54,7 @@ author: passthrough developers
 
 EXAMPLES = r"""
 - name: A Linux guest with two H100s, on an overlay of a cloud image
-  passthrough_vm:
+  passthrough.gpu.passthrough_vm:
     name: gpu-vm
     gpus: ["0000:18:00.0", "0000:19:00.0"]
     vcpus: 16
@@ -58,13 +63,13 @@ EXAMPLES = r"""
     seed: /var/lib/libvirt/images/gpu-vm-seed.iso
 
 - name: Render and validate only (nothing defined)
-  passthrough_vm:
+  passthrough.gpu.passthrough_vm:
     name: gpu-vm
     state: defined
   check_mode: true
 
 - name: Remove the guest
-  passthrough_vm:
+  passthrough.gpu.passthrough_vm:
     name: gpu-vm
     state: absent
 """
@@ -76,7 +81,9 @@ warnings_list: {description: what the spec noted but did not refuse (NUMA, unche
 codes: {description: on a safety-policy refusal, its codes (README "Safety policy"), returned: failure, type: list, elements: str}
 """
 
-from ansible.module_utils.basic import AnsibleModule, _load_params  # noqa: E402 (Ansible wants DOCUMENTATION first)
+from typing import Any  # noqa: E402 (Ansible wants DOCUMENTATION first)
+
+from ansible.module_utils.basic import AnsibleModule, _load_params  # noqa: E402
 
 # what the module adds to the guest options of passthrough/vm/options.py
 MODULE_OPTIONS: dict[str, dict[str, object]] = {
@@ -96,6 +103,111 @@ def argument_spec() -> dict[str, dict[str, object]]:
     return {**ansible_argument_spec(), **MODULE_OPTIONS}
 
 
+def _absent(module: AnsibleModule, dom: Any) -> None:
+    from passthrough.vm import libvirt_ops as lv
+
+    p = module.params
+    if dom is not None and not module.check_mode:
+        if dom.isActive():
+            lv.stop(p["uri"], p["name"], force=True)
+        lv.undefine(p["uri"], p["name"])
+    module.exit_json(changed=dom is not None)
+
+
+def _rendered(module: AnsibleModule) -> tuple[str, Any]:
+    """The guest's XML from the host's facts, validated; (xml, spec). Fails the module on a
+    card not handed over or on a validation error."""
+    from passthrough.host.discover import discover
+    from passthrough.vm.render import render
+    from passthrough.vm.spec import VmOptions, build_spec
+    from passthrough.vm.validate import validate_text
+
+    p = module.params
+    host = discover(p["root"])
+    # the module's options carry VmOptions' names: every one of them maps straight across
+    known = VmOptions.__dataclass_fields__
+    opts = VmOptions(
+        **{k: v for k, v in p.items() if k in known and k != "gpus"}, gpus=tuple(p["gpus"])
+    )
+    spec = build_spec(host, opts)
+    if p["require_handed_over"]:
+        from passthrough.apply import last_applied
+        from passthrough.host.root import HostRoot
+
+        tx = last_applied(HostRoot(p["root"])) or {}
+        planned = set(tx.get("functions", [])) | set(p["planned_functions"])
+        drivers = {str(f.address): f.driver for f in host.functions}
+        for card in spec.cards:
+            for fn in card.functions:
+                addr = str(fn.host)
+                if drivers.get(addr) != "vfio-pci" and addr not in planned:
+                    module.fail_json(
+                        msg=f"{p['name']}: {addr} is not handed over to vfio-pci on this host "
+                        "(run host.yml for it first, or list it in passthrough_gpus)"
+                    )
+    xml = render(spec)
+    errors = [f for f in validate_text(xml.encode(), p["name"], host) if f.severity == "error"]
+    if errors:
+        module.fail_json(msg="; ".join(f.text() for f in errors))
+    return xml, spec
+
+
+def _run(module: AnsibleModule, conn: Any) -> None:
+    """The domain brought to the wanted state: defined as rendered (redefined where the
+    existing one differs, with the difference as the diff) and, for running, started."""
+    import libvirt
+    from ansible_collections.passthrough.gpu.plugins.module_utils.domain import (
+        compare,
+        inactive_xml,
+        lookup,
+        with_uuid,
+    )
+
+    from passthrough.vm import libvirt_ops as lv
+
+    p = module.params
+    dom = lookup(conn, p["name"])
+    if p["state"] == "absent":
+        _absent(module, dom)
+        return
+    xml, spec = _rendered(module)
+    warnings = list(spec.warnings)
+    before, after = compare(inactive_xml(dom), xml) if dom is not None else ("", xml)
+    differs = before != after
+    active = dom is not None and bool(dom.isActive())
+    starting = p["state"] == "running" and not active
+    changed = differs or starting
+    diff = {}
+    if differs:
+        diff = {
+            "before": before,
+            "after": after,
+            "before_header": f"domain {p['name']} (libvirt)",
+            "after_header": f"domain {p['name']} (rendered)",
+        }
+    if differs and active:
+        warnings.append(f"{p['name']} is running: its new definition applies from its next start")
+    if module.check_mode or not changed:
+        status = lv.status(p["uri"], p["name"]) if dom is not None else {}
+        module.exit_json(changed=changed, xml=xml, warnings_list=warnings, diff=diff, status=status)
+    if dom is None:
+        overlay = (spec.base_image, spec.overlay) if spec.base_image and spec.overlay else None
+        status = lv.define(p["uri"], xml, p["name"], overlay, start_it=p["state"] == "running")
+    else:
+        if differs:
+            try:
+                conn.defineXML(with_uuid(xml, dom.UUIDString()))
+            except libvirt.libvirtError as exc:
+                raise lv.LibvirtError(
+                    f"{p['uri']} refused the new definition of {p['name']}: "
+                    f"{exc.get_error_message()}"
+                ) from None
+        if starting:
+            lv.start(p["uri"], p["name"])
+        status = lv.status(p["uri"], p["name"])
+    module.exit_json(changed=True, xml=xml, status=status, diff=diff, warnings_list=warnings)
+
+
 def main() -> None:
     try:
         spec_args = argument_spec()
@@ -110,79 +222,17 @@ def main() -> None:
     module = AnsibleModule(argument_spec=spec_args, supports_check_mode=True)
     try:
         from passthrough.errors import PassthroughError
-        from passthrough.host.discover import discover
         from passthrough.vm import libvirt_ops as lv
-        from passthrough.vm.render import render
-        from passthrough.vm.spec import VmOptions, build_spec
-        from passthrough.vm.validate import validate_text
     except ImportError as exc:  # installed only in part
         module.fail_json(msg=f"the passthrough Python package cannot be imported ({exc})")
         return
     p = module.params
     try:
-        exists = True
+        conn = lv.connect(p["uri"])
         try:
-            current = lv.status(p["uri"], p["name"])
-        except lv.LibvirtError as exc:
-            if "no domain" not in str(exc):
-                raise
-            exists, current = False, {}
-        if p["state"] == "absent":
-            if exists and not module.check_mode:
-                if current.get("active"):
-                    lv.stop(p["uri"], p["name"], force=True)
-                lv.undefine(p["uri"], p["name"])
-            module.exit_json(changed=exists)
-        host = discover(p["root"])
-        # the module's options carry VmOptions' names: every one of them maps straight across
-        known = VmOptions.__dataclass_fields__
-        opts = VmOptions(
-            **{k: v for k, v in p.items() if k in known and k != "gpus"}, gpus=tuple(p["gpus"])
-        )
-        spec = build_spec(host, opts)
-        if p["require_handed_over"]:
-            from passthrough.apply import last_applied
-            from passthrough.host.root import HostRoot
-
-            tx = last_applied(HostRoot(p["root"])) or {}
-            planned = set(tx.get("functions", [])) | set(p["planned_functions"])
-            drivers = {str(f.address): f.driver for f in host.functions}
-            for card in spec.cards:
-                for fn in card.functions:
-                    addr = str(fn.host)
-                    if drivers.get(addr) != "vfio-pci" and addr not in planned:
-                        module.fail_json(
-                            msg=f"{p['name']}: {addr} is not handed over to vfio-pci on this host "
-                            "(run host.yml for it first, or list it in passthrough_gpus)"
-                        )
-                        return
-        xml = render(spec)
-        errors = [f for f in validate_text(xml.encode(), p["name"], host) if f.severity == "error"]
-        if errors:
-            module.fail_json(msg="; ".join(f.text() for f in errors))
-        changed = not exists or (p["state"] == "running" and not current.get("active"))
-        diff = (
-            {"before": "", "after": xml, "after_header": f"domain {p['name']}"}
-            if not exists
-            else {}
-        )
-        if module.check_mode or not changed:
-            module.exit_json(
-                changed=changed,
-                xml=xml,
-                warnings_list=list(spec.warnings),
-                diff=diff,
-                status=current,
-            )
-        if not exists:
-            overlay = (spec.base_image, spec.overlay) if spec.base_image and spec.overlay else None
-            status = lv.define(p["uri"], xml, p["name"], overlay, start_it=p["state"] == "running")
-        else:
-            lv.start(p["uri"], p["name"])
-            status = lv.status(p["uri"], p["name"])
-        module.exit_json(
-            changed=True, xml=xml, status=status, diff=diff, warnings_list=list(spec.warnings)
-        )
+            _run(module, conn)
+        finally:
+            conn.close()
     except PassthroughError as exc:
         # a safety-policy refusal carries its codes (README "Safety policy") for tools
         module.fail_json(msg=str(exc), codes=list(getattr(exc, "codes", ())))

@@ -18,11 +18,11 @@ author: passthrough developers
 
 EXAMPLES = r"""
 - name: Is this host ready for GPU passthrough?
-  passthrough_check:
+  passthrough.gpu.passthrough_check:
   register: readiness
 
 - name: After the reboot, is the running host what the last apply set up?
-  passthrough_check:
+  passthrough.gpu.passthrough_check:
     verify: true
 """
 

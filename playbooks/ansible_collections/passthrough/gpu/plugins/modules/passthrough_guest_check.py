@@ -1,7 +1,8 @@
 #!/usr/bin/python
 """Ansible module: `passthrough guest check` inside a guest; never changes anything.
 
-The guest has no passthrough package: the checks come from module_utils/passthrough_guest,
+The guest has no passthrough package: the checks come from the collection's
+plugins/module_utils/passthrough_guest,
 a link to passthrough/guest in this repository, which Ansible packs into the module it sends
 (one implementation for the CLI and the module).
 """
@@ -34,18 +35,18 @@ author: passthrough developers
 
 EXAMPLES = r"""
 - name: The guest sees its GPU (before anything is installed)
-  passthrough_guest_check:
+  passthrough.gpu.passthrough_guest_check:
     stage: hardware
     compute: false
 
 - name: The whole stack, with the node labels the role set
-  passthrough_guest_check:
+  passthrough.gpu.passthrough_guest_check:
     stage: all
     labels:
       nvidia.com/gpu.present: "true"
 
 - name: A capture taken elsewhere, with the tools' recorded outputs
-  passthrough_guest_check:
+  passthrough.gpu.passthrough_guest_check:
     root: /srv/captures/h100-guest
     commands: /srv/captures/h100-guest/commands
     compute: false
@@ -74,13 +75,17 @@ failures:
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 (Ansible wants DOCUMENTATION first)
-from ansible.module_utils.passthrough_guest.check import (  # noqa: E402
+from ansible_collections.passthrough.gpu.plugins.module_utils.passthrough_guest.check import (  # noqa: E402
     FAIL,
     HARDWARE_CHECKS,
     run_guest_checks,
 )
-from ansible.module_utils.passthrough_guest.root import GuestRoot  # noqa: E402
-from ansible.module_utils.passthrough_guest.runner import runner_for  # noqa: E402
+from ansible_collections.passthrough.gpu.plugins.module_utils.passthrough_guest.root import (  # noqa: E402
+    GuestRoot,
+)
+from ansible_collections.passthrough.gpu.plugins.module_utils.passthrough_guest.runner import (  # noqa: E402
+    runner_for,
+)
 
 
 def main() -> None:

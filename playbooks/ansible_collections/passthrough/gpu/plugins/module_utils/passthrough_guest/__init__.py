@@ -1,0 +1,1 @@
+../../../../../../../passthrough/guest/__init__.py

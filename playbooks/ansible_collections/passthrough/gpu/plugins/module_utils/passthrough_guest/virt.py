@@ -1,0 +1,1 @@
+../../../../../../../passthrough/guest/virt.py
