@@ -20,7 +20,13 @@ import copy
 import re
 from typing import Any
 
-from lxml import etree
+try:
+    from lxml import etree
+except ImportError:  # only where the passthrough package (which needs lxml) is missing too,
+    # and there the module stops before it compares anything
+    HAS_LXML = False
+else:
+    HAS_LXML = True
 
 # elements whose value libvirt stores in KiB whatever unit they were given in
 _SIZED = {"memory", "currentMemory", "maxMemory", "pcihole64", "size"}

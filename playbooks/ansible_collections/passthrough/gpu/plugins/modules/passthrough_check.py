@@ -11,9 +11,15 @@ description:
     as facts, or with I(verify) the running host against the last apply. Changes nothing.
   - Needs the C(passthrough) Python package on the target.
 options:
-  root: {description: Host root to read, type: str, default: /}
-  verify: {description: Check the running host against the last apply instead, type: bool, default: false}
-author: passthrough developers
+  root:
+    description: Host root to read
+    type: str
+    default: /
+  verify:
+    description: Check the running host against the last apply instead
+    type: bool
+    default: false
+author: passthrough developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -27,9 +33,21 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-checks: {description: every check with its id, level (pass, warn, fail), summary and fix, returned: always, type: list, elements: dict}
-gpus: {description: the GPUs and their verdicts as passthrough scan --json prints them (empty with verify), returned: always, type: list, elements: dict}
-failures: {description: one line per failed check, returned: always, type: list, elements: str}
+checks:
+  description: every check with its id, level (pass, warn, fail), summary and fix
+  returned: always
+  type: list
+  elements: dict
+gpus:
+  description: the GPUs and their verdicts as passthrough scan --json prints them (empty with verify)
+  returned: always
+  type: list
+  elements: dict
+failures:
+  description: one line per failed check
+  returned: always
+  type: list
+  elements: str
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 (Ansible wants DOCUMENTATION first)

@@ -18,19 +18,30 @@ description:
   - Fails when a check that applies fails; with I(stage=hardware) only the checks that need
     nothing installed (the GPU's functions and BARs) can fail it.
 options:
-  root: {description: Guest root to read (/ or an unpacked capture), type: str, default: /}
+  root:
+    description: Guest root to read (/ or an unpacked capture)
+    type: str
+    default: /
   stage:
     description: hardware (before anything is installed) or all (after the driver and runtime)
     type: str
     choices: [hardware, all]
     default: all
-  compute: {description: Run the CUDA vector add (live root only), type: bool, default: true}
+  compute:
+    description: Run the CUDA vector add (live root only)
+    type: bool
+    default: true
   commands:
     description: Replay recorded tool outputs from this directory instead of running the tools
     type: path
-  node: {description: Kubernetes node name of this guest (default its hostname), type: str}
-  labels: {description: Labels the node must carry (name to value), type: dict, default: {}}
-author: passthrough developers
+  node:
+    description: Kubernetes node name of this guest (default its hostname)
+    type: str
+  labels:
+    description: Labels the node must carry (name to value)
+    type: dict
+    default: {}
+author: passthrough developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -16,14 +16,37 @@ description:
     initramfs, per-device overrides), with backups, a journal and undo.
   - Needs the C(passthrough) Python package on the target.
 options:
-  root: {description: Host root to act on (a chroot or image for tests), type: str, default: /}
-  gpus: {description: PCI addresses or vendor:device IDs; empty means every viable NVIDIA GPU, type: list, elements: str, default: []}
-  include_group: {description: Take every device of the cards' IOMMU groups, type: bool, default: false}
-  allow_boot_gpu: {description: Allow the boot VGA, type: bool, default: false}
-  iommu_pt: {description: Add iommu=pt, type: bool, default: true}
-  hugepages: {description: Number of 1 GiB huge pages to reserve at boot, type: int, default: 0}
-  state: {description: present applies the plan; absent undoes every applied change, type: str, choices: [present, absent], default: present}
-author: passthrough developers
+  root:
+    description: Host root to act on (a chroot or image for tests)
+    type: str
+    default: /
+  gpus:
+    description: "PCI addresses or vendor:device IDs; empty means every viable NVIDIA GPU"
+    type: list
+    elements: str
+    default: []
+  include_group:
+    description: "Take every device of the cards' IOMMU groups"
+    type: bool
+    default: false
+  allow_boot_gpu:
+    description: Allow the boot VGA
+    type: bool
+    default: false
+  iommu_pt:
+    description: Add iommu=pt
+    type: bool
+    default: true
+  hugepages:
+    description: Number of 1 GiB huge pages to reserve at boot
+    type: int
+    default: 0
+  state:
+    description: present applies the plan; absent undoes every applied change
+    type: str
+    choices: [present, absent]
+    default: present
+author: passthrough developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -39,10 +62,23 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-changed: {description: whether anything was (or in check mode would be) changed, type: bool}
-reboot_required: {description: whether a reboot is needed for the change to take effect, type: bool}
-plan: {description: the plan as passthrough plan --json prints it, type: dict}
-codes: {description: on a safety-policy refusal, its codes (README "Safety policy"), type: list}
+changed:
+  description: whether anything was (or in check mode would be) changed
+  returned: always
+  type: bool
+reboot_required:
+  description: whether a reboot is needed for the change to take effect
+  returned: success
+  type: bool
+plan:
+  description: the plan as passthrough plan --json prints it
+  returned: when state is present
+  type: dict
+codes:
+  description: "on a safety-policy refusal, its codes (README \"Safety policy\")"
+  returned: failure
+  type: list
+  elements: str
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 (Ansible wants DOCUMENTATION first)

@@ -19,29 +19,98 @@ description:
     against it by the test suite.
   - Needs the C(passthrough) Python package on the target.
 options:
-  root: {description: Host root whose facts shape the guest, type: str, default: /}
-  uri: {description: libvirt connection URI, type: str, default: "qemu:///system"}
-  name: {description: Domain name, type: str, required: true}
-  gpus: {description: PCI addresses of the cards; empty means every viable NVIDIA GPU, type: list, elements: str, default: []}
-  vcpus: {description: vCPUs (at most the host's logical CPUs), type: int, default: 4}
-  memory_mib: {description: Memory in MiB (at most the host's RAM unless overcommit), type: int, default: 8192}
-  overcommit: {description: Allow more guest memory than the host has RAM, type: bool, default: false}
-  disk: {description: An existing disk image, type: str}
-  base_image: {description: A cloud image to put a qcow2 overlay on, type: str}
-  image_dir: {description: Where the overlay goes, type: str, default: /var/lib/libvirt/images}
-  bridge: {description: Host bridge, type: str}
-  network: {description: 'libvirt network ("none" for no NIC)', type: str, default: default}
-  seed: {description: cloud-init seed ISO, type: str}
-  profile: {description: Guest OS profile, type: str, default: linux, choices: [linux, windows]}
-  hide: {description: Hide the hypervisor from the NVIDIA driver, type: bool, default: true}
-  vendor_id: {description: Hyper-V vendor_id (1 to 12 characters), type: str, default: passthrough}
-  hide_hypervisor_cpuid: {description: Also clear the CPUID hypervisor bit (costs Windows its Hyper-V enlightenments), type: bool, default: false}
-  rom: {description: "The cards' option ROM: on, off or an absolute ROM file path", type: str, default: "on"}
-  hugepages: {description: Huge-page backed, locked memory, type: bool, default: false}
-  numa_pin: {description: Pin vCPUs and memory to the GPUs' NUMA node, type: bool, default: true}
-  virt_type: {description: "kvm, or qemu for software emulation (TCG) where /dev/kvm does not work", type: str, default: kvm, choices: [kvm, qemu]}
-  state: {description: running, defined or absent, type: str, default: running, choices: [running, defined, absent]}
-  require_handed_over: {description: Refuse cards the host has not handed to vfio-pci (bound now or by its last apply), type: bool, default: true}
+  root:
+    description: Host root whose facts shape the guest
+    type: str
+    default: /
+  uri:
+    description: libvirt connection URI
+    type: str
+    default: "qemu:///system"
+  name:
+    description: Domain name
+    type: str
+    required: true
+  gpus:
+    description: PCI addresses of the cards; empty means every viable NVIDIA GPU
+    type: list
+    elements: str
+    default: []
+  vcpus:
+    description: "vCPUs (at most the host's logical CPUs)"
+    type: int
+    default: 4
+  memory_mib:
+    description: "Memory in MiB (at most the host's RAM unless overcommit)"
+    type: int
+    default: 8192
+  overcommit:
+    description: Allow more guest memory than the host has RAM
+    type: bool
+    default: false
+  disk:
+    description: An existing disk image
+    type: str
+  base_image:
+    description: A cloud image to put a qcow2 overlay on
+    type: str
+  image_dir:
+    description: Where the overlay goes
+    type: str
+    default: /var/lib/libvirt/images
+  bridge:
+    description: Host bridge
+    type: str
+  network:
+    description: "libvirt network (\"none\" for no NIC)"
+    type: str
+    default: default
+  seed:
+    description: cloud-init seed ISO
+    type: str
+  profile:
+    description: Guest OS profile
+    type: str
+    default: linux
+    choices: [linux, windows]
+  hide:
+    description: Hide the hypervisor from the NVIDIA driver
+    type: bool
+    default: true
+  vendor_id:
+    description: Hyper-V vendor_id (1 to 12 characters)
+    type: str
+    default: passthrough
+  hide_hypervisor_cpuid:
+    description: Also clear the CPUID hypervisor bit (costs Windows its Hyper-V enlightenments)
+    type: bool
+    default: false
+  rom:
+    description: "The cards' option ROM: on, off or an absolute ROM file path"
+    type: str
+    default: "on"
+  hugepages:
+    description: Huge-page backed, locked memory
+    type: bool
+    default: false
+  numa_pin:
+    description: "Pin vCPUs and memory to the GPUs' NUMA node"
+    type: bool
+    default: true
+  virt_type:
+    description: kvm, or qemu for software emulation (TCG) where /dev/kvm does not work
+    type: str
+    default: kvm
+    choices: [kvm, qemu]
+  state:
+    description: running, defined or absent
+    type: str
+    default: running
+    choices: [running, defined, absent]
+  require_handed_over:
+    description: Refuse cards the host has not handed to vfio-pci (bound now or by its last apply)
+    type: bool
+    default: true
   planned_functions:
     description:
       - PCI functions the host plan of this run hands to vfio-pci (the passthrough_host result's
@@ -49,7 +118,7 @@ options:
     type: list
     elements: str
     default: []
-author: passthrough developers
+author: passthrough developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -75,10 +144,24 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-xml: {description: the rendered domain XML, returned: unless state is absent, type: str}
-status: {description: the domain's state from libvirt (name, active, ...), returned: unless state is absent, type: dict}
-warnings_list: {description: what the spec noted but did not refuse (NUMA, unchecked host facts), returned: unless state is absent, type: list, elements: str}
-codes: {description: on a safety-policy refusal, its codes (README "Safety policy"), returned: failure, type: list, elements: str}
+xml:
+  description: the rendered domain XML
+  returned: unless state is absent
+  type: str
+status:
+  description: "the domain's state from libvirt (name, active, ...)"
+  returned: unless state is absent
+  type: dict
+warnings_list:
+  description: what the spec noted but did not refuse (NUMA, unchecked host facts)
+  returned: unless state is absent
+  type: list
+  elements: str
+codes:
+  description: "on a safety-policy refusal, its codes (README \"Safety policy\")"
+  returned: failure
+  type: list
+  elements: str
 """
 
 from typing import Any  # noqa: E402 (Ansible wants DOCUMENTATION first)
