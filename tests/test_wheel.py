@@ -116,6 +116,10 @@ def test_wheel_carries_templates_playbooks_and_schemas(
         "py.typed",
     ):
         assert (package / part).is_file(), part
+    # the checkout's links out of the collection are files in the wheel
+    assert not (
+        package / f"data/playbooks/{COLLECTION}/plugins/module_utils/passthrough_guest/check.py"
+    ).is_symlink()
     (wheel,) = (venv.parent / "dist").glob("*.whl")
     with zipfile.ZipFile(wheel) as z:
         (name,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
@@ -152,4 +156,4 @@ def test_provision_check_from_the_wheel(
     # the host plan and the guest both report what they would change; nothing failed
     assert report["hosts"]["sample-hgx"]["changed"] == 2, report
     log = (tmp_path / "log").read_text()
-    assert "TASK [passthrough_vm : Define and start the guests]" in log
+    assert "TASK [passthrough.gpu.passthrough_vm : Define and start the guests]" in log
