@@ -22,6 +22,8 @@ import yaml
 from passthrough import fakehost
 from passthrough.vm.options import OPTIONS, ansible_argument_spec, ansible_option
 
+from .conftest import assert_golden
+
 REPO = Path(__file__).parents[1]
 COLLECTIONS = REPO / "playbooks"
 LIBRARY = COLLECTIONS / "ansible_collections/passthrough/gpu/plugins/modules"
@@ -50,6 +52,33 @@ def _compared(entry: dict[str, Any]) -> dict[str, Any]:
     """What Ansible enforces of an option (descriptions are prose)."""
     keys = ("type", "elements", "default", "choices", "required")
     return {k: entry[k] for k in keys if k in entry and entry[k] not in (None, False)}
+
+
+VM_OPTIONS = COLLECTIONS / "ansible_collections/passthrough/gpu/plugins/module_utils/vm_options.py"
+VM_OPTIONS_SOURCE = '''\
+# Generated from passthrough/vm/options.py, the one table of guest options, by
+# tests/test_options_ansible.py (pytest --regenerate-golden rewrites it): do not edit.
+"""The passthrough_vm module's guest options as Ansible argument_spec entries, here so that
+the module parses its arguments (and ansible-test reads them) without the package."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+GUEST_OPTIONS: dict[str, dict[str, Any]] = json.loads(
+    r"""
+{spec}
+"""
+)
+'''
+
+
+def test_module_utils_guest_options_are_generated_from_the_table(regenerate: bool) -> None:
+    spec = json.dumps(ansible_argument_spec(), indent=2)
+    assert_golden(
+        VM_OPTIONS, VM_OPTIONS_SOURCE.format(spec=spec), regenerate, "the table's argument_spec"
+    )
 
 
 def test_module_argument_spec_is_the_table_plus_its_own_options() -> None:
@@ -202,6 +231,7 @@ def test_module_without_the_package_fails_with_the_reason(tmp_path: Path) -> Non
     blocked = (
         "import runpy, sys; sys.modules['passthrough'] = None; "
         f"sys.argv = ['passthrough_vm', {str(args)!r}]; "
+        f"sys.path.append({str(COLLECTIONS)!r}); "  # the module_utils, as Ansible packs them
         f"runpy.run_path({str(LIBRARY / 'passthrough_vm.py')!r}, run_name='__main__')"
     )
     r = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60)

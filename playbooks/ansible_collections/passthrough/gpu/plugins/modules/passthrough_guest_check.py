@@ -2,9 +2,8 @@
 """Ansible module: `passthrough guest check` inside a guest; never changes anything.
 
 The guest has no passthrough package: the checks come from the collection's
-plugins/module_utils/passthrough_guest,
-a link to passthrough/guest in this repository, which Ansible packs into the module it sends
-(one implementation for the CLI and the module).
+plugins/module_utils/passthrough_guest (passthrough/guest in this repository links to it),
+which Ansible packs into the module it sends (one implementation for the CLI and the module).
 """
 
 from __future__ import annotations

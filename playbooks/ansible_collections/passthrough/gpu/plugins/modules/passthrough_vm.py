@@ -14,9 +14,9 @@ description:
     where it differs the module reports C(changed), shows the difference with C(--diff) and,
     outside check mode, redefines the domain (a running one takes the new definition at its
     next start).
-  - The guest options are the ones C(passthrough render) takes; the module builds its
-    argument_spec from the same table (passthrough/vm/options.py), so this list is checked
-    against it by the test suite.
+  - The guest options are the ones C(passthrough render) takes; the module's argument_spec is
+    generated from the same table (passthrough/vm/options.py) into the collection's
+    module_utils, and this list is checked against it by the test suite.
   - Needs the C(passthrough) Python package on the target.
 options:
   root:
@@ -166,7 +166,10 @@ codes:
 
 from typing import Any  # noqa: E402 (Ansible wants DOCUMENTATION first)
 
-from ansible.module_utils.basic import AnsibleModule, _load_params  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.passthrough.gpu.plugins.module_utils.vm_options import (  # noqa: E402
+    GUEST_OPTIONS,
+)
 
 # what the module adds to the guest options of passthrough/vm/options.py
 MODULE_OPTIONS: dict[str, dict[str, object]] = {
@@ -178,12 +181,10 @@ MODULE_OPTIONS: dict[str, dict[str, object]] = {
 }
 
 
-def argument_spec() -> dict[str, dict[str, object]]:
-    """The module's options: the guest options from the package's table, then its own.
-    Raises ImportError where the package is not installed."""
-    from passthrough.vm.options import ansible_argument_spec
-
-    return {**ansible_argument_spec(), **MODULE_OPTIONS}
+def argument_spec() -> dict[str, dict[str, Any]]:
+    """The module's options: the guest options of the package's table (generated into the
+    collection's module_utils, so no package is needed to read them), then its own."""
+    return {**GUEST_OPTIONS, **MODULE_OPTIONS}
 
 
 def _absent(module: AnsibleModule, dom: Any) -> None:
@@ -292,22 +293,15 @@ def _run(module: AnsibleModule, conn: Any) -> None:
 
 
 def main() -> None:
-    try:
-        spec_args = argument_spec()
-    except ImportError as exc:
-        # no table to check the options against: accept whatever was given, to fail with
-        # the reason rather than with "unsupported parameters"
-        given = {k: {"type": "raw"} for k in _load_params() if not k.startswith("_ansible_")}
-        AnsibleModule(argument_spec=given, supports_check_mode=True).fail_json(
-            msg=f"the passthrough Python package is not installed on the target ({exc})"
-        )
-        return
+    spec_args = argument_spec()
     module = AnsibleModule(argument_spec=spec_args, supports_check_mode=True)
     try:
         from passthrough.errors import PassthroughError
         from passthrough.vm import libvirt_ops as lv
-    except ImportError as exc:  # installed only in part
-        module.fail_json(msg=f"the passthrough Python package cannot be imported ({exc})")
+    except ImportError as exc:
+        module.fail_json(
+            msg=f"the passthrough Python package is not installed on the target ({exc})"
+        )
         return
     p = module.params
     try:

@@ -1,1 +1,2 @@
-../../../../../../../passthrough/guest/__init__.py
+"""What a guest sees of its passed-through GPU (standard library only: runs in guests
+where the package is not installed)."""
