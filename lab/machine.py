@@ -224,7 +224,8 @@ class LabMachine:
 
     def copy_to(self, local: Path, remote: str) -> None:
         tarball = subprocess.run(
-            ["tar", "-C", str(local.parent), "-czf", "-", local.name],
+            # -h: the links in the tree (passthrough/guest into the collection) as the files
+            ["tar", "-h", "-C", str(local.parent), "-czf", "-", local.name],
             capture_output=True,
             check=True,
         ).stdout

@@ -91,8 +91,8 @@ if [ "$mode" = lab ]; then
 fi
 
 echo "==> ruff"
-.venv/bin/ruff check passthrough tests benchmarks playbooks/library lab
-.venv/bin/ruff format --check passthrough tests benchmarks playbooks/library lab
+.venv/bin/ruff check passthrough tests benchmarks playbooks/ansible_collections/passthrough/gpu/plugins lab
+.venv/bin/ruff format --check passthrough tests benchmarks playbooks/ansible_collections/passthrough/gpu/plugins lab
 echo "==> mypy (strict)"
 .venv/bin/mypy
 echo "==> pytest"

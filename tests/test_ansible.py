@@ -241,49 +241,96 @@ def test_vm_role_refuses_a_card_not_handed_over(tmp_path: Path) -> None:
     assert "0000:9a:00.0 is not handed over to vfio-pci" in (result.hosts["h"].reason or "")
 
 
+def _dumpxml(name: str) -> str:
+    return subprocess.run(
+        ["virsh", "-c", "qemu:///system", "dumpxml", "--inactive", name],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
 def test_vm_role_defines_on_a_real_libvirtd_idempotently(tmp_path: Path) -> None:
+    """Defined, then nothing to do; a guest changed in the inventory shows as changed with
+    the difference (--diff), check mode leaves the domain as it is, a real run redefines it,
+    and then there is nothing to do again."""
     assert os.geteuid() == 0, "needs root for the real libvirtd (CI runs as root)"
     subprocess.run(
         ["bash", str(REPO / "scripts/libvirtd-up.sh")], check=True, capture_output=True, timeout=60
     )
     root = _root(tmp_path, "r", "hgx-h100")
+    name = "passthrough-collection-vm-test"
     guest = {
-        "name": "passthrough-ansible-test",
+        "name": name,
         "gpus": ["0000:18:00.0", "0000:19:00.0"],
         "vcpus": 4,
         "memory_mib": 4096,
         "state": "defined",
     }
-    inv = _inventory(
-        tmp_path,
-        {
-            "h": {
-                "passthrough_root": str(root),
-                "passthrough_host_gpus": ["0000:18:00.0", "0000:19:00.0"],
-                "passthrough_vm_uri": "qemu:///system",
-                "passthrough_vm_wait_ssh": False,
-                "passthrough_vm_guests": [guest],
-            }
-        },
-    )
+    host = {
+        "passthrough_root": str(root),
+        "passthrough_host_gpus": ["0000:18:00.0", "0000:19:00.0"],
+        "passthrough_vm_uri": "qemu:///system",
+        "passthrough_vm_wait_ssh": False,
+        "passthrough_vm_guests": [guest],
+    }
+    inv = _inventory(tmp_path, {"h": host})
     try:
         first = run(str(inv), "site.yml")
         assert first.ok and first.hosts["h"].changed >= 2, summary_table(first)
-        status = subprocess.run(
-            ["virsh", "-c", "qemu:///system", "dumpxml", "passthrough-ansible-test"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        status = _dumpxml(name)
         assert "<hidden state='on'/>" in status and "bus='0x18'" in status
+        uuid = status.split("<uuid>")[1].split("</uuid>")[0]
         second = run(str(inv), "site.yml")
         assert second.ok and second.hosts["h"].changed == 0, summary_table(second)
+        # the inventory now asks for 8 vCPUs and one card fewer
+        inv = _inventory(
+            tmp_path,
+            {
+                "h": {
+                    **host,
+                    "passthrough_vm_guests": [{**guest, "vcpus": 8, "gpus": ["0000:18:00.0"]}],
+                }
+            },
+        )
+        log = tmp_path / "diff.log"
+        check = run(str(inv), "vm.yml", check=True, diff=True, log_path=str(log))
+        assert check.ok and check.hosts["h"].changed == 1, summary_table(check)
+        shown = log.read_text()
+        assert "domain passthrough-collection-vm-test (libvirt)" in shown, shown
+        assert '-  <vcpu placement="static">4</vcpu>' in shown
+        assert '+  <vcpu placement="static">8</vcpu>' in shown
+        assert 'bus="0x19"' in shown  # the card that goes, on the before side
+        assert "<vcpu placement='static'>4</vcpu>" in _dumpxml(name)  # check mode: untouched
+        real = run(str(inv), "vm.yml")
+        assert real.ok and real.hosts["h"].changed == 1, summary_table(real)
+        now = _dumpxml(name)
+        assert "<vcpu placement='static'>8</vcpu>" in now and "bus='0x19'" not in now
+        assert f"<uuid>{uuid}</uuid>" in now  # the same domain, redefined
+        again = run(str(inv), "vm.yml")
+        assert again.ok and again.hosts["h"].changed == 0, summary_table(again)
     finally:
         subprocess.run(
-            ["virsh", "-c", "qemu:///system", "undefine", "--nvram", "passthrough-ansible-test"],
+            ["virsh", "-c", "qemu:///system", "undefine", "--nvram", name],
             capture_output=True,
             check=False,
         )
+
+
+def test_guest_role_manifests_twice_change_nothing_the_second_time(tmp_path: Path) -> None:
+    """The part of the guest role that runs here (the manifests; the rest installs packages
+    in a real guest) is idempotent: a second run changes nothing."""
+    out = tmp_path / "manifests"
+    inv = _inventory(tmp_path, {}, {"gpu-guest-1": {}})
+    extravars = {
+        "passthrough_guest_k8s_enabled": True,
+        "passthrough_guest_gfd_enabled": True,
+        "passthrough_guest_k8s_manifest_dir": str(out),
+    }
+    first = run(str(inv), "guest.yml", tags="manifests", extravars=extravars)
+    assert first.ok and first.hosts["gpu-guest-1"].changed >= 1, summary_table(first)
+    second = run(str(inv), "guest.yml", tags="manifests", extravars=extravars)
+    assert second.ok and second.hosts["gpu-guest-1"].changed == 0, summary_table(second)
 
 
 SHARING = ["none", "time-slicing", "mps"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -21,9 +22,12 @@ import yaml
 from passthrough import fakehost
 from passthrough.vm.options import OPTIONS, ansible_argument_spec, ansible_option
 
+from .conftest import assert_golden
+
 REPO = Path(__file__).parents[1]
-LIBRARY = REPO / "playbooks/library"
-ROLE = REPO / "playbooks/roles/passthrough_vm"
+COLLECTIONS = REPO / "playbooks"
+LIBRARY = COLLECTIONS / "ansible_collections/passthrough/gpu/plugins/modules"
+ROLE = COLLECTIONS / "ansible_collections/passthrough/gpu/roles/passthrough_vm"
 # options of the role's guest entries that are not guest options of the table
 ROLE_ONLY = {"ssh_host", "state"}
 # module options the role fills from role variables rather than from each guest entry
@@ -32,12 +36,11 @@ FROM_ROLE_VARS["require_handed_over"] = "passthrough_vm_require_handed_over"
 
 
 def _module(name: str) -> ModuleType:
-    # the guest module imports its checks as Ansible packs them: from module_utils
-    import ansible.module_utils
-
-    utils = str(LIBRARY.parent / "module_utils")
-    if utils not in ansible.module_utils.__path__:
-        ansible.module_utils.__path__.append(utils)
+    # the guest module imports its checks as Ansible packs them: from the collection's
+    # module_utils (ansible_collections is a namespace package, so the checkout's joins the
+    # venv's)
+    if str(COLLECTIONS) not in sys.path:
+        sys.path.append(str(COLLECTIONS))
     spec = importlib.util.spec_from_file_location(name, LIBRARY / f"{name}.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
@@ -49,6 +52,33 @@ def _compared(entry: dict[str, Any]) -> dict[str, Any]:
     """What Ansible enforces of an option (descriptions are prose)."""
     keys = ("type", "elements", "default", "choices", "required")
     return {k: entry[k] for k in keys if k in entry and entry[k] not in (None, False)}
+
+
+VM_OPTIONS = COLLECTIONS / "ansible_collections/passthrough/gpu/plugins/module_utils/vm_options.py"
+VM_OPTIONS_SOURCE = '''\
+# Generated from passthrough/vm/options.py, the one table of guest options, by
+# tests/test_options_ansible.py (pytest --regenerate-golden rewrites it): do not edit.
+"""The passthrough_vm module's guest options as Ansible argument_spec entries, here so that
+the module parses its arguments (and ansible-test reads them) without the package."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+GUEST_OPTIONS: dict[str, dict[str, Any]] = json.loads(
+    r"""
+{spec}
+"""
+)
+'''
+
+
+def test_module_utils_guest_options_are_generated_from_the_table(regenerate: bool) -> None:
+    spec = json.dumps(ansible_argument_spec(), indent=2)
+    assert_golden(
+        VM_OPTIONS, VM_OPTIONS_SOURCE.format(spec=spec), regenerate, "the table's argument_spec"
+    )
 
 
 def test_module_argument_spec_is_the_table_plus_its_own_options() -> None:
@@ -82,15 +112,16 @@ def test_every_module_has_documentation_examples_and_return(path: Path) -> None:
     examples = yaml.safe_load(mod.EXAMPLES)
     assert isinstance(examples, list) and examples
     for task in examples:
-        args = task[path.stem] or {}
+        args = task[f"passthrough.gpu.{path.stem}"] or {}  # examples use the FQCN
         unknown = set(args) - set(doc["options"])
         assert not unknown, f"{task['name']}: {sorted(unknown)} not in DOCUMENTATION"
-    # and as Ansible itself reads it
+    # and as Ansible itself reads it, by its FQCN from the checkout's collection
     r = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-doc"), "-M", str(LIBRARY), path.stem],
+        [str(Path(sys.executable).parent / "ansible-doc"), f"passthrough.gpu.{path.stem}"],
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS)},
     )
     assert r.returncode == 0 and "ERROR" not in r.stderr, r.stderr
     assert "EXAMPLES" in r.stdout and "RETURN VALUES" in r.stdout
@@ -129,8 +160,8 @@ def test_role_defaults_agree_with_its_argument_specs() -> None:
 
 def test_role_task_leaves_every_guest_default_to_the_table() -> None:
     tasks = yaml.safe_load((ROLE / "tasks/main.yml").read_text())
-    (task,) = [t for t in tasks if "passthrough_vm" in t]
-    args = task["passthrough_vm"]
+    (task,) = [t for t in tasks if "passthrough.gpu.passthrough_vm" in t]
+    args = task["passthrough.gpu.passthrough_vm"]
     assert set(args) == set(_module("passthrough_vm").argument_spec())
     for name, value in args.items():
         if name in FROM_ROLE_VARS:
@@ -147,11 +178,14 @@ def _run_module(tmp_path: Path, **args: Any) -> dict[str, Any]:
     """The module as Ansible runs it: a file holding ANSIBLE_MODULE_ARGS, JSON out."""
     args_file = tmp_path / "args.json"
     args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
+    # the collection's module_utils on the path, as Ansible packs them
+    path = os.pathsep.join(filter(None, [str(COLLECTIONS), os.environ.get("PYTHONPATH")]))
     r = subprocess.run(
         [sys.executable, str(LIBRARY / "passthrough_vm.py"), str(args_file)],
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "PYTHONPATH": path},
     )
     return dict(json.loads(r.stdout))
 
@@ -197,6 +231,7 @@ def test_module_without_the_package_fails_with_the_reason(tmp_path: Path) -> Non
     blocked = (
         "import runpy, sys; sys.modules['passthrough'] = None; "
         f"sys.argv = ['passthrough_vm', {str(args)!r}]; "
+        f"sys.path.append({str(COLLECTIONS)!r}); "  # the module_utils, as Ansible packs them
         f"runpy.run_path({str(LIBRARY / 'passthrough_vm.py')!r}, run_name='__main__')"
     )
     r = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60)

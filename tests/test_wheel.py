@@ -32,6 +32,8 @@ REPO = Path(__file__).parents[1]
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "passthrough", "templates")
 SOURCES += ("playbooks",)
 
+COLLECTION = "ansible_collections/passthrough/gpu"
+
 pytestmark = pytest.mark.slow
 
 
@@ -105,12 +107,19 @@ def test_wheel_carries_templates_playbooks_and_schemas(
         "data/templates/domain.xml.j2",
         "data/playbooks/site.yml",
         "data/playbooks/ansible.cfg",
-        "data/playbooks/library/passthrough_vm.py",
-        "data/playbooks/roles/passthrough_vm/meta/argument_specs.yml",
+        f"data/playbooks/{COLLECTION}/galaxy.yml",
+        f"data/playbooks/{COLLECTION}/plugins/modules/passthrough_vm.py",
+        # the guest checks travel as a copy, not as the checkout's link out of the tree
+        f"data/playbooks/{COLLECTION}/plugins/module_utils/passthrough_guest/check.py",
+        f"data/playbooks/{COLLECTION}/roles/passthrough_vm/meta/argument_specs.yml",
         "schemas/scan-v1.schema.json",
         "py.typed",
     ):
         assert (package / part).is_file(), part
+    # the checkout's links out of the collection are files in the wheel
+    assert not (
+        package / f"data/playbooks/{COLLECTION}/plugins/module_utils/passthrough_guest/check.py"
+    ).is_symlink()
     (wheel,) = (venv.parent / "dist").glob("*.whl")
     with zipfile.ZipFile(wheel) as z:
         (name,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
@@ -147,4 +156,4 @@ def test_provision_check_from_the_wheel(
     # the host plan and the guest both report what they would change; nothing failed
     assert report["hosts"]["sample-hgx"]["changed"] == 2, report
     log = (tmp_path / "log").read_text()
-    assert "TASK [passthrough_vm : Define and start the guests]" in log
+    assert "TASK [passthrough.gpu.passthrough_vm : Define and start the guests]" in log

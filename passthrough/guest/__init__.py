@@ -1,2 +1,1 @@
-"""What a guest sees of its passed-through GPU (standard library only: runs in guests
-where the package is not installed)."""
+../../playbooks/ansible_collections/passthrough/gpu/plugins/module_utils/passthrough_guest/__init__.py

@@ -16,6 +16,9 @@ from typing import Any
 
 from passthrough.errors import EXIT_BACKEND, Interrupted, PassthroughError
 
+# Ansible's default collections_path, after the playbooks' own
+COLLECTIONS_PATH = ("~/.ansible/collections", "/usr/share/ansible/collections")
+
 
 class ProvisionFailed(PassthroughError):
     exit_code = EXIT_BACKEND
@@ -198,9 +201,9 @@ def run(
             extravars=extravars or {},
             envvars={
                 "ANSIBLE_CONFIG": str(books / "ansible.cfg"),
-                "ANSIBLE_LIBRARY": str(books / "library"),
-                "ANSIBLE_MODULE_UTILS": str(books / "module_utils"),
-                "ANSIBLE_ROLES_PATH": str(books / "roles"),
+                # the passthrough.gpu collection next to the playbooks, then where Ansible
+                # looks by default (kubernetes.core installed with ansible-galaxy, say)
+                "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join([str(books), *COLLECTIONS_PATH]),
                 "ANSIBLE_NOCOLOR": "1",
                 "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
                 **(env or {}),  # e.g. PASSTHROUGH_SAMPLE_ROOT for the sample inventory

@@ -1,0 +1,87 @@
+"""Is this a virtual machine? Read from what any root shows: the CPUID ``hypervisor``
+flag in /proc/cpuinfo, DMI vendor/product, and paravirtual or emulated PCI devices.
+
+Used by host discovery (host checks do not apply inside a guest) and by the guest check.
+It takes two callables rather than a root type so that both root readers can use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# DMI sys_vendor / product_name fragments that name a hypervisor (lower case).
+DMI_HYPERVISORS = (
+    ("qemu", "QEMU"),
+    ("kvm", "KVM"),
+    ("amazon ec2", "Amazon EC2"),
+    ("google compute engine", "Google Compute Engine"),
+    ("virtual machine", "Hyper-V"),
+    ("vmware", "VMware"),
+    ("virtualbox", "VirtualBox"),
+    ("innotek", "VirtualBox"),
+    ("xen", "Xen"),
+    ("openstack", "OpenStack"),
+    ("cloud hypervisor", "Cloud Hypervisor"),
+    ("bhyve", "bhyve"),
+    ("firecracker", "Firecracker"),
+)
+
+VENDOR_VIRTIO = 0x1AF4  # Red Hat / virtio
+VENDOR_REDHAT_QEMU = 0x1B36  # QEMU's own PCIe root ports, bridges, pxb
+# Host bridges only emulators present: i440FX, Q35 MCH, and the one Firecracker-style
+# microVMs show (8086:0d57).
+EMULATED_HOST_BRIDGES = {(0x8086, 0x1237), (0x8086, 0x29C0), (0x8086, 0x0D57)}
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualMachine:
+    guest: bool
+    hypervisor: str | None  # a name when DMI or the devices say which
+    evidence: tuple[str, ...]
+
+
+NOT_A_VM = VirtualMachine(False, None, ())
+
+
+def _hex(text: str | None) -> int | None:
+    try:
+        return int(text, 16) if text else None
+    except ValueError:
+        return None
+
+
+def detect(
+    read: Callable[[str], str | None], listdir: Callable[[str], list[str]]
+) -> VirtualMachine:
+    """``read``/``listdir`` take paths relative to the root (``proc/cpuinfo``)."""
+    evidence: list[str] = []
+    hypervisor: str | None = None
+    for line in (read("proc/cpuinfo") or "").splitlines():
+        key, _colon, value = line.partition(":")
+        if key.strip() == "flags":
+            if "hypervisor" in value.split():
+                evidence.append("CPUID hypervisor flag (/proc/cpuinfo)")
+            break
+    dmi = " ".join(
+        x for x in (read("sys/class/dmi/id/sys_vendor"), read("sys/class/dmi/id/product_name")) if x
+    )
+    for fragment, name in DMI_HYPERVISORS:
+        if fragment in dmi.lower():
+            evidence.append(f"DMI: {dmi}")
+            hypervisor = name
+            break
+    virtio = 0
+    for addr in listdir("sys/bus/pci/devices"):
+        base = f"sys/bus/pci/devices/{addr}"
+        vendor, device = _hex(read(f"{base}/vendor")), _hex(read(f"{base}/device"))
+        if vendor == VENDOR_VIRTIO:
+            virtio += 1
+        elif vendor == VENDOR_REDHAT_QEMU:
+            evidence.append(f"QEMU PCI device {vendor:04x}:{device or 0:04x} at {addr}")
+            hypervisor = hypervisor or "QEMU"
+        elif (vendor, device) in EMULATED_HOST_BRIDGES:
+            evidence.append(f"emulated host bridge {vendor:04x}:{device or 0:04x} at {addr}")
+    if virtio:
+        evidence.append(f"{virtio} virtio PCI function{'s' if virtio > 1 else ''} (1af4:*)")
+    return VirtualMachine(bool(evidence), hypervisor, tuple(evidence))

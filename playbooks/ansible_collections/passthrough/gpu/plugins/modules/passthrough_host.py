@@ -1,0 +1,167 @@
+#!/usr/bin/python
+"""Ansible module: prepare a host for GPU passthrough through the passthrough library.
+
+The plan logic exists once, in the library; this module only maps its Plan onto Ansible's
+contract: check mode computes and shows the diff without writing, ``changed`` is true
+only when the plan had actions, and ``reboot_required`` says whether a reboot is due.
+"""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: passthrough_host
+short_description: Plan and apply (or undo) GPU passthrough host changes
+description:
+  - Kernel arguments through the bootloader in use, vfio-pci binding (modprobe.d softdeps,
+    initramfs, per-device overrides), with backups, a journal and undo.
+  - Needs the C(passthrough) Python package on the target.
+options:
+  root:
+    description: Host root to act on (a chroot or image for tests)
+    type: str
+    default: /
+  gpus:
+    description: "PCI addresses or vendor:device IDs; empty means every viable NVIDIA GPU"
+    type: list
+    elements: str
+    default: []
+  include_group:
+    description: "Take every device of the cards' IOMMU groups"
+    type: bool
+    default: false
+  allow_boot_gpu:
+    description: Allow the boot VGA
+    type: bool
+    default: false
+  iommu_pt:
+    description: Add iommu=pt
+    type: bool
+    default: true
+  hugepages:
+    description: Number of 1 GiB huge pages to reserve at boot
+    type: int
+    default: 0
+  state:
+    description: present applies the plan; absent undoes every applied change
+    type: str
+    choices: [present, absent]
+    default: present
+author: passthrough developers (!UNKNOWN)
+"""
+
+EXAMPLES = r"""
+- name: Hand two cards to vfio-pci with 16 one-GiB huge pages
+  passthrough.gpu.passthrough_host:
+    gpus: ["0000:18:00.0", "0000:19:00.0"]
+    hugepages: 16
+  register: host_plan
+
+- name: Undo every applied change
+  passthrough.gpu.passthrough_host:
+    state: absent
+"""
+
+RETURN = r"""
+changed:
+  description: whether anything was (or in check mode would be) changed
+  returned: always
+  type: bool
+reboot_required:
+  description: whether a reboot is needed for the change to take effect
+  returned: success
+  type: bool
+plan:
+  description: the plan as passthrough plan --json prints it
+  returned: when state is present
+  type: dict
+codes:
+  description: "on a safety-policy refusal, its codes (README \"Safety policy\")"
+  returned: failure
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402 (Ansible wants DOCUMENTATION first)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "root": {"type": "str", "default": "/"},
+            "gpus": {"type": "list", "elements": "str", "default": []},
+            "include_group": {"type": "bool", "default": False},
+            "allow_boot_gpu": {"type": "bool", "default": False},
+            "iommu_pt": {"type": "bool", "default": True},
+            "hugepages": {"type": "int", "default": 0},
+            "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
+        },
+        supports_check_mode=True,
+    )
+    try:
+        from passthrough.errors import PassthroughError
+        from passthrough.execute.apply import apply
+        from passthrough.execute.journal import Journal
+        from passthrough.execute.undo import undo
+        from passthrough.host.discover import discover
+        from passthrough.host.root import HostRoot
+        from passthrough.plan.actions import RemoveFile, WriteFile, plan_json
+        from passthrough.plan.build import PlanOptions, make_plan
+    except ImportError as exc:
+        module.fail_json(
+            msg=f"the passthrough Python package is not installed on the target ({exc})"
+        )
+        return
+    p = module.params
+    try:
+        root = HostRoot(p["root"])
+        if p["state"] == "absent":
+            pending = Journal.load(root).live()
+            if module.check_mode or not pending:
+                module.exit_json(changed=bool(pending), reboot_required=bool(pending))
+            restored = undo(root).changed
+            module.exit_json(
+                changed=bool(restored), reboot_required=bool(restored), restored=restored
+            )
+        host = discover(p["root"])
+        opts = PlanOptions(
+            gpus=tuple(p["gpus"]),
+            include_group=p["include_group"],
+            allow_boot_gpu=p["allow_boot_gpu"],
+            iommu_pt=p["iommu_pt"],
+            hugepages_1g=p["hugepages"],
+        )
+        plan, _sel = make_plan(root, host, opts)
+        diff = []
+        for action in plan.actions:
+            if isinstance(action, WriteFile | RemoveFile):
+                before = root.read_bytes(action.path)
+                diff.append(
+                    {
+                        "before_header": "/" + action.path,
+                        "after_header": "/" + action.path,
+                        "before": before.decode("utf-8", "replace") if before is not None else "",
+                        "after": action.content.decode("utf-8", "replace")
+                        if isinstance(action, WriteFile)
+                        else "",
+                    }
+                )
+        result = {
+            "changed": not plan.empty,
+            "reboot_required": plan.reboot,
+            "plan": plan_json(plan, root),
+            "diff": diff,
+        }
+        if module.check_mode or plan.empty:
+            module.exit_json(**result)
+        tx = apply(root, plan, plan.record())
+        steps = tx.steps if tx else []
+        result["transaction"] = tx.id if tx else None
+        result["commands_not_run"] = [s.argv for s in steps if s.state.value == "listed"]
+        module.exit_json(**result)
+    except PassthroughError as exc:
+        # a safety-policy refusal carries its codes (README "Safety policy") for tools
+        module.fail_json(msg=str(exc), codes=list(getattr(exc, "codes", ())))
+
+
+if __name__ == "__main__":
+    main()

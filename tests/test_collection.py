@@ -1,0 +1,174 @@
+"""The passthrough.gpu collection as a collection: it builds with ansible-galaxy (the guest
+checks inside, one implementation with passthrough/guest), ansible-test sanity is
+clean, and its domain comparison sees what matters and nothing libvirt adds by itself."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from passthrough import fakehost
+from passthrough.host.discover import discover
+from passthrough.vm.render import render
+from passthrough.vm.spec import VmOptions, build_spec
+
+REPO = Path(__file__).parents[1]
+COLLECTIONS = REPO / "playbooks"
+COLLECTION = COLLECTIONS / "ansible_collections/passthrough/gpu"
+GUEST_UTILS = COLLECTION / "plugins/module_utils/passthrough_guest"
+BIN = Path(sys.executable).parent
+# ansible-test keeps its sanity virtual environments under $HOME/.ansible/test: a cache of
+# its own, so that repeated runs install their pinned requirements once
+SANITY_HOME = Path(
+    os.environ.get("PASSTHROUGH_ANSIBLE_TEST_HOME", "/var/cache/passthrough-ansible-test")
+)
+# ansible-test bootstraps pip in each of those environments with a get-pip script it downloads
+# from its own CI file host, which cannot be reached from here (the package index can). This
+# stand-in, put where ansible-test caches that script, does the same from what is at hand:
+# the interpreter's ensurepip, then the pinned pip from the index.
+GET_PIP = '''"""Stand-in for pip's get-pip.py (see tests/test_collection.py)."""
+import subprocess
+import sys
+
+ONLY_GET_PIP = {"--no-setuptools", "--no-wheel"}
+args = [a for a in sys.argv[1:] if a not in ONLY_GET_PIP]
+subprocess.run([sys.executable, "-m", "ensurepip", "--upgrade"], check=True, stdout=subprocess.DEVNULL)
+subprocess.run([sys.executable, "-m", "pip", "install", *args], check=True)
+'''
+
+
+def test_guest_checks_are_one_implementation() -> None:
+    """The guest checks live in the collection's module_utils (which Ansible packs into the
+    module it sends to a guest without the package); passthrough/guest is links to them, one
+    per module, so the CLI imports the same files. A new module without its link fails here."""
+    package = REPO / "passthrough/guest"
+    assert {p.name for p in package.glob("*.py")} == {p.name for p in GUEST_UTILS.glob("*.py")}
+    for path in GUEST_UTILS.glob("*.py"):
+        assert not path.is_symlink()  # ansible-test allows no links out of the collection
+        link = package / path.name
+        assert link.is_symlink() and link.resolve() == path.resolve()
+
+
+def test_galaxy_build_carries_the_guest_checks_as_files(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [str(BIN / "ansible-galaxy"), "collection", "build", "--output-path", str(tmp_path)],
+        cwd=COLLECTION,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    (built,) = tmp_path.glob("passthrough-gpu-*.tar.gz")
+    with tarfile.open(built) as tar:
+        names = set(tar.getnames())
+        for module in ("passthrough_check", "passthrough_host", "passthrough_vm"):
+            assert f"plugins/modules/{module}.py" in names
+        assert "roles/passthrough_guest/tasks/main.yml" in names
+        assert "meta/runtime.yml" in names
+        for link in GUEST_UTILS.glob("*.py"):
+            member = tar.getmember(f"plugins/module_utils/passthrough_guest/{link.name}")
+            assert member.isfile(), link.name
+            data = tar.extractfile(member)
+            assert data is not None and data.read() == link.read_bytes()
+        assert not any(n.startswith("tests/output") for n in names)
+
+
+@pytest.mark.slow
+def test_ansible_test_sanity_is_clean() -> None:
+    """Every sanity test of ansible-test, none skipped; the one thing ignored (the GPLv3 header
+    validate-modules wants: the modules are Apache-2.0) is in tests/sanity/ignore-2.19.txt."""
+    cache = SANITY_HOME / ".ansible/test/cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    import ansible_test
+
+    pins = Path(ansible_test.__file__).parent / "_internal/python_requirements.py"
+    for version in set(re.findall(r"pip='([\d.]+)'", pins.read_text())):
+        (cache / f"get_pip_{version.replace('.', '_')}.py").write_text(GET_PIP)
+    env = {
+        **os.environ,
+        "HOME": str(SANITY_HOME),
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "NO_COLOR": "1",
+    }
+    try:
+        r = subprocess.run(
+            [str(BIN / "ansible-test"), "sanity", "--python", "3.11", "--local", "--color", "no"],
+            cwd=COLLECTION,
+            capture_output=True,
+            text=True,
+            check=False,
+            env=env,
+            timeout=900,
+        )
+    finally:
+        shutil.rmtree(COLLECTION / "tests/output", ignore_errors=True)
+    tail = "\n".join(line for line in r.stdout.splitlines() if "ERROR" in line) + r.stderr[-4000:]
+    assert r.returncode == 0, tail
+    ran = [line for line in r.stdout.splitlines() if line.startswith("Running sanity test")]
+    assert len(ran) >= 24, ran  # all of them, the ones in virtual environments included
+
+
+@pytest.fixture(scope="module")
+def domain_utils() -> object:
+    if str(COLLECTIONS) not in sys.path:
+        sys.path.append(str(COLLECTIONS))  # as Ansible packs them: the collection's module_utils
+    from ansible_collections.passthrough.gpu.plugins.module_utils import domain
+
+    return domain
+
+
+def _rendered(tmp_path: Path, **options: object) -> str:
+    root = tmp_path / "root"
+    if not root.exists():
+        fakehost.build(fakehost.load("hgx-h100"), root)
+    host = discover(str(root))
+    opts = VmOptions(name="passthrough-collection-compare", **options)  # type: ignore[arg-type]
+    return render(build_spec(host, opts))
+
+
+def test_domain_as_libvirt_keeps_it_equals_the_rendering(
+    domain_utils: object, tmp_path: Path
+) -> None:
+    """The real libvirtd rewrites the XML: UUID, KiB, the machine type, addresses, controllers,
+    devices grouped by kind. None of that is a difference; a changed vCPU count, a card more or
+    less is."""
+    import libvirt
+
+    assert os.geteuid() == 0, "needs root for the real libvirtd (CI runs as root)"
+    subprocess.run(
+        ["bash", str(REPO / "scripts/libvirtd-up.sh")], check=True, capture_output=True, timeout=60
+    )
+
+    d: object = domain_utils
+    two = _rendered(tmp_path, gpus=("0000:18:00.0", "0000:19:00.0"), vcpus=4)
+    conn = libvirt.open("qemu:///system")
+    try:
+        assert d.lookup(conn, "passthrough-collection-compare") is None  # type: ignore[attr-defined]
+        dom = conn.defineXML(two)
+        kept = d.inactive_xml(dom)  # type: ignore[attr-defined]
+        assert kept != two and "<uuid>" in kept
+        before, after = d.compare(kept, two)  # type: ignore[attr-defined]
+        assert before == after
+        more = two.replace("<vcpu placement='static'>4</vcpu>", "<vcpu placement='static'>6</vcpu>")
+        before, after = d.compare(kept, more)  # type: ignore[attr-defined]
+        assert before != after and '<vcpu placement="static">4' in before
+        one = _rendered(tmp_path, gpus=("0000:18:00.0",), vcpus=4)
+        before, after = d.compare(kept, one)  # type: ignore[attr-defined]
+        assert 'bus="0x19"' in before and 'bus="0x19"' not in after  # the card that goes
+        redefined = conn.defineXML(d.with_uuid(one, dom.UUIDString()))  # type: ignore[attr-defined]
+        assert redefined.UUIDString() == dom.UUIDString()
+        before, after = d.compare(d.inactive_xml(redefined), one)  # type: ignore[attr-defined]
+        assert before == after
+    finally:
+        dom = d.lookup(conn, "passthrough-collection-compare")  # type: ignore[attr-defined]
+        if dom is not None:
+            dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+        conn.close()
