@@ -12,34 +12,11 @@ from functools import total_ordering
 
 from passthrough.errors import InvalidPciAddress
 from passthrough.guest.virt import NOT_A_VM, VirtualMachine
-
-# PCI class codes live in pciclass; these names stay importable from the model too.
 from passthrough.pciclass import (
-    CLASS_DISPLAY as CLASS_DISPLAY,
-)
-from passthrough.pciclass import (
-    SUBCLASS_3D as SUBCLASS_3D,
-)
-from passthrough.pciclass import (
-    SUBCLASS_AUDIO_HDA as SUBCLASS_AUDIO_HDA,
-)
-from passthrough.pciclass import (
-    SUBCLASS_HOST_BRIDGE as SUBCLASS_HOST_BRIDGE,
-)
-from passthrough.pciclass import (
-    SUBCLASS_PCI_BRIDGE as SUBCLASS_PCI_BRIDGE,
-)
-from passthrough.pciclass import (
-    SUBCLASS_PCI_BRIDGE_SEMI as SUBCLASS_PCI_BRIDGE_SEMI,
-)
-from passthrough.pciclass import (
-    SUBCLASS_SERIAL_OTHER as SUBCLASS_SERIAL_OTHER,
-)
-from passthrough.pciclass import (
-    SUBCLASS_USB as SUBCLASS_USB,
-)
-from passthrough.pciclass import (
-    SUBCLASS_VGA as SUBCLASS_VGA,
+    CLASS_DISPLAY,
+    SUBCLASS_HOST_BRIDGE,
+    SUBCLASS_PCI_BRIDGE,
+    SUBCLASS_PCI_BRIDGE_SEMI,
 )
 
 _PCI_RE = re.compile(

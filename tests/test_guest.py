@@ -21,10 +21,12 @@ import jsonschema
 import pytest
 
 from passthrough.cli import main
-from passthrough.guest.check import FAIL, PASS, SKIP, GuestReport, check_compute, run_guest_checks
+from passthrough.guest.check import run_guest_checks
 from passthrough.guest.compute import ComputeResult, run_vector_add
+from passthrough.guest.report import FAIL, PASS, SKIP, GuestReport
 from passthrough.guest.root import GuestRoot
 from passthrough.guest.runner import RecordedRunner
+from passthrough.guest.stack import check_compute
 
 REPO = Path(__file__).parents[1]
 FIXTURE = REPO / "tests/fixtures/h100-guest"  # copied unchanged from the capture (README there)

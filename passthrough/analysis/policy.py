@@ -23,7 +23,6 @@ from passthrough.kernel import kernel_version
 from passthrough.model import (
     BMC_VGA_VENDORS,
     NVIDIA,
-    SUBCLASS_3D,
     Finding,
     Gpu,
     GpuVerdict,
@@ -33,7 +32,7 @@ from passthrough.model import (
     PciFunction,
     Severity,
 )
-from passthrough.pciclass import SUBCLASS_OTHER_BRIDGE
+from passthrough.pciclass import SUBCLASS_3D, SUBCLASS_OTHER_BRIDGE
 from passthrough.units import format_size
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO

@@ -44,7 +44,8 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace, stack: list[str]) -> int:
-    from passthrough.guest.check import FAIL, WARN, render, run_guest_checks
+    from passthrough.guest.check import run_guest_checks
+    from passthrough.guest.report import FAIL, WARN, render
     from passthrough.guest.root import GuestRoot, find_root
     from passthrough.guest.runner import runner_for
     from passthrough.output.text import Painter, wants_color

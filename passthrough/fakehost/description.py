@@ -11,8 +11,9 @@ import yaml
 from passthrough.errors import BadDescription, PassthroughError
 from passthrough.fakehost.distros import BASE_CONFIG, BOOTLOADERS, DISTROS, INITRAMFS
 from passthrough.fakehost.schema import NONE, Anything, Keys, ListOf, MapOf, OneOf, check
-from passthrough.model import SUBCLASS_3D, PciAddress
+from passthrough.model import PciAddress
 from passthrough.pciclass import (
+    SUBCLASS_3D,
     SUBCLASS_AUDIO_HDA,
     SUBCLASS_CRYPTO_OTHER,
     SUBCLASS_DISPLAY_OTHER,

@@ -86,9 +86,11 @@ failures:
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 (Ansible wants DOCUMENTATION first)
 from ansible_collections.passthrough.gpu.plugins.module_utils.passthrough_guest.check import (  # noqa: E402
-    FAIL,
     HARDWARE_CHECKS,
     run_guest_checks,
+)
+from ansible_collections.passthrough.gpu.plugins.module_utils.passthrough_guest.report import (  # noqa: E402
+    FAIL,
 )
 from ansible_collections.passthrough.gpu.plugins.module_utils.passthrough_guest.root import (  # noqa: E402
     GuestRoot,
