@@ -54,6 +54,28 @@ def _match(verdicts: list[GpuVerdict], token: str) -> list[GpuVerdict]:
     return [v for v in verdicts if address in {f.address for f in v.gpu.functions}]
 
 
+def _chosen(verdicts: list[GpuVerdict], gpus: list[str]) -> list[GpuVerdict]:
+    """The cards named with --gpu (in the order named), or every viable NVIDIA card."""
+    if not gpus:
+        chosen = [v for v in verdicts if v.gpu.primary.vendor_id == NVIDIA and v.viable]
+        if not chosen:
+            raise SelectionRefused(
+                "no viable NVIDIA GPU on this host; name cards with --gpu (see `passthrough scan`)"
+            )
+        return chosen
+    chosen = []
+    for token in gpus:
+        found = _match(verdicts, token)
+        if not found:
+            raise SelectionRefused(
+                f"--gpu {token}: matches no GPU on this host (see `passthrough scan`)"
+            )
+        for v in found:
+            if v not in chosen:
+                chosen.append(v)
+    return chosen
+
+
 def select(
     host: Host,
     verdicts: list[GpuVerdict],
@@ -61,23 +83,7 @@ def select(
     include_group: bool = False,
     allow_boot_gpu: bool = False,
 ) -> Selection:
-    if gpus:
-        chosen: list[GpuVerdict] = []
-        for token in gpus:
-            found = _match(verdicts, token)
-            if not found:
-                raise SelectionRefused(
-                    f"--gpu {token}: matches no GPU on this host (see `passthrough scan`)"
-                )
-            for v in found:
-                if v not in chosen:
-                    chosen.append(v)
-    else:
-        chosen = [v for v in verdicts if v.gpu.primary.vendor_id == NVIDIA and v.viable]
-        if not chosen:
-            raise SelectionRefused(
-                "no viable NVIDIA GPU on this host; name cards with --gpu (see `passthrough scan`)"
-            )
+    chosen = _chosen(verdicts, gpus)
     taken: dict[PciAddress, PciFunction] = {}
     for v in chosen:
         for f in v.gpu.functions:

@@ -115,102 +115,104 @@ def udev_rule(functions: list[PciFunction]) -> str:
     return "".join(lines)
 
 
-def initramfs_actions(root: HostRoot, host: Host) -> tuple[list[WriteFile], Run | None, list[str]]:
+InitramfsEdits = tuple[list[WriteFile], Run | None, list[str]]
+
+
+def initramfs_actions(root: HostRoot, host: Host) -> InitramfsEdits:
     """The early-loading edits for the host's initramfs tool (as they should read; the
     planner drops those already in place) and the command that rebuilds the image. Every one
     of these tools copies /etc/modprobe.d into the image, and initramfs-tools copies the
     custom rules of /etc/udev/rules.d too (the lab saw the driver_override rule applied inside
     the initramfs): a change to any of those files needs the rebuild, not only these edits."""
     mods = early_modules(host)
-    notes: list[str] = []
-    writes: list[WriteFile] = []
     kind = host.boot.initramfs
     if kind is InitramfsKind.INITRAMFS_TOOLS:
-        text = utf8_text(root.read_bytes(INITRAMFS_TOOLS), "/" + INITRAMFS_TOOLS)
-        existing = text.splitlines() if text is not None else []
-        have = {line.split("#", 1)[0].strip() for line in existing}
-        missing = [m for m in mods if m not in have]
-        if missing:
-            body = (
-                (text + "\n" if text and not text.endswith("\n") else text or "")
-                + MARK
-                + "\n"
-                + "".join(f"{m}\n" for m in missing)
-            )
-            writes.append(
-                WriteFile(
-                    INITRAMFS_TOOLS,
-                    body.encode(),
-                    "vfio modules in the initramfs, before GPU drivers",
-                )
-            )
-        return (
-            writes,
-            Run(
-                ("update-initramfs", "-u", "-k", "all"),
-                "rebuild every initramfs",
-                touches=("boot/initrd.img-*",),
-                regenerate=True,
-            ),
-            notes,
-        )
+        return _initramfs_tools(root, mods)
     if kind is InitramfsKind.DRACUT:
+        return _dracut(mods)
+    if kind is InitramfsKind.MKINITCPIO:
+        return _mkinitcpio(root, mods)
+    return [], None, ["no initramfs tool recognised: vfio-pci binds once the root filesystem is up"]
+
+
+def _initramfs_tools(root: HostRoot, mods: list[str]) -> InitramfsEdits:
+    writes: list[WriteFile] = []
+    text = utf8_text(root.read_bytes(INITRAMFS_TOOLS), "/" + INITRAMFS_TOOLS)
+    existing = text.splitlines() if text is not None else []
+    have = {line.split("#", 1)[0].strip() for line in existing}
+    missing = [m for m in mods if m not in have]
+    if missing:
         body = (
-            HEADER + f'force_drivers+=" {" ".join(mods)} "\n' + f'install_items+=" /{MODPROBE} "\n'
+            (text + "\n" if text and not text.endswith("\n") else text or "")
+            + MARK
+            + "\n"
+            + "".join(f"{m}\n" for m in missing)
         )
         writes.append(
             WriteFile(
+                INITRAMFS_TOOLS,
+                body.encode(),
+                "vfio modules in the initramfs, before GPU drivers",
+            )
+        )
+    return (
+        writes,
+        Run(
+            ("update-initramfs", "-u", "-k", "all"),
+            "rebuild every initramfs",
+            touches=("boot/initrd.img-*",),
+            regenerate=True,
+        ),
+        [],
+    )
+
+
+def _dracut(mods: list[str]) -> InitramfsEdits:
+    body = HEADER + f'force_drivers+=" {" ".join(mods)} "\n' + f'install_items+=" /{MODPROBE} "\n'
+    return (
+        [
+            WriteFile(
                 DRACUT, body.encode(), "vfio modules in the initramfs (dracut reads only *.conf)"
             )
-        )
-        return (
-            writes,
-            Run(
-                ("dracut", "-f", "--regenerate-all"),
-                "rebuild every initramfs",
-                touches=("boot/initramfs-*.img",),
-                regenerate=True,
-            ),
-            notes,
-        )
-    if kind is InitramfsKind.MKINITCPIO:
-        regen = Run(
-            ("mkinitcpio", "-P"),
-            "rebuild every preset's initramfs",
+        ],
+        Run(
+            ("dracut", "-f", "--regenerate-all"),
+            "rebuild every initramfs",
             touches=("boot/initramfs-*.img",),
             regenerate=True,
+        ),
+        [],
+    )
+
+
+def _mkinitcpio(root: HostRoot, mods: list[str]) -> InitramfsEdits:
+    notes: list[str] = []
+    writes: list[WriteFile] = []
+    regen = Run(
+        ("mkinitcpio", "-P"),
+        "rebuild every preset's initramfs",
+        touches=("boot/initramfs-*.img",),
+        regenerate=True,
+    )
+    conf = root.read("etc/mkinitcpio.conf") or ""
+    if "modconf" not in conf:
+        notes.append(
+            "mkinitcpio.conf has no modconf hook: modprobe.d softdeps will not reach the initramfs"
         )
-        conf = root.read("etc/mkinitcpio.conf") or ""
-        if "modconf" not in conf:
-            notes.append(
-                "mkinitcpio.conf has no modconf hook: modprobe.d softdeps will not reach the initramfs"
-            )
-        if root.isdir("etc/mkinitcpio.conf.d"):
-            body = HEADER + f"MODULES+=({' '.join(mods)})\n"
-            writes.append(
-                WriteFile(MKINITCPIO_DROPIN, body.encode(), "vfio modules in the initramfs")
-            )
-            return writes, regen, notes
-        m = re.search(r"^MODULES=\(([^)]*)\)", conf, re.MULTILINE)
-        if m is None:
-            raise UnsafeCmdline(
-                "/etc/mkinitcpio.conf", "has no MODULES=(...) line the planner can edit"
-            )
-        present = m[1].split()
-        missing = [x for x in mods if x not in present]
-        if missing:
-            new = (
-                conf[: m.start()]
-                + "MODULES=("
-                + " ".join(missing + present)
-                + ")"
-                + conf[m.end() :]
-            )
-            writes.append(
-                WriteFile(
-                    "etc/mkinitcpio.conf", new.encode(), "vfio modules first in the initramfs"
-                )
-            )
+    if root.isdir("etc/mkinitcpio.conf.d"):
+        body = HEADER + f"MODULES+=({' '.join(mods)})\n"
+        writes.append(WriteFile(MKINITCPIO_DROPIN, body.encode(), "vfio modules in the initramfs"))
         return writes, regen, notes
-    notes.append("no initramfs tool recognised: vfio-pci binds once the root filesystem is up")
-    return [], None, notes
+    m = re.search(r"^MODULES=\(([^)]*)\)", conf, re.MULTILINE)
+    if m is None:
+        raise UnsafeCmdline(
+            "/etc/mkinitcpio.conf", "has no MODULES=(...) line the planner can edit"
+        )
+    present = m[1].split()
+    missing = [x for x in mods if x not in present]
+    if missing:
+        new = conf[: m.start()] + "MODULES=(" + " ".join(missing + present) + ")" + conf[m.end() :]
+        writes.append(
+            WriteFile("etc/mkinitcpio.conf", new.encode(), "vfio modules first in the initramfs")
+        )
+    return writes, regen, notes

@@ -124,6 +124,81 @@ def _reason(event: dict[str, Any]) -> str:
     return f"{data.get('task', '?')}: {text}"
 
 
+def _preflight(inventory: str, playbook: str) -> tuple[Path, str]:
+    """(the playbooks folder, the inventory's absolute path), or why Ansible cannot run."""
+    if (
+        shutil.which("ansible-playbook") is None
+        and not (Path(sys.executable).parent / "ansible-playbook").exists()
+    ):
+        raise ProvisionFailed("ansible-playbook not found: install ansible-core")
+    books = playbooks_dir()
+    if not (books / playbook).exists():
+        raise ProvisionFailed(f"no playbook {playbook} in {books}")
+    inv = os.path.abspath(inventory)
+    if not os.path.exists(inv):
+        raise ProvisionFailed(f"inventory {inventory}: no such file or directory")
+    return books, inv
+
+
+class _Events:
+    """ansible-runner's events as they come: progress lines, each host's first failure, the log."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self.hosts: dict[str, HostResult] = {}
+        self.lines: list[str] = []
+
+    def host(self, name: str) -> HostResult:
+        return self.hosts.setdefault(name, HostResult(name))
+
+    def __call__(self, event: dict[str, Any]) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data", {})
+        stdout = event.get("stdout")
+        if stdout:
+            self.lines.append(stdout)
+        name = data.get("host")
+        say = self.say
+        if kind == "playbook_on_play_start":
+            say(f"PLAY {data.get('play', '')}")
+        elif kind == "playbook_on_task_start":
+            say(f"  TASK {data.get('task', '')}")
+        elif kind == "runner_on_failed" and name and not data.get("ignore_errors"):
+            self.host(name).reason = self.host(name).reason or _reason(event)
+            say(f"    ✘ {name}: {_reason(event)}")
+        elif kind == "runner_on_unreachable" and name:
+            self.host(name).reason = self.host(name).reason or f"unreachable: {_reason(event)}"
+            say(f"    ✘ {name}: unreachable")
+        elif kind == "runner_on_ok" and name and (data.get("res") or {}).get("changed"):
+            say(f"    ~ {name}: changed")
+        return True
+
+    def tally(self, stats: dict[str, Any]) -> None:
+        """The play recap's counts, per host."""
+        for stat, attr in (
+            ("ok", "ok"),
+            ("changed", "changed"),
+            ("failures", "failed"),
+            ("dark", "unreachable"),
+            ("skipped", "skipped"),
+        ):
+            for name, count in (stats.get(stat) or {}).items():
+                setattr(self.host(name), attr, int(count))
+
+
+def _cmdline(forks: int, limit: str | None, check: bool, diff: bool, tags: str | None) -> str:
+    cmdline = ["--forks", str(forks)]
+    if limit:
+        cmdline += ["--limit", limit]
+    if check:
+        cmdline.append("--check")
+    if diff:
+        cmdline.append("--diff")
+    if tags:
+        cmdline += ["--tags", tags]
+    return " ".join(cmdline)
+
+
 def run(
     inventory: str,
     playbook: str = "site.yml",
@@ -141,54 +216,8 @@ def run(
         import ansible_runner
     except ImportError as exc:  # pragma: no cover - a dependency
         raise ProvisionFailed(f"ansible-runner cannot be imported ({exc})") from None
-    if (
-        shutil.which("ansible-playbook") is None
-        and not (Path(sys.executable).parent / "ansible-playbook").exists()
-    ):
-        raise ProvisionFailed("ansible-playbook not found: install ansible-core")
-    books = playbooks_dir()
-    if not (books / playbook).exists():
-        raise ProvisionFailed(f"no playbook {playbook} in {books}")
-    inv = os.path.abspath(inventory)
-    if not os.path.exists(inv):
-        raise ProvisionFailed(f"inventory {inventory}: no such file or directory")
-    say = progress or (lambda _m: None)
-    hosts: dict[str, HostResult] = {}
-    lines: list[str] = []
-
-    def host(name: str) -> HostResult:
-        return hosts.setdefault(name, HostResult(name))
-
-    def handle(event: dict[str, Any]) -> bool:
-        kind = event.get("event", "")
-        data = event.get("event_data", {})
-        stdout = event.get("stdout")
-        if stdout:
-            lines.append(stdout)
-        name = data.get("host")
-        if kind == "playbook_on_play_start":
-            say(f"PLAY {data.get('play', '')}")
-        elif kind == "playbook_on_task_start":
-            say(f"  TASK {data.get('task', '')}")
-        elif kind == "runner_on_failed" and name and not data.get("ignore_errors"):
-            host(name).reason = host(name).reason or _reason(event)
-            say(f"    ✘ {name}: {_reason(event)}")
-        elif kind == "runner_on_unreachable" and name:
-            host(name).reason = host(name).reason or f"unreachable: {_reason(event)}"
-            say(f"    ✘ {name}: unreachable")
-        elif kind == "runner_on_ok" and name and (data.get("res") or {}).get("changed"):
-            say(f"    ~ {name}: changed")
-        return True
-
-    cmdline = ["--forks", str(forks)]
-    if limit:
-        cmdline += ["--limit", limit]
-    if check:
-        cmdline.append("--check")
-    if diff:
-        cmdline.append("--diff")
-    if tags:
-        cmdline += ["--tags", tags]
+    books, inv = _preflight(inventory, playbook)
+    events = _Events(progress or (lambda _m: None))
     private = tempfile.mkdtemp(prefix="passthrough-runner-")
     started = time.monotonic()
     try:
@@ -197,7 +226,7 @@ def run(
             project_dir=str(books),
             playbook=playbook,
             inventory=inv,
-            cmdline=" ".join(cmdline),
+            cmdline=_cmdline(forks, limit, check, diff, tags),
             extravars=extravars or {},
             envvars={
                 "ANSIBLE_CONFIG": str(books / "ansible.cfg"),
@@ -208,7 +237,7 @@ def run(
                 "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
                 **(env or {}),  # e.g. PASSTHROUGH_SAMPLE_ROOT for the sample inventory
             },
-            event_handler=handle,
+            event_handler=events,
             quiet=True,
         )
         # read everything from the artifacts before they are removed
@@ -216,19 +245,11 @@ def run(
         status, rc = str(r.status), int(r.rc if r.rc is not None else 1)
     finally:
         shutil.rmtree(private, ignore_errors=True)
-    for stat, attr in (
-        ("ok", "ok"),
-        ("changed", "changed"),
-        ("failures", "failed"),
-        ("dark", "unreachable"),
-        ("skipped", "skipped"),
-    ):
-        for name, count in (stats.get(stat) or {}).items():
-            setattr(host(name), attr, int(count))
-    result = RunResult(status=status, rc=rc, hosts=hosts, seconds=time.monotonic() - started)
+    events.tally(stats)
+    result = RunResult(status=status, rc=rc, hosts=events.hosts, seconds=time.monotonic() - started)
     if log_path:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(log_path).write_text("\n".join(lines) + "\n")
+        Path(log_path).write_text("\n".join(events.lines) + "\n")
         result.log = log_path
     if status == "canceled":  # ansible-runner took the Ctrl-C itself
         raise Interrupted()
