@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from collections.abc import Sequence
 
@@ -94,8 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"passthrough: error: {Interrupted()}\n")
         return EXIT_INTERRUPTED
     finally:
-        for tmp in stack:
-            shutil.rmtree(tmp, ignore_errors=True)
+        if stack:  # shutil only where there is something to remove
+            import shutil
+
+            for tmp in stack:
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 __all__ = ["EPILOG", "build_parser", "main"]

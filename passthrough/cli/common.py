@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -89,6 +88,8 @@ def open_root(path: str, stack: list[str], changing: str | None = None) -> str:
     if os.path.isfile(path) and path.endswith((".tar.gz", ".tgz", ".tar")):
         if changing:
             raise ReadOnlyRoot(changing, path)
+        import tempfile
+
         from passthrough.host.snapshot import unpack
 
         tmp = tempfile.mkdtemp(prefix="passthrough-root-")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import time
 
 from passthrough.cli.common import Subparsers, command, common, dump, examples, progress
@@ -65,6 +64,8 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
     extravars = _extravars(args.extra_var)
     env: dict[str, str] = {}
     if args.sample:
+        import tempfile
+
         from passthrough import fakehost
 
         tmp = tempfile.mkdtemp(prefix="passthrough-sample-")

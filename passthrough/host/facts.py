@@ -3,7 +3,6 @@ cannot live without. Each reader takes the root and reads only below it."""
 
 from __future__ import annotations
 
-import gzip
 import re
 
 from passthrough.guest.virt import VirtualMachine
@@ -88,6 +87,8 @@ def read_kernel(root: HostRoot) -> Kernel:
         raw = root.read_bytes("proc/config.gz")
         if raw is not None:
             try:
+                import gzip  # only for /proc/config.gz
+
                 text = gzip.decompress(raw).decode("utf-8", "replace")
                 source = "/proc/config.gz"
             except (OSError, EOFError):

@@ -16,6 +16,7 @@ import errno
 import fnmatch
 import os
 import posixpath
+import stat
 
 from passthrough.errors import MalformedHostData, NotAHostRoot
 
@@ -38,6 +39,10 @@ class HostRoot:
         # files under the same few directories. Only "not a link" is remembered, never a
         # link or an absence, and no command here turns a directory into a link.
         self._plain_dirs: set[str] = set()
+        # Directories as named (``sys/bus/pci/devices/0000:01:00.0``) -> (resolved inside the
+        # root, links followed to get there): every attribute of a device is read through the
+        # same directory, so its links are walked once. Only a complete resolution is kept.
+        self._dirs: dict[str, tuple[str, int]] = {}
 
     # -- containment -------------------------------------------------------
     def _saw_link(self, rel: str, target: str) -> None:
@@ -51,12 +56,49 @@ class HostRoot:
         needs the resolved path itself (``spell_out``)."""
         if self.is_live and not self.walk_live and not spell_out:
             return rel.lstrip("/"), True  # the kernel resolves it as it would in a chroot
-        # ``todo`` holds the components still to walk, last first; ``here`` is the
-        # resolved prefix, which never holds a link (a final one aside).
-        todo = [p for p in reversed(rel.split("/")) if p and p != "."]
-        here = ""
+        parent, _, name = rel.strip("/").rpartition("/")
+        if parent and name not in (".", ".."):
+            known = self._dir(parent, rel)
+            if known is not None:  # the parent once, then only the last component
+                return self._resolve(known[0], [name], follow_final, known[1], rel)[:2]
+        return self._resolve("", self._parts(rel), follow_final, 0, rel)[:2]
+
+    @staticmethod
+    def _parts(path: str) -> list[str]:
+        """The components still to walk, last first."""
+        return [p for p in reversed(path.split("/")) if p and p != "."]
+
+    def _dir(self, parent: str, rel: str) -> tuple[str, int] | None:
+        """``parent`` resolved as a directory and the links followed to reach it (they count
+        towards the limit of the whole path), or None when some component is missing."""
+        known = self._dirs.get(parent)
+        if known is None:
+            # from the directory above, itself resolved once: a new directory costs one step
+            up, _, name = parent.rpartition("/")
+            start = self._dir(up, rel) if up and name not in ("", ".", "..") else ("", 0)
+            if start is None:
+                return None
+            todo = [name] if up and name not in ("", ".", "..") else self._parts(parent)
+            here, complete, hops = self._resolve(start[0], todo, True, start[1], rel, as_dir=True)
+            if not complete:
+                return None
+            known = self._dirs[parent] = (here, hops)
+        return known
+
+    def _resolve(
+        self,
+        here: str,
+        todo: list[str],
+        follow_final: bool,
+        hops: int,
+        rel: str,
+        as_dir: bool = False,
+    ) -> tuple[str, bool, int]:
+        """Walk ``todo`` (last first) from ``here``, a resolved prefix that holds no link,
+        ``hops`` links followed before: (resolved, complete, links followed in all).
+        ``as_dir``: the last component is a directory to be walked through later, so it is
+        remembered as no link like every component before it."""
         complete = True
-        hops = 0
         base = self.path if self.path != "/" else ""
         while todo:
             part = todo.pop()
@@ -64,8 +106,8 @@ class HostRoot:
                 here = here.rpartition("/")[0]  # at the root, stays at the root
                 continue
             candidate = f"{here}/{part}" if here else part
-            if todo and candidate in self._plain_dirs:
-                here = candidate
+            if (todo or follow_final) and candidate in self._plain_dirs:
+                here = candidate  # a directory seen before: following it is a no-op
                 continue
             full = f"{base}/{candidate}"
             if not todo and not follow_final:
@@ -77,7 +119,7 @@ class HostRoot:
             except OSError as exc:
                 if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                     complete = False
-                elif exc.errno == errno.EINVAL and todo:
+                elif exc.errno == errno.EINVAL and (todo or as_dir):
                     self._plain_dirs.add(candidate)
                 # EINVAL: not a link; anything else: the open that follows reports it
                 here = candidate
@@ -88,8 +130,8 @@ class HostRoot:
             self._saw_link(candidate, target)
             if target.startswith("/"):
                 here = ""
-            todo.extend(p for p in reversed(target.split("/")) if p and p != ".")
-        return here, complete
+            todo.extend(self._parts(target))
+        return here, complete, hops
 
     def _join(self, contained: str) -> str:
         return self.path + "/" + contained if self.path != "/" else "/" + contained
@@ -103,6 +145,29 @@ class HostRoot:
         root, the final one too unless ``follow_final`` is false (to remove or read a
         link itself). Readers and writers alike use this, never a joined string."""
         return self._join(self._walk(rel, follow_final)[0])
+
+    def _open(self, rel: str) -> int:
+        """``os.open`` of ``rel`` for reading, resolved as :meth:`real` resolves it. When the
+        parent is known, the file is opened with O_NOFOLLOW instead of asking first whether
+        it is a link: only a link fails that way (ELOOP), and it takes the walk."""
+        known = self._known(rel)
+        if known is not None:
+            try:
+                return os.open(known, os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+        return os.open(self.real(rel), os.O_RDONLY)
+
+    def _known(self, rel: str) -> str | None:
+        """The absolute path of ``rel`` with its parent resolved and its last component not
+        followed; None where that does not apply: a parent that is missing, a last component
+        of ``..``, the live root (not walked)."""
+        if self.is_live and not self.walk_live:
+            return None
+        parent, _, name = rel.strip("/").rpartition("/")
+        known = self._dir(parent, rel) if parent and name not in (".", "..") else None
+        return None if known is None else self._join(f"{known[0]}/{name}")
 
     def abs(self, rel: str) -> str:
         """How ``rel`` is named in messages (joined, not resolved: never opened)."""
@@ -134,9 +199,28 @@ class HostRoot:
 
     def isdir(self, rel: str) -> bool:
         try:
+            if self._plain_dir(rel):
+                return True
             return os.path.isdir(self.real(rel))
         except OSError:
             return False
+
+    def _plain_dir(self, rel: str) -> bool:
+        """Whether ``rel`` is a directory and no link, its parent resolved (one lstat, not a
+        readlink and a stat); remembered as resolved, as :meth:`_dir` would."""
+        if self.is_live and not self.walk_live:
+            return False
+        path = rel.strip("/")
+        parent, _, name = path.rpartition("/")
+        known = self._dir(parent, rel) if parent and name not in (".", "..") else None
+        if known is None:
+            return False
+        here = f"{known[0]}/{name}" if known[0] else name
+        if not stat.S_ISDIR(os.lstat(self._join(here)).st_mode):
+            return False
+        self._dirs.setdefault(path, (here, known[1]))
+        self._plain_dirs.add(here)
+        return True
 
     def listdir(self, rel: str) -> list[str]:
         try:
@@ -155,7 +239,7 @@ class HostRoot:
     # -- contents ----------------------------------------------------------
     def read_bytes(self, rel: str, limit: int = 1 << 24) -> bytes | None:
         try:
-            fd = os.open(self.real(rel), os.O_RDONLY)
+            fd = self._open(rel)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except PermissionError:
@@ -203,7 +287,7 @@ class HostRoot:
 
     def readlink(self, rel: str) -> str | None:
         try:
-            return os.readlink(self.real(rel, follow_final=False))
+            return os.readlink(self._known(rel) or self.real(rel, follow_final=False))
         except OSError:
             return None
 

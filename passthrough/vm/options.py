@@ -10,7 +10,6 @@ API, the Ansible module). Every refusal is one line naming the field; nothing is
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -318,6 +317,8 @@ def check_against_host(host: Host, vcpus: int, memory_mib: int, overcommit: bool
 
 
 def unknown_key(key: str, where: str) -> BadVmSpec:
+    import difflib  # only on a mistake
+
     close = difflib.get_close_matches(key, list(BY_KEY), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return BadVmSpec(where, f"unknown option {key!r}{hint}")
