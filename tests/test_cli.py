@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -232,3 +233,30 @@ def test_sample_list_and_bad_description(tmp_path: Path) -> None:
     broken.write_text("pci: [\n")
     r = run("sample", "build", str(broken), str(tmp_path / "out2"))
     assert r.returncode == 2 and "not valid YAML" in r.stderr
+
+
+def _helps(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> dict[str, str]:
+    """--help of the parser and of every subcommand below it, by command path."""
+    out = {" ".join(path): parser.format_help()}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out.update(_helps(sub, (*path, name)))
+    return out
+
+
+def test_a_command_builds_only_its_own_parser_and_says_the_same() -> None:
+    """main() builds the asked command's parser in full and only lists the others (start-up
+    cost): the top-level --help and that command's (with its subcommands) are unchanged."""
+    from passthrough.cli import build_parser
+
+    full = _helps(build_parser())
+    commands = {path.split()[0] for path in full if path}
+    assert {"scan", "vm", "render", "apply", "guest"} <= commands
+    for name in commands:
+        partial = _helps(build_parser(name))
+        assert partial[""] == full[""], name
+        own = {p: h for p, h in full.items() if p.split()[:1] == [name]}
+        assert {p: partial[p] for p in own} == own, name
+    # the others are there to be listed, not built: scan's parser has no render flags
+    assert "--gpu" not in _helps(build_parser("scan"))["render"]

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from passthrough import __version__
 from passthrough.cli import (
@@ -32,7 +33,7 @@ from passthrough.cli import (
     verify,
     vm,
 )
-from passthrough.cli.common import EPILOG, Parser
+from passthrough.cli.common import EPILOG, Parser, Subparsers
 from passthrough.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -49,20 +50,48 @@ COMMANDS = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Unused:
+    """Stands in for the parser of a command that was not asked for: whatever its
+    ``add_parser`` does to it (flags, groups, subcommands) goes nowhere."""
+
+    def __getattr__(self, _name: str) -> Callable[..., _Unused]:
+        return lambda *_a, **_k: self
+
+
+class _OnlyAsked:
+    """Subparsers that build the command asked for in full and only list the others
+    (name and help, as --help and a wrong name's error show them): a command's start-up
+    need not pay for fifteen parsers."""
+
+    def __init__(self, sub: Subparsers, asked: str) -> None:
+        self.sub, self.asked = sub, asked
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        if name == self.asked:
+            return self.sub.add_parser(name, **kwargs)
+        self.sub.add_parser(name, **{k: v for k, v in kwargs.items() if k == "help"})
+        return cast(argparse.ArgumentParser, _Unused())
+
+
+def build_parser(asked: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with ``asked`` (a command's name) only that command's in full."""
     parser = Parser(
         prog="passthrough",
         description="GPU passthrough for KVM hosts: discover a host honestly, then prepare it.",
     )
     parser.add_argument("--version", action="version", version=f"passthrough {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub: Subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    if asked is not None:
+        sub = _OnlyAsked(sub, asked)
     for module in COMMANDS:
         module.add_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    # the first word that is no option names the command (the top level takes no values)
+    parser = build_parser(next((w for w in words if not w.startswith("-")), None))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
