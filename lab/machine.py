@@ -32,6 +32,30 @@ STAND_INS = [
     "-netdev",
     "user,id=n1,restrict=on",
 ]
+BIG_BAR_GIB = 64  # ivshmem-plain's BAR2: a power of two, above OVMF's 32 GiB fallback window
+# The lab host's own 64-bit window, set rather than left to OVMF's guess from TCG's 40 bits:
+# 128 GiB holds the big BAR (SeaBIOS, in stage one, places it by itself).
+LAB_WINDOW_MIB = 128 * 1024
+
+
+def big_bar(work: Path) -> list[str]:
+    """The large-BAR stand-in: QEMU's ivshmem-plain, whose BAR2 (64-bit prefetchable) is a
+    shared memory backend — a sparse file, so 64 GiB costs no RAM or disk — behind its own
+    root port (its own IOMMU group). QEMU's display devices keep their VRAM in anonymous
+    RAM, which Linux refuses to overcommit beyond the machine's memory."""
+    return [
+        "-object",
+        f"memory-backend-file,id=bigbar,size={BIG_BAR_GIB}G,mem-path={work / 'bigbar.mem'},"
+        "share=on",
+        "-device",
+        "pcie-root-port,id=rp2,chassis=2,slot=2,bus=pcie.0,addr=0x7",
+        "-device",
+        "ivshmem-plain,memdev=bigbar,bus=rp2,addr=0x0",
+        "-fw_cfg",
+        f"name=opt/ovmf/X-PciMmio64Mb,string={LAB_WINDOW_MIB}",
+        "-global",
+        f"q35-pcihost.pci-hole64-size={LAB_WINDOW_MIB}M",
+    ]
 
 
 def kvm_works(kernel: Path, timeout: float = 30) -> bool:
@@ -127,6 +151,7 @@ class LabMachine:
             "-device",
             "virtio-net-pci,netdev=n0,bus=pcie.0,addr=0x3",
             *STAND_INS,
+            *big_bar(self.work),
             "-display",
             "none",
             "-serial",
