@@ -13,16 +13,18 @@ import tempfile
 import time
 from pathlib import Path
 
-# A two-function "card" (display + HDA audio on one slot) behind its own PCIe root port, and
-# a second display that shares its IOMMU group with a NIC behind a PCIe-to-PCI bridge (no
-# ACS there): the negative case. The stand-ins have no NVIDIA IDs; tests select by address.
+# A two-function "card" behind its own PCIe root port: a display and a USB controller of
+# one vendor on one slot (QEMU's qxl and qemu-xhci, both Red Hat 1b36 — a card's companion
+# functions share its vendor, as the USB-C controller of a Turing card does); and a second
+# display that shares its IOMMU group with a NIC behind a PCIe-to-PCI bridge (no ACS
+# there): the negative case. The stand-ins have no NVIDIA IDs; tests select by address.
 STAND_INS = [
     "-device",
     "pcie-root-port,id=rp1,chassis=1,slot=1,bus=pcie.0,addr=0x5",
     "-device",
-    "bochs-display,bus=rp1,addr=0x0.0x0,multifunction=on",
+    "qxl,bus=rp1,addr=0x0.0x0,multifunction=on",
     "-device",
-    "ich9-intel-hda,bus=rp1,addr=0x0.0x1",
+    "qemu-xhci,bus=rp1,addr=0x0.0x1",
     "-device",
     "pcie-pci-bridge,id=pb1,bus=pcie.0,addr=0x6",
     "-device",

@@ -2,15 +2,18 @@
 ``init`` prints the guest's own view of its PCI functions (sysfs ``resource`` lines,
 vendor/device/class) and the kernel's BAR messages to the serial port, then powers off.
 
-Everything here is text: the lab host builds the initramfs with the shell command below,
-the lab edits the domain XML that ``passthrough render`` wrote (direct kernel boot, the
-serial port into a file), and reads the capture back with ``parse_capture``.
+The lab host writes the initramfs with this file (``python3 nested.py BUSYBOX OUTPUT``); the
+lab edits the domain XML the library rendered (direct kernel boot, the serial port into a
+file) and reads the capture back with ``parse_capture``.
 """
 
 from __future__ import annotations
 
+import gzip
 import re
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from xml.etree import ElementTree
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
@@ -43,15 +46,28 @@ poweroff -f
 """
 
 
-def initramfs_command(directory: str, output: str) -> str:
-    """Shell, run inside the lab host: the initramfs from busybox-static and INIT."""
-    return (
-        f"rm -rf {directory} && mkdir -p {directory}/bin {directory}/proc {directory}/sys "
-        f"{directory}/dev && cp /bin/busybox {directory}/bin/busybox && "
-        f"cat > {directory}/init <<'LAB_INIT_EOF'\n{INIT}LAB_INIT_EOF\n"
-        f"chmod 755 {directory}/init && cd {directory} && "
-        f"find . | cpio -o -H newc --quiet | gzip -1 > {output}"
-    )
+def _newc(name: str, mode: int, data: bytes, ino: int) -> bytes:
+    """One entry of a cpio "newc" archive, the format the kernel unpacks an initramfs from."""
+    fields = (ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(name) + 1, 0)
+    head = b"070701" + b"".join(b"%08X" % f for f in fields) + name.encode() + b"\0"
+    head += b"\0" * (-len(head) % 4)
+    return head + data + b"\0" * (-len(data) % 4)
+
+
+def initramfs(busybox: bytes) -> bytes:
+    """The nested guest's initramfs (gzip'd newc): busybox-static, INIT, the mount points."""
+    entries = [(d, 0o040755, b"") for d in ("bin", "dev", "proc", "sys")]
+    entries += [("bin/busybox", 0o100755, busybox), ("init", 0o100755, INIT.encode())]
+    archive = b"".join(_newc(n, m, d, i + 1) for i, (n, m, d) in enumerate(entries))
+    archive += _newc("TRAILER!!!", 0, b"", 0)
+    return gzip.compress(archive, compresslevel=1, mtime=0)
+
+
+def main() -> int:
+    """``python3 nested.py BUSYBOX OUTPUT``: how the lab host writes the initramfs."""
+    busybox, output = sys.argv[1:3]
+    Path(output).write_bytes(initramfs(Path(busybox).read_bytes()))
+    return 0
 
 
 def boot_xml(xml: str, kernel: str, initrd: str, serial_log: str) -> str:
@@ -121,14 +137,14 @@ class GuestFunction:
     resources: list[tuple[int, int, int]] = field(default_factory=list)
 
     def bar(self, index: int) -> tuple[int, int] | None:
-        """(start, size) of BAR ``index``; None when the kernel has none there; size 0 when
-        the BAR exists but got no address (the kernel then shows a zero start)."""
+        """(start, size) of BAR ``index``, or None: no BAR there, or one the kernel could not
+        place (it zeroes the whole resource then; its log says which)."""
         if index >= len(self.resources):
             return None
         start, end, flags = self.resources[index]
         if not flags and not start and not end:
             return None
-        return start, (end - start + 1 if start else 0)
+        return start, end - start + 1
 
 
 @dataclass
@@ -161,3 +177,7 @@ def no_space(capture: Capture, address: str) -> list[str]:
     """The kernel's own words about a BAR of ``address`` it could not place."""
     pattern = re.compile(rf"{re.escape(address)}.*(no space|failed to assign)")
     return [line for line in capture.dmesg if pattern.search(line)]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
