@@ -33,6 +33,11 @@ QEMU_HOST_BITS_SINCE = (6, 0)  # -cpu host under KVM turns host-phys-bits on by 
 Q35_LOWMEM = 2 * GIB  # q35 keeps 2 GiB of RAM below 4 GiB once RAM reaches 2.75 GiB
 Q35_LOWMEM_THRESHOLD = 0xB000_0000
 FOUR_GIB = 4 * GIB
+# Room in the 64-bit window for the domain's own devices beside the cards: libvirt puts each
+# virtio device (a 64-bit prefetchable BAR) and the USB controller behind root ports whose
+# windows OVMF places in the same aperture. A window sized exactly to the cards leaves the
+# largest card BAR out — the lab saw it: a 64 GiB BAR in a 64 GiB window, "no space".
+DEVICE_ROOM = GIB
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 X_PCIMMIO64 = "opt/ovmf/X-PciMmio64Mb"
 
@@ -284,9 +289,10 @@ def plan_layout(
     x_mib: int | None = None
     window = own
     ovmf_text = dotted(versions.ovmf)
+    room = need + DEVICE_ROOM  # the cards and the domain's other devices
     if (
         need
-        and need <= own.size
+        and room <= own.size
         and own.end <= limit
         and not (versions.assumed and need > OVMF_FALLBACK)
     ):
@@ -295,7 +301,7 @@ def plan_layout(
             f"{own.base:#x}: enough, no window element"
         )
     elif need:
-        x_mib = max(_pow2_ceil(need), GIB) // MIB
+        x_mib = _pow2_ceil(room) // MIB
         if x_mib > X_PCIMMIO64_MAX_MIB:
             raise LayoutRefused(
                 f"the cards need a {human(need)} 64-bit window; OVMF accepts at most 16 TiB"
@@ -303,12 +309,13 @@ def plan_layout(
         window, limit = firmware_window(bits, cpu_vendor, memory_mib, versions.ovmf, x_mib)
         reason = (
             f"OVMF's own window ({own.how}, {human(own.size)}) is too small"
-            if need > own.size or own.end > limit
+            if room > own.size or own.end > limit
             else f"the firmware's version is {versions.source}, so its own sizing is not relied on"
         )
         say.append(
-            f"{reason}: {X_PCIMMIO64}={x_mib} ({human(x_mib * MIB)}, a power of two: OVMF "
-            "aligns the aperture to it anyway)"
+            f"{reason}: {X_PCIMMIO64}={x_mib} ({human(x_mib * MIB)}: the cards' "
+            f"{human(need)} and {human(DEVICE_ROOM)} for the domain's other devices, to a "
+            "power of two: OVMF aligns the aperture to it anyway)"
         )
     if need and window.end > limit:
         raise LayoutRefused(
@@ -473,14 +480,16 @@ def layout_findings(domain: Any, host: Host, versions: Versions | None = None) -
         if x_mib and window.how == "classic"
         else f"OVMF's {window.how} window"
     )
-    if need > window.size:
+    if need + DEVICE_ROOM > window.size:
         out.append(
             Finding(
                 "mmio-window-too-small",
                 Severity.ERROR,
-                f"the hostdevs' 64-bit BARs need {human(need)} packed, but {how} gives "
-                f"{human(window.size)} ({need} > {window.size} bytes): the guest sees BARs "
-                f"unassigned; set {X_PCIMMIO64} to at least {max(_pow2_ceil(need), GIB) // MIB}",
+                f"the hostdevs' 64-bit BARs need {human(need)} packed and the domain's other "
+                f"devices {human(DEVICE_ROOM)}, but {how} gives {human(window.size)} "
+                f"({need} + {DEVICE_ROOM} > {window.size} bytes): the guest sees BARs "
+                f"unassigned; set {X_PCIMMIO64} to at least "
+                f"{_pow2_ceil(need + DEVICE_ROOM) // MIB}",
                 devices,
             )
         )
