@@ -17,7 +17,9 @@ from pathlib import Path
 # one vendor on one slot (QEMU's qxl and qemu-xhci, both Red Hat 1b36 — a card's companion
 # functions share its vendor, as the USB-C controller of a Turing card does); and a second
 # display that shares its IOMMU group with a NIC behind a PCIe-to-PCI bridge (no ACS
-# there): the negative case. The stand-ins have no NVIDIA IDs; tests select by address.
+# there): the negative case, a second qxl, so the card's display ID is shared and the plan
+# binds per device (driver_override, what the full chain's break edits) rather than by
+# vfio-pci.ids. The stand-ins have no NVIDIA IDs; tests select by address.
 STAND_INS = [
     "-device",
     "pcie-root-port,id=rp1,chassis=1,slot=1,bus=pcie.0,addr=0x5",
@@ -28,7 +30,7 @@ STAND_INS = [
     "-device",
     "pcie-pci-bridge,id=pb1,bus=pcie.0,addr=0x6",
     "-device",
-    "secondary-vga,bus=pb1,addr=0x1",
+    "qxl,bus=pb1,addr=0x1",
     "-device",
     "e1000,bus=pb1,addr=0x2,netdev=n1",
     "-netdev",

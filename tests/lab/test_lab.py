@@ -38,7 +38,7 @@ def _run_lab(tmp_path: Path, *flags: str) -> dict[str, Any]:
         ],
         capture_output=True,
         text=True,
-        timeout=2400,
+        timeout=3600,  # the full chain with both nested boots: 35 min at load 6
         check=False,
     )
     assert r.returncode == 0, r.stderr[-3000:]
