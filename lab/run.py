@@ -21,6 +21,12 @@ Stage one (each stage prints what it does and how long it took):
   guest      `passthrough provision --playbook vm.yml`: the lab host's own libvirt renders,
              validates, defines and starts a guest with the card; its live XML and QEMU's PCI
              list show both functions; the playbook then removes it
+  nested     a guest that boots: the library renders the card and the 64 GiB-BAR stand-in
+             with the address planner's layout; the lab host's kernel and a busybox
+             initramfs boot through OVMF inside it (TCG inside TCG) and print the guest's
+             PCI view; every BAR at full size at the promised addresses, the big one in the
+             planned window — and without the planner's window and bits, the kernel must
+             report that BAR unassigned (lab/nested.py, lab/nested_render.py)
   break      the companion function's override is taken out of the applied udev rule; after a
              reboot `passthrough verify` must fail and name that function
   undo       `passthrough undo`, a reboot: the original files, arguments and drivers
