@@ -23,7 +23,9 @@ PACKAGES = (
     # the lab host's own libvirt + QEMU + OVMF for a nested guest, and the toolkit's
     # Python dependencies from Debian (the library is put on the path, as pip would)
     "dbus,libpam-systemd,libvirt-daemon-system,libvirt-clients,qemu-system-x86,ovmf,python3-libvirt,"
-    "python3-jinja2,python3-lxml,python3-yaml,python3-pyudev,python3-pycdlib"
+    "python3-jinja2,python3-lxml,python3-yaml,python3-pyudev,python3-pycdlib,"
+    # the nested guest's initramfs: one static shell and its applets
+    "busybox-static"
 )
 NETWORK = "[Match]\nName=en* eth*\n\n[Network]\nDHCP=yes\n"
 RECIPE = f"debootstrap --variant=minbase --include={PACKAGES} bookworm {MIRROR}\n{NETWORK}\nrev 3"

@@ -13,25 +13,53 @@ import tempfile
 import time
 from pathlib import Path
 
-# A two-function "card" (display + HDA audio on one slot) behind its own PCIe root port, and
-# a second display that shares its IOMMU group with a NIC behind a PCIe-to-PCI bridge (no
-# ACS there): the negative case. The stand-ins have no NVIDIA IDs; tests select by address.
+# A two-function "card" behind its own PCIe root port: a display and a USB controller of
+# one vendor on one slot (QEMU's qxl and qemu-xhci, both Red Hat 1b36 — a card's companion
+# functions share its vendor, as the USB-C controller of a Turing card does); and a second
+# display that shares its IOMMU group with a NIC behind a PCIe-to-PCI bridge (no ACS
+# there): the negative case, a second qxl, so the card's display ID is shared and the plan
+# binds per device (driver_override, what the full chain's break edits) rather than by
+# vfio-pci.ids. The stand-ins have no NVIDIA IDs; tests select by address.
 STAND_INS = [
     "-device",
     "pcie-root-port,id=rp1,chassis=1,slot=1,bus=pcie.0,addr=0x5",
     "-device",
-    "bochs-display,bus=rp1,addr=0x0.0x0,multifunction=on",
+    "qxl,bus=rp1,addr=0x0.0x0,multifunction=on",
     "-device",
-    "ich9-intel-hda,bus=rp1,addr=0x0.0x1",
+    "qemu-xhci,bus=rp1,addr=0x0.0x1",
     "-device",
     "pcie-pci-bridge,id=pb1,bus=pcie.0,addr=0x6",
     "-device",
-    "secondary-vga,bus=pb1,addr=0x1",
+    "qxl,bus=pb1,addr=0x1",
     "-device",
     "e1000,bus=pb1,addr=0x2,netdev=n1",
     "-netdev",
     "user,id=n1,restrict=on",
 ]
+BIG_BAR_GIB = 64  # ivshmem-plain's BAR2: a power of two, above OVMF's 32 GiB fallback window
+# The lab host's own 64-bit window, set rather than left to OVMF's guess from TCG's 40 bits:
+# 128 GiB holds the big BAR (SeaBIOS, in stage one, places it by itself).
+LAB_WINDOW_MIB = 128 * 1024
+
+
+def big_bar(work: Path) -> list[str]:
+    """The large-BAR stand-in: QEMU's ivshmem-plain, whose BAR2 (64-bit prefetchable) is a
+    shared memory backend — a sparse file, so 64 GiB costs no RAM or disk — behind its own
+    root port (its own IOMMU group). QEMU's display devices keep their VRAM in anonymous
+    RAM, which Linux refuses to overcommit beyond the machine's memory."""
+    return [
+        "-object",
+        f"memory-backend-file,id=bigbar,size={BIG_BAR_GIB}G,mem-path={work / 'bigbar.mem'},"
+        "share=on",
+        "-device",
+        "pcie-root-port,id=rp2,chassis=2,slot=2,bus=pcie.0,addr=0x7",
+        "-device",
+        "ivshmem-plain,memdev=bigbar,bus=rp2,addr=0x0",
+        "-fw_cfg",
+        f"name=opt/ovmf/X-PciMmio64Mb,string={LAB_WINDOW_MIB}",
+        "-global",
+        f"q35-pcihost.pci-hole64-size={LAB_WINDOW_MIB}M",
+    ]
 
 
 def kvm_works(kernel: Path, timeout: float = 30) -> bool:
@@ -127,6 +155,7 @@ class LabMachine:
             "-device",
             "virtio-net-pci,netdev=n0,bus=pcie.0,addr=0x3",
             *STAND_INS,
+            *big_bar(self.work),
             "-display",
             "none",
             "-serial",

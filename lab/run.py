@@ -21,7 +21,13 @@ Stage one (each stage prints what it does and how long it took):
   guest      `passthrough provision --playbook vm.yml`: the lab host's own libvirt renders,
              validates, defines and starts a guest with the card; its live XML and QEMU's PCI
              list show both functions; the playbook then removes it
-  break      the audio function's override is taken out of the applied udev rule; after a
+  nested     a guest that boots: the library renders the card and the 64 GiB-BAR stand-in
+             with the address planner's layout; the lab host's kernel and a busybox
+             initramfs boot through OVMF inside it (TCG inside TCG) and print the guest's
+             PCI view; every BAR at full size at the promised addresses, the big one in the
+             planned window — and without the planner's window and bits, the kernel must
+             report that BAR unassigned (lab/nested.py, lab/nested_render.py)
+  break      the companion function's override is taken out of the applied udev rule; after a
              reboot `passthrough verify` must fail and name that function
   undo       `passthrough undo`, a reboot: the original files, arguments and drivers
 On failure the console log, the Ansible logs and every command's output stay in the
@@ -45,6 +51,7 @@ from xml.etree import ElementTree
 sys.path.insert(0, str(Path(__file__).parent))
 import image
 import machine
+import nested
 
 REPO = Path(__file__).resolve().parents[1]
 CARD = "0000:01:00.0"
@@ -54,7 +61,15 @@ NEGATIVE_PEER = "0000:02:02.0"
 APPEND = "root=/dev/vda rw console=ttyS0 intel_iommu=on iommu=pt"
 SRC = "/opt/passthrough-src"
 GUEST = "lab-guest"
-AUDIO = CARD_FUNCTIONS[1]
+COMPANION = CARD_FUNCTIONS[1]  # the card's second function (a USB controller)
+BIG = "0000:03:00.0"  # the large-BAR stand-in (ivshmem-plain, BAR2 64 GiB)
+NESTED = "lab-nested"
+IMAGES = "/var/lib/libvirt/images"
+NESTED_MIB = 256
+# The break's guest CPU bits: a count OVMF does not trust from any vendor, so it falls back
+# to its 32 GiB window (TCG's "max" CPU says AuthenticAMD, whose 40 bits OVMF does trust).
+BREAK_BITS = 38
+NESTED_TIMEOUT = 1500
 
 
 class LabFailed(Exception):
@@ -73,6 +88,7 @@ class Lab:
         self.accel = "tcg"
         self.baseline = ""
         self._inventory: Path | None = None
+        self.artifact_files: list[Path] = []
 
     def stage(self, name: str, fn: Callable[[], Any]) -> Any:
         self.say(f"[lab] {name} ...")
@@ -327,6 +343,134 @@ class Lab:
             "drivers_after": drivers,
         }
 
+    # -- the nested guest that boots ------------------------------------------------------
+    def nested_prepare(self) -> dict[str, Any]:
+        """Inside the lab host: the nested guest's kernel (the lab host's own) and a busybox
+        initramfs; the domain for the card and the large-BAR stand-in, rendered by the
+        library with the address planner's layout; the host's view of both."""
+        assert self.machine is not None
+        self.machine.copy_to(REPO / "lab", SRC)
+        build = f"python3 {SRC}/lab/nested.py /bin/busybox {IMAGES}/nested-initrd.gz"
+        r = self.sh(f"{build} && cp $(ls /boot/vmlinuz-* | tail -1) {IMAGES}/nested-vmlinuz")
+        if r.returncode != 0:
+            raise LabFailed(f"building the nested guest's initramfs: {r.stderr.strip()[-800:]}")
+        r = self.sh(f"python3 {SRC}/lab/nested_render.py {NESTED} {CARD} {BIG} {NESTED_MIB}")
+        if r.returncode != 0:
+            raise LabFailed(f"rendering the nested guest: {r.stderr.strip()[-800:]}")
+        rendered: dict[str, Any] = json.loads(r.stdout)
+        devices = " ".join(f"/sys/bus/pci/devices/{a}" for a in rendered["addresses"])
+        host_view = self.sh(f"echo {nested.BEGIN}; {nested.dump(devices)}echo {nested.END}").stdout
+        rendered["host"] = nested.parse_capture(host_view)
+        return rendered
+
+    def nested_boot(self, xml: str, tag: str) -> tuple[nested.Capture, list[str], float]:
+        """Define and start the guest from ``xml`` with direct kernel boot and its serial
+        port in a file; wait until its init has powered it off; parse what it printed.
+        Returns the capture, the planner's finding codes on the domain, and the seconds."""
+        log = f"{IMAGES}/{NESTED}-{tag}-serial.log"
+        booted = nested.boot_xml(xml, f"{IMAGES}/nested-vmlinuz", f"{IMAGES}/nested-initrd.gz", log)
+        path = f"/tmp/{NESTED}-{tag}.xml"
+        self.sh(f"cat > {path} <<'LAB_XML_EOF'\n{booted}\nLAB_XML_EOF")
+        (self.work / f"{NESTED}-{tag}.xml").write_text(booted)
+        r = self.sh(f"python3 {SRC}/lab/nested_render.py --check {path}")
+        if r.returncode != 0:
+            raise LabFailed(f"layout check of the {tag} domain: {r.stderr.strip()[-800:]}")
+        codes = [f["code"] for f in json.loads(r.stdout)]
+        virsh = "virsh -c qemu:///system"
+        r = self.sh(f"rm -f {log}; {virsh} define {path} && {virsh} start {NESTED}")
+        if r.returncode != 0:
+            raise LabFailed(f"starting the {tag} nested guest: {r.stderr.strip()[-800:]}")
+        started = time.monotonic()
+        try:
+            while time.monotonic() - started < NESTED_TIMEOUT:
+                state = self.sh(f"{virsh} domstate {NESTED}").stdout.strip()
+                if state != "running":
+                    break
+                time.sleep(5)
+            seconds = time.monotonic() - started
+            text = self.sh(f"cat {log}").stdout
+            (self.work / f"{NESTED}-{tag}-serial.log").write_text(text)
+            self.artifact_files.append(self.work / f"{NESTED}-{tag}-serial.log")
+            self.artifact_files.append(self.work / f"{NESTED}-{tag}.xml")
+            if state == "running":
+                raise LabFailed(
+                    f"the {tag} nested guest still runs after {NESTED_TIMEOUT}s; its serial "
+                    f"log ends: {text[-600:]}"
+                )
+            try:
+                capture = nested.parse_capture(text)
+            except ValueError as exc:
+                qemu_log = self.sh(f"tail -20 /var/log/libvirt/qemu/{NESTED}.log").stdout
+                raise LabFailed(
+                    f"the {tag} nested guest: {exc}; serial: {text[-600:]} qemu: {qemu_log}"
+                ) from None
+        finally:
+            self.sh(f"{virsh} destroy {NESTED}; {virsh} undefine --nvram {NESTED}")
+        return capture, codes, seconds
+
+    def nested_planned(self, rendered: dict[str, Any]) -> dict[str, Any]:
+        """The guest as rendered: every function at the guest address the XML promised,
+        with the host's IDs, every BAR assigned at its full size, the large BAR inside the
+        window the planner chose."""
+        capture, codes, seconds = self.nested_boot(rendered["xml"], "planned")
+        host: nested.Capture = rendered["host"]
+        problems = [f"the planner's own check flags the rendered domain: {codes}"] if codes else []
+        bars: dict[str, dict[str, int]] = {}
+        for host_addr, guest_addr in rendered["addresses"].items():
+            h, g = host.functions[host_addr], capture.functions.get(guest_addr)
+            if g is None:
+                problems.append(f"{host_addr} is not at guest {guest_addr}")
+                continue
+            if (g.vendor, g.device, g.class_code) != (h.vendor, h.device, h.class_code):
+                problems.append(f"guest {guest_addr} is {g.vendor:04x}:{g.device:04x}")
+            for i in range(6):
+                hb, gb = h.bar(i), g.bar(i)
+                if hb is None or hb[1] == 0 or h.resources[i][2] & 0x100:  # IO BARs: no size check
+                    continue
+                if gb is None or gb[1] != hb[1]:
+                    problems.append(f"guest {guest_addr} BAR {i} is {gb}, host size {hb[1]:#x}")
+                else:
+                    bars[f"{guest_addr} BAR {i}"] = {"start": gb[0], "size": gb[1]}
+        window = rendered["layout"]["window"]
+        big = bars.get(f"{rendered['addresses'][BIG]} BAR 2")
+        if big is None:
+            problems.append("the large BAR is not assigned")
+        elif not (
+            window["base"] <= big["start"]
+            and big["start"] + big["size"] <= window["base"] + window["size"]
+        ):
+            problems.append(f"the large BAR {big} lies outside the planned window {window}")
+        if problems:
+            raise LabFailed("; ".join(problems))
+        return {
+            "seconds": seconds,
+            "bars": bars,
+            "big_bar": big,
+            "window": window,
+            "decisions": rendered["layout"]["decisions"],
+            "addresses": rendered["addresses"],
+        }
+
+    def nested_break(self, rendered: dict[str, Any]) -> dict[str, Any]:
+        """The same guest without the planner's window and bits: its kernel must report the
+        large BAR unassigned, and the planner's check must flag the domain."""
+        broken = nested.without_planner(rendered["xml"], BREAK_BITS)
+        capture, codes, seconds = self.nested_boot(broken, "broken")
+        guest_big = rendered["addresses"][BIG]
+        g = capture.functions.get(guest_big)
+        if g is None:
+            raise LabFailed(f"the broken guest has no function at {guest_big}")
+        bar = g.bar(2)
+        said = nested.no_space(capture, guest_big)
+        if bar is not None or not said:
+            raise LabFailed(
+                f"the break was not caught: the guest shows BAR 2 of {guest_big} as {bar}, "
+                f"its kernel said {said}"
+            )
+        if "mmio-window-too-small" not in codes:
+            raise LabFailed(f"the planner's check did not flag the broken domain: {codes}")
+        return {"seconds": seconds, "big_bar": bar, "kernel": said, "codes": codes}
+
     def pci_id(self, address: str) -> str:
         sysfs = f"/sys/bus/pci/devices/{address}"
         vendor, device = self.sh(f"cat {sysfs}/vendor {sysfs}/device").stdout.split()
@@ -341,15 +485,15 @@ class Lab:
         }
 
     def sabotage(self) -> dict[str, Any]:
-        """Break something real: the binding as a plan that forgot the audio function would
+        """Break something real: the binding as a plan that forgot the companion function would
         leave it — its line gone from the udev rule, and the initramfs rebuilt (initramfs-tools
         copies custom udev rules into it, and the rule does its work there). After a reboot
         `passthrough verify` must fail and name that function. Undo removes the rule (what is
         left of it is all ours) and rebuilds the initramfs without it."""
         rule = "/etc/udev/rules.d/40-passthrough-vfio.rules"
-        r = self.sh(f"grep -c 'KERNEL==\"{AUDIO}\"' {rule} && sed -i '/{AUDIO}/d' {rule}")
+        r = self.sh(f"grep -c 'KERNEL==\"{COMPANION}\"' {rule} && sed -i '/{COMPANION}/d' {rule}")
         if r.returncode != 0:
-            raise LabFailed(f"the applied rule has no line for {AUDIO}: {r.stderr.strip()}")
+            raise LabFailed(f"the applied rule has no line for {COMPANION}: {r.stderr.strip()}")
         r = self.sh("update-initramfs -u -k all")
         if r.returncode != 0:
             raise LabFailed(f"update-initramfs: {r.stderr.strip()[-500:]}")
@@ -359,13 +503,15 @@ class Lab:
         data = json.loads(r.stdout) if r.stdout.strip() else {}
         drivers = self.drivers(CARD_FUNCTIONS)
         if r.returncode == 0 or data.get("ok"):
-            raise LabFailed(f"verify passed with the audio override removed (drivers {drivers})")
+            raise LabFailed(
+                f"verify passed with the companion override removed (drivers {drivers})"
+            )
         failed = [
             f"{c['id']}: {c['summary']}" for c in data.get("checks", []) if c["level"] == "FAIL"
         ]
-        named = [f for f in failed if AUDIO in f]
-        if not named or drivers[AUDIO] == "vfio-pci":
-            raise LabFailed(f"verify failed without naming {AUDIO}: {r.stdout[-800:]}")
+        named = [f for f in failed if COMPANION in f]
+        if not named or drivers[COMPANION] == "vfio-pci":
+            raise LabFailed(f"verify failed without naming {COMPANION}: {r.stdout[-800:]}")
         return {"verify_rc": r.returncode, "failures": failed, "drivers": drivers}
 
     def undo(self) -> None:
@@ -426,8 +572,19 @@ class Lab:
             )
             self.stage("verify", self.verify)
             guest = self.stage("guest under the lab host's libvirt (vm.yml)", self.guest)
+            rendered = self.stage(
+                "nested guest: initramfs, render with the planner", self.nested_prepare
+            )
+            planned = self.stage(
+                "nested guest boots (planned layout), its view read",
+                lambda: self.nested_planned(rendered),
+            )
+            unplanned = self.stage(
+                "nested break: no window, 38 bits, BAR unassigned",
+                lambda: self.nested_break(rendered),
+            )
             broken = self.stage(
-                "break: audio override removed, reboot, verify fails", self.sabotage
+                "break: companion override removed, reboot, verify fails", self.sabotage
             )
             self.stage("undo", self.undo)
             self.stage("reboot after undo", self.reboot)
@@ -438,6 +595,8 @@ class Lab:
                 "timings": self.timings,
                 "provision_seconds": host["seconds"],
                 "guest": guest,
+                "nested": planned,
+                "nested_break": unplanned,
                 "break": broken,
                 "drivers_after_undo": drivers,
             }
@@ -466,7 +625,7 @@ class Lab:
             if (self.work / name).exists():
                 shutil.copy(self.work / name, self.artifacts / name)
         (self.artifacts / "commands.log").write_text("\n".join(self.log))
-        for log in self.ansible_logs:
+        for log in [*self.ansible_logs, *self.artifact_files]:
             if log.exists():
                 shutil.copy(log, self.artifacts / log.name)
         self.say(f"[lab] artifacts kept in {self.artifacts}")

@@ -6,6 +6,7 @@ numbers; the planner's decisions for firmware and libvirt versions this machine 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 import subprocess
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from passthrough import fakehost
 from passthrough.cli import main
 from passthrough.host.discover import discover
 from passthrough.host.snapshot import unpack
-from passthrough.model import Host, PciFunction
+from passthrough.model import Bar, Host, PciFunction
 from passthrough.units import GIB, MIB, TIB
 from passthrough.vm.layout import (
     LayoutRefused,
@@ -418,3 +419,15 @@ def test_findings_window_above_the_limit_and_bits_above_the_iommu(
     narrow = discover(str(roots["hgx-iommu39"]))
     doc = (GOLDEN / "vm" / "hgx-8xh100-two-numa.xml").read_bytes()
     assert _codes(doc, narrow) == ["guest-bits-above-iommu"]
+
+
+def test_a_window_is_never_sized_exactly_to_the_cards(roots: dict[str, Path]) -> None:
+    """The lab's nested guest: a single 64 GiB BAR in a 64 GiB window found no space, because
+    the domain's own virtio and USB devices take a share of the same aperture. The window
+    leaves them room (the next power of two above the cards' 64 GiB is 128 GiB)."""
+    h100 = _h100s(discover(str(roots["hgx"])), 1)[0][0]
+    stand_in = dataclasses.replace(h100, bars=(Bar(2, 64 * GIB, False, True, True),))
+    kw: dict[str, Any] = dict(host_bits=40, iommu_bits=39, cpu_vendor="AuthenticAMD")
+    layout = plan_layout([[stand_in]], memory_mib=256, virt_type="qemu", **kw)
+    assert layout.need == 64 * GIB and layout.fwcfg_mib == 128 * 1024
+    assert (layout.window.base, layout.window.end) == (128 * GIB, 256 * GIB)

@@ -100,17 +100,28 @@ def modprobe_conf(ids: list[str], deps: dict[str, str]) -> str:
     return "".join(lines)
 
 
+# After the override is set: a host driver that bound the function first is unbound, then
+# the kernel re-probes it (vfio-pci now). udev's ``$$`` is a literal ``$``; no double quotes
+# inside, which older udev cannot escape.
+REBIND = (
+    "/bin/sh -c 'd=/sys/bus/pci/devices/%k; case $$(readlink $$d/driver) in */vfio-pci) ;; "
+    "?*) echo %k > $$d/driver/unbind ;; esac; echo %k > /sys/bus/pci/drivers_probe'"
+)
+
+
 def udev_rule(functions: list[PciFunction]) -> str:
-    """driver_override per device, set when the device appears, then a re-probe in case the
-    device was left unbound. initramfs-tools copies the rule into the initramfs, where it runs
-    before any GPU or audio driver can load (the lab shows Debian 12 binding the card from the
-    override alone; the probe is then a no-op) — which is why a changed rule rebuilds it."""
+    """driver_override per device, set when the device appears, then the device taken from
+    any driver that got there first and re-probed. initramfs-tools copies the rule into the
+    initramfs, where it usually runs before any GPU or audio driver loads — but not always:
+    the host keeps a device with the same ID (that is why the binding is per device), and
+    its driver's module, loaded for that device, probes ours too if its add event has not
+    reached this rule yet. The lab caught that race (the kept display's qxl took the card's
+    display after a reboot); the unbind closes it. A changed rule rebuilds the initramfs."""
     lines = [HEADER, "# Identical cards are kept by the host, so IDs cannot tell them apart.\n"]
     for f in functions:
         lines.append(
             f'ACTION=="add", SUBSYSTEM=="pci", KERNEL=="{f.address}", '
-            'ATTR{driver_override}="vfio-pci", '
-            "RUN+=\"/bin/sh -c 'echo %k > /sys/bus/pci/drivers_probe'\"\n"
+            f'ATTR{{driver_override}}="vfio-pci", RUN+="{REBIND}"\n'
         )
     return "".join(lines)
 

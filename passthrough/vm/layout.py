@@ -31,6 +31,11 @@ QEMU_HOST_BITS_SINCE = (6, 0)  # -cpu host under KVM turns host-phys-bits on by 
 Q35_LOWMEM = 2 * GIB  # q35 keeps 2 GiB of RAM below 4 GiB once RAM reaches 2.75 GiB
 Q35_LOWMEM_THRESHOLD = 0xB000_0000
 FOUR_GIB = 4 * GIB
+# Room in the 64-bit window for the domain's own devices beside the cards: libvirt puts each
+# virtio device (a 64-bit prefetchable BAR) and the USB controller behind root ports whose
+# windows OVMF places in the same aperture. A window sized exactly to the cards leaves the
+# largest card BAR out — the lab saw it: a 64 GiB BAR in a 64 GiB window, "no space".
+DEVICE_ROOM = GIB
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 X_PCIMMIO64 = "opt/ovmf/X-PciMmio64Mb"
 
@@ -257,9 +262,10 @@ def _window(
     x_mib: int | None = None
     window = own
     ovmf_text = dotted(versions.ovmf)
+    room = need + DEVICE_ROOM  # the cards and the domain's other devices
     if (
         need
-        and need <= own.size
+        and room <= own.size
         and own.end <= limit
         and not (versions.assumed and need > OVMF_FALLBACK)
     ):
@@ -268,7 +274,7 @@ def _window(
             f"{own.base:#x}: enough, no window element"
         )
     elif need:
-        x_mib = max(pow2_ceil(need), GIB) // MIB
+        x_mib = pow2_ceil(room) // MIB
         if x_mib > X_PCIMMIO64_MAX_MIB:
             raise LayoutRefused(
                 f"the cards need a {format_size(need)} 64-bit window; OVMF accepts at most 16 TiB"
@@ -276,12 +282,13 @@ def _window(
         window, limit = firmware_window(bits, cpu_vendor, memory_mib, versions.ovmf, x_mib)
         reason = (
             f"OVMF's own window ({own.how}, {format_size(own.size)}) is too small"
-            if need > own.size or own.end > limit
+            if room > own.size or own.end > limit
             else f"the firmware's version is {versions.source}, so its own sizing is not relied on"
         )
         say.append(
-            f"{reason}: {X_PCIMMIO64}={x_mib} ({format_size(x_mib * MIB)}, a power of two: OVMF "
-            "aligns the aperture to it anyway)"
+            f"{reason}: {X_PCIMMIO64}={x_mib} ({format_size(x_mib * MIB)}: the cards' "
+            f"{format_size(need)} and {format_size(DEVICE_ROOM)} for the domain's other devices, "
+            "to a power of two: OVMF aligns the aperture to it anyway)"
         )
     return window, limit, x_mib
 

@@ -8,6 +8,7 @@ from typing import Any
 from passthrough.model import Finding, Host, PciAddress, PciFunction, Severity
 from passthrough.units import GIB, KIB, MIB, TIB, format_size
 from passthrough.vm.layout import (
+    DEVICE_ROOM,
     QEMU_DEFAULT_PHYS_BITS,
     QEMU_HOST_BITS_SINCE,
     QEMU_NS,
@@ -137,14 +138,16 @@ def layout_findings(domain: Any, host: Host, versions: Versions | None = None) -
         if x_mib and window.how == "classic"
         else f"OVMF's {window.how} window"
     )
-    if need > window.size:
+    if need + DEVICE_ROOM > window.size:
         out.append(
             Finding(
                 "mmio-window-too-small",
                 Severity.ERROR,
-                f"the hostdevs' 64-bit BARs need {format_size(need)} packed, but {how} gives "
-                f"{format_size(window.size)} ({need} > {window.size} bytes): the guest sees BARs "
-                f"unassigned; set {X_PCIMMIO64} to at least {max(pow2_ceil(need), GIB) // MIB}",
+                f"the hostdevs' 64-bit BARs need {format_size(need)} packed and the domain's "
+                f"other devices {format_size(DEVICE_ROOM)}, but {how} gives "
+                f"{format_size(window.size)} ({need} + {DEVICE_ROOM} > {window.size} bytes): "
+                f"the guest sees BARs unassigned; set {X_PCIMMIO64} to at least "
+                f"{pow2_ceil(need + DEVICE_ROOM) // MIB}",
                 devices,
             )
         )
