@@ -64,6 +64,24 @@ def assert_golden(path: Path, got: str, regenerate: bool, what: str) -> None:
         )
 
 
+def tree_hash(root: Path) -> str:
+    """Every path under ``root`` with its content or link target (directories by name): two
+    equal hashes mean nothing under the root was written, removed or relinked."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(dirnames + filenames):
+            p = Path(dirpath) / name
+            h.update(str(p.relative_to(root)).encode() + b"\0")
+            if p.is_symlink():
+                h.update(b"L" + os.readlink(p).encode())
+            elif p.is_file():
+                h.update(b"F" + p.read_bytes())
+    return h.hexdigest()
+
+
 def build_variant(tmp_path: Path, name: str, **overrides: object) -> Path:
     """A sample host with top-level keys of its description replaced."""
     desc = fakehost.load(name)

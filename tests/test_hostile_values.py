@@ -7,9 +7,7 @@ The CLI runs as a subprocess, as a user meets it; the sample hosts are real tree
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +25,7 @@ from passthrough.vm.seed import BadSeed, check_hostname, meta_data
 from passthrough.vm.spec import VmOptions, build_spec
 from passthrough.vm.validate import validate_text
 
-from .conftest import build_variant
+from .conftest import build_variant, tree_hash
 
 PT = [sys.executable, "-m", "passthrough"]
 ED25519 = (
@@ -37,21 +35,6 @@ ED25519 = (
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*PT, *args], capture_output=True, text=True, check=False)
-
-
-def tree_hash(root: Path) -> str:
-    """Every path under ``root`` with its content or link target (directories by name)."""
-    h = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(dirnames + filenames):
-            p = Path(dirpath) / name
-            h.update(str(p.relative_to(root)).encode() + b"\0")
-            if p.is_symlink():
-                h.update(b"L" + os.readlink(p).encode())
-            elif p.is_file():
-                h.update(b"F" + p.read_bytes())
-    return h.hexdigest()
 
 
 def refused(r: subprocess.CompletedProcess[str], field: str) -> None:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ from passthrough.host.root import HostRoot
 from passthrough.plan.actions import plan_json
 from passthrough.plan.build import PlanOptions, make_plan
 
-from .conftest import GOLDEN, assert_golden
+from .conftest import GOLDEN, assert_golden, tree_hash
 
 
 def cloud_dropin(root: Path) -> None:
@@ -84,21 +82,6 @@ CASES: dict[str, tuple[str, dict[str, Any], PlanOptions, Callable[[Path], None]]
 def build(tmp_path: Path, name: str, overrides: dict[str, Any]) -> Path:
     desc = fakehost.load(name)
     return fakehost.build(fakehost.Description({**desc.data, **overrides}, name), tmp_path / "root")
-
-
-def tree_hash(root: Path) -> str:
-    h = hashlib.sha256()
-    for dirpath, dirnames, filenames in sorted(os.walk(root)):
-        dirnames.sort()
-        for name in sorted(filenames + dirnames):
-            p = os.path.join(dirpath, name)
-            h.update(p.encode())
-            if os.path.islink(p):
-                h.update(os.readlink(p).encode())
-            elif os.path.isfile(p):
-                with open(p, "rb") as f:
-                    h.update(f.read())
-    return h.hexdigest()
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

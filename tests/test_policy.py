@@ -28,7 +28,7 @@ from passthrough.plan.build import PlanOptions, make_plan
 from passthrough.plan.kargs import ArgChange
 from passthrough.plan.select import SelectionRefused, select
 
-from .test_plan import tree_hash
+from .conftest import tree_hash
 
 SNAPSHOT = Path(__file__).parent / "fixtures" / "h100-guest-snapshot.tar.gz"
 

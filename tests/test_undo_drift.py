@@ -28,6 +28,7 @@ from passthrough.host.root import HostRoot
 from passthrough.plan.actions import WriteFile
 from passthrough.plan.build import PlanOptions, make_plan
 
+from .conftest import tree_hash
 from .test_apply import changed, snapshot_tree
 from .test_plan import build
 
@@ -36,21 +37,6 @@ MODULES = "etc/initramfs-tools/modules"
 CONF = "etc/modprobe.d/passthrough-vfio.conf"
 DROPIN = "etc/default/grub.d/99-passthrough.cfg"
 BACKUPS = "var/lib/passthrough/backups"
-
-
-def tree_hash(root: Path) -> str:
-    """Every path, link target and byte under root, our own state directory included."""
-    h = hashlib.sha256()
-    for dirpath, dirnames, filenames in sorted(os.walk(root)):
-        dirnames.sort()
-        for name in sorted(filenames + dirnames):
-            p = os.path.join(dirpath, name)
-            h.update(p.encode())
-            if os.path.islink(p):
-                h.update(os.readlink(p).encode())
-            elif os.path.isfile(p):
-                h.update(Path(p).read_bytes())
-    return h.hexdigest()
 
 
 # The machine running the tests: what a root escape would hit first.
