@@ -246,17 +246,39 @@ def _helps(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> dict[
 
 
 def test_a_command_builds_only_its_own_parser_and_says_the_same() -> None:
-    """main() builds the asked command's parser in full and only lists the others (start-up
-    cost): the top-level --help and that command's (with its subcommands) are unchanged."""
-    from passthrough.cli import build_parser
+    """main() builds only the asked command's parser (start-up cost), and that parser, with
+    its subcommands, says exactly what the whole parser says of it."""
+    from passthrough.cli import COMMANDS, build_parser
 
     full = _helps(build_parser())
     commands = {path.split()[0] for path in full if path}
-    assert {"scan", "vm", "render", "apply", "guest"} <= commands
+    assert commands == set(COMMANDS)
     for name in commands:
         partial = _helps(build_parser(name))
-        assert partial[""] == full[""], name
         own = {p: h for p, h in full.items() if p.split()[:1] == [name]}
-        assert {p: partial[p] for p in own} == own, name
-    # the others are there to be listed, not built: scan's parser has no render flags
-    assert "--gpu" not in _helps(build_parser("scan"))["render"]
+        assert {p: h for p, h in partial.items() if p} == own, name
+    # a wrong name, or --help before the command: the whole listing
+    assert _helps(build_parser("scna"))[""] == full[""]
+
+
+def test_scan_imports_only_what_it_needs(hosts: dict[str, Path]) -> None:
+    """The start-up goal in practice: a scan loads no other command's module, and none of
+    the renderer, the validator, YAML, Jinja2, libvirt or ansible-runner."""
+    probe = (
+        "import sys\n"
+        "from passthrough.cli import main\n"
+        f"rc = main(['scan', '--root', {str(hosts['hgx-h100'])!r}, '--json'])\n"
+        "print('\\n'.join(sorted(sys.modules)), file=sys.stderr)\n"
+        "sys.exit(rc)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    loaded = set(r.stderr.split())
+    assert json.loads(r.stdout)["schema"].startswith("passthrough.scan/")
+    assert {m for m in loaded if m.startswith("passthrough.cli.")} == {
+        "passthrough.cli.common",
+        "passthrough.cli.scan",
+    }
+    unwanted = ("passthrough.vm", "passthrough.plan", "passthrough.execute", "jinja2", "yaml")
+    unwanted += ("libvirt", "ansible_runner", "lxml", "shtab", "pyudev")
+    assert not {m for m in loaded if m.split(".")[0] in unwanted or m.startswith(unwanted)}

@@ -1,5 +1,6 @@
-"""Command line: one module per command, each with its parser block and its ``run``; here
-the top-level parser, and the one place errors become exit codes and one-line messages.
+"""Command line: one module per command (``passthrough/cli/<name>.py``, the names in
+COMMANDS), each with its parser block and its ``run``; here the top-level parser, and the
+one place errors become exit codes and one-line messages.
 
 Exit codes: the table in common.EPILOG (and README "Exit codes"), constants in errors.py.
 A command module imports the standard library at the top and the rest inside ``run``, so
@@ -10,29 +11,13 @@ module.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Sequence
+from types import ModuleType
 
 from passthrough import __version__
-from passthrough.cli import (
-    bind,
-    check,
-    completion,
-    guest,
-    plan,
-    provision,
-    render,
-    sample,
-    scan,
-    snapshot,
-    status,
-    undo,
-    validate,
-    verify,
-    vm,
-)
 from passthrough.cli.common import EPILOG, Parser, Subparsers
 from passthrough.errors import (
     EXIT_INTERRUPTED,
@@ -43,34 +28,16 @@ from passthrough.errors import (
     echo,
 )
 
-# in the order --help lists them
+# in the order --help lists them; each is the module passthrough/cli/<name>.py
 COMMANDS = (
-    *(scan, check, snapshot, sample, plan, undo, status, verify, bind, render, validate, vm),
-    *(provision, guest, completion),
+    *("scan", "check", "snapshot", "sample", "plan", "apply", "undo", "status", "verify", "bind"),
+    *("render", "validate", "vm", "provision", "guest", "completion"),
 )
 
 
-class _Unused:
-    """Stands in for the parser of a command that was not asked for: whatever its
-    ``add_parser`` does to it (flags, groups, subcommands) goes nowhere."""
-
-    def __getattr__(self, _name: str) -> Callable[..., _Unused]:
-        return lambda *_a, **_k: self
-
-
-class _OnlyAsked:
-    """Subparsers that build the command asked for in full and only list the others
-    (name and help, as --help and a wrong name's error show them): a command's start-up
-    need not pay for fifteen parsers."""
-
-    def __init__(self, sub: Subparsers, asked: str) -> None:
-        self.sub, self.asked = sub, asked
-
-    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
-        if name == self.asked:
-            return self.sub.add_parser(name, **kwargs)
-        self.sub.add_parser(name, **{k: v for k, v in kwargs.items() if k == "help"})
-        return cast(argparse.ArgumentParser, _Unused())
+def command_module(name: str) -> ModuleType:
+    """The module of one command (imported only when that command is asked for)."""
+    return importlib.import_module(f"passthrough.cli.{name}")
 
 
 def build_parser(asked: str | None = None) -> argparse.ArgumentParser:
@@ -81,17 +48,19 @@ def build_parser(asked: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"passthrough {__version__}")
     sub: Subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    if asked is not None:
-        sub = _OnlyAsked(sub, asked)
-    for module in COMMANDS:
-        module.add_parser(sub)
+    # A command named: only its module is imported and only its parser built (start-up
+    # pays for neither fifteen parsers nor their imports). Otherwise (--help, a wrong
+    # name) all of them, so that the listing and argparse's error name every command.
+    for name in (asked,) if asked in COMMANDS else COMMANDS:
+        command_module(name).add_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    # the first word that is no option names the command (the top level takes no values)
-    parser = build_parser(next((w for w in words if not w.startswith("-")), None))
+    # a command as the first word (before it, only --help or --version could stand, and
+    # they want the whole listing)
+    parser = build_parser(words[0] if words else None)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

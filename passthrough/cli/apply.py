@@ -1,0 +1,52 @@
+"""``passthrough apply``: the planned host changes, made (atomic, backed up, journaled)."""
+
+from __future__ import annotations
+
+import argparse
+
+from passthrough.cli.common import EPILOG, Subparsers, command, dump, progress
+from passthrough.cli.plan import plan_arguments, planned
+from passthrough.errors import EXIT_OK
+
+
+def add_parser(sub: Subparsers) -> None:
+    p = command(
+        sub,
+        "apply",
+        run,
+        help="make the planned changes (atomic, backed up, journaled)",
+        description="Execute the plan: lock, back up each file, journal each step before it, write "
+        "atomically, run the regeneration commands. Stops at the first failure; `undo` restores. "
+        "Re-running on an applied host changes nothing. Under --root, commands run through chroot "
+        "when DIR is a full OS tree (and you are root), and are listed otherwise.",
+        epilog=EPILOG,
+    )
+    plan_arguments(p)
+
+
+def run(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.execute.apply import apply, apply_json, command_mode, listed
+    from passthrough.execute.status import status
+
+    root, plan = planned(args, stack, changing="apply")
+    tx = apply(root, plan, plan.record(), progress=progress(args))
+    # nothing to do here, but commands an earlier apply could only list are still owed
+    owed = [p.argv for p in status(root).pending] if tx is None else []
+    if args.json:
+        dump(apply_json(tx, plan, owed))
+        return EXIT_OK
+    if tx is None:
+        print("Nothing to do: the host already matches the plan.")
+        for argv in owed:
+            print("  still pending (run it inside the root): " + " ".join(argv))
+        return EXIT_OK
+    print(f"Applied {len(tx.steps)} steps (transaction {tx.id}).")
+    if listed(tx):
+        print(
+            f"Not run ({command_mode(root)} mode: --root is not a full OS tree, or not root): "
+            "run them inside it:"
+        )
+        for argv in listed(tx):
+            print("  " + " ".join(argv))
+    print("Reboot, then run `passthrough verify`." if plan.reboot else "No reboot required.")
+    return EXIT_OK
