@@ -78,7 +78,7 @@ def discover(
         problems=tuple(root.problems),
         numa_cpus=facts.read_numa(root),
         memory_mib=facts.read_memory_mib(root),
-        machine=facts.read_machine(root),
+        machine=facts.read_machine(root, functions),
     )
 
 

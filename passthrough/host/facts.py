@@ -4,6 +4,7 @@ cannot live without. Each reader takes the root and reads only below it."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from passthrough.guest.virt import VirtualMachine
 from passthrough.guest.virt import detect as detect_vm
@@ -17,6 +18,7 @@ from passthrough.model import (
     InitramfsKind,
     Iommu,
     Kernel,
+    PciFunction,
 )
 
 # Kernel options that change what passthrough needs.
@@ -303,9 +305,10 @@ def read_numa(root: HostRoot) -> dict[int, tuple[int, ...]]:
     return nodes
 
 
-def read_machine(root: HostRoot) -> VirtualMachine:
-    """Whether the root is a virtual machine (the guest package's detector: one for both)."""
-    return detect_vm(root.read, root.listdir)
+def read_machine(root: HostRoot, functions: Iterable[PciFunction]) -> VirtualMachine:
+    """Whether the root is a virtual machine (the guest package's detector: one for both),
+    from the PCI functions discovery has read already."""
+    return detect_vm(root.read, ((str(f.address), f.vendor_id, f.device_id) for f in functions))
 
 
 def read_dmi(root: HostRoot) -> Dmi:

@@ -32,7 +32,7 @@ from .stack import (
     check_toolkit,
     nvidia_smi,
 )
-from .virt import detect
+from .virt import detect, pci_ids
 
 # Checks that must pass before anything is installed (the guest role's first step).
 HARDWARE_CHECKS = ("gpu-functions", "gpu-bars")
@@ -48,7 +48,7 @@ def run_guest_checks(
     labels: Mapping[str, str] | None = None,
 ) -> GuestReport:
     """Every check; ``node``/``labels``: the Kubernetes node name and the labels expected."""
-    machine = detect(root.read, root.listdir)
+    machine = detect(root.read, pci_ids(root.read, root.listdir))
     gpus = read_gpus(root)
     toolkit = check_toolkit(runner)
     checks = (

@@ -2,12 +2,14 @@
 flag in /proc/cpuinfo, DMI vendor/product, and paravirtual or emulated PCI devices.
 
 Used by host discovery (host checks do not apply inside a guest) and by the guest check.
-It takes two callables rather than a root type so that both root readers can use it.
+It takes a reader and the PCI IDs rather than a root type so that both root readers can
+use it: host discovery passes the IDs of the functions it has already read, the guest check
+reads them with :func:`pci_ids` (one ``uevent`` file each).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 # DMI sys_vendor / product_name fragments that name a hypervisor (lower case).
@@ -44,6 +46,10 @@ class VirtualMachine:
 NOT_A_VM = VirtualMachine(False, None, ())
 
 
+# (address, vendor, device) of one PCI function; None where the root does not say
+PciIds = tuple[str, "int | None", "int | None"]
+
+
 def _hex(text: str | None) -> int | None:
     try:
         return int(text, 16) if text else None
@@ -51,10 +57,25 @@ def _hex(text: str | None) -> int | None:
         return None
 
 
-def detect(
+def pci_ids(
     read: Callable[[str], str | None], listdir: Callable[[str], list[str]]
-) -> VirtualMachine:
-    """``read``/``listdir`` take paths relative to the root (``proc/cpuinfo``)."""
+) -> Iterator[PciIds]:
+    """Every function under ``sys/bus/pci/devices``: its IDs from ``uevent`` (PCI_ID), or
+    from the ``vendor`` and ``device`` files where that line is missing."""
+    for addr in listdir("sys/bus/pci/devices"):
+        base = f"sys/bus/pci/devices/{addr}"
+        for line in (read(f"{base}/uevent") or "").splitlines():
+            if line.startswith("PCI_ID="):
+                vendor, _colon, device = line[len("PCI_ID=") :].partition(":")
+                yield addr, _hex(vendor), _hex(device)
+                break
+        else:
+            yield addr, _hex(read(f"{base}/vendor")), _hex(read(f"{base}/device"))
+
+
+def detect(read: Callable[[str], str | None], devices: Iterable[PciIds]) -> VirtualMachine:
+    """``read`` takes paths relative to the root (``proc/cpuinfo``); ``devices``: the PCI
+    functions' IDs."""
     evidence: list[str] = []
     hypervisor: str | None = None
     for line in (read("proc/cpuinfo") or "").splitlines():
@@ -72,9 +93,7 @@ def detect(
             hypervisor = name
             break
     virtio = 0
-    for addr in listdir("sys/bus/pci/devices"):
-        base = f"sys/bus/pci/devices/{addr}"
-        vendor, device = _hex(read(f"{base}/vendor")), _hex(read(f"{base}/device"))
+    for addr, vendor, device in devices:
         if vendor == VENDOR_VIRTIO:
             virtio += 1
         elif vendor == VENDOR_REDHAT_QEMU:
