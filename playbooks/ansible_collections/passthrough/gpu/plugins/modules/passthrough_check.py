@@ -51,6 +51,7 @@ failures:
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 (Ansible wants DOCUMENTATION first)
+from ansible_collections.passthrough.gpu.plugins.module_utils.package import package_errors  # noqa: E402
 
 
 def main() -> None:
@@ -61,20 +62,14 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
-    try:
+    with package_errors(module):
         from passthrough.analysis.scan import analyse
-        from passthrough.errors import PassthroughError
         from passthrough.execute.verify import verify
         from passthrough.host.discover import discover
         from passthrough.host.root import HostRoot
         from passthrough.model import Level
         from passthrough.output.json import scan_json
-    except ImportError as exc:
-        module.fail_json(
-            msg=f"the passthrough Python package is not installed on the target ({exc})"
-        )
-        return
-    try:
+
         host = discover(module.params["root"])
         if module.params["verify"]:
             results = verify(HostRoot(module.params["root"]), host)
@@ -94,8 +89,6 @@ def main() -> None:
             gpus=gpus,
             failures=[f"{c['id']}: {c['summary']}" for c in failed],
         )
-    except PassthroughError as exc:
-        module.fail_json(msg=str(exc))
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ codes:
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 (Ansible wants DOCUMENTATION first)
+from ansible_collections.passthrough.gpu.plugins.module_utils.package import package_errors  # noqa: E402
 
 
 def main() -> None:
@@ -97,8 +98,7 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
-    try:
-        from passthrough.errors import PassthroughError
+    with package_errors(module):
         from passthrough.execute.apply import apply
         from passthrough.execute.journal import Journal
         from passthrough.execute.undo import undo
@@ -106,13 +106,8 @@ def main() -> None:
         from passthrough.host.root import HostRoot
         from passthrough.plan.actions import RemoveFile, WriteFile, plan_json
         from passthrough.plan.build import PlanOptions, make_plan
-    except ImportError as exc:
-        module.fail_json(
-            msg=f"the passthrough Python package is not installed on the target ({exc})"
-        )
-        return
-    p = module.params
-    try:
+
+        p = module.params
         root = HostRoot(p["root"])
         if p["state"] == "absent":
             pending = Journal.load(root).live()
@@ -158,9 +153,6 @@ def main() -> None:
         result["transaction"] = tx.id if tx else None
         result["commands_not_run"] = [s.argv for s in steps if s.state.value == "listed"]
         module.exit_json(**result)
-    except PassthroughError as exc:
-        # a safety-policy refusal carries its codes (README "Safety policy") for tools
-        module.fail_json(msg=str(exc), codes=list(getattr(exc, "codes", ())))
 
 
 if __name__ == "__main__":

@@ -167,6 +167,7 @@ codes:
 from typing import Any  # noqa: E402 (Ansible wants DOCUMENTATION first)
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.passthrough.gpu.plugins.module_utils.package import package_errors  # noqa: E402
 from ansible_collections.passthrough.gpu.plugins.module_utils.vm_options import (  # noqa: E402
     GUEST_OPTIONS,
 )
@@ -295,24 +296,15 @@ def _run(module: AnsibleModule, conn: Any) -> None:
 def main() -> None:
     spec_args = argument_spec()
     module = AnsibleModule(argument_spec=spec_args, supports_check_mode=True)
-    try:
-        from passthrough.errors import PassthroughError
+    with package_errors(module):
         from passthrough.vm import libvirt_ops as lv
-    except ImportError as exc:
-        module.fail_json(
-            msg=f"the passthrough Python package is not installed on the target ({exc})"
-        )
-        return
-    p = module.params
-    try:
+
+        p = module.params
         conn = lv.connect(p["uri"])
         try:
             _run(module, conn)
         finally:
             conn.close()
-    except PassthroughError as exc:
-        # a safety-policy refusal carries its codes (README "Safety policy") for tools
-        module.fail_json(msg=str(exc), codes=list(getattr(exc, "codes", ())))
 
 
 if __name__ == "__main__":

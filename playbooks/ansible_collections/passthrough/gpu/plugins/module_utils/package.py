@@ -1,0 +1,35 @@
+# Apache-2.0 (see the passthrough project's LICENSE)
+"""What the modules that drive the passthrough package on the target share: how a task
+ends when that package cannot be used there, or refuses.
+
+The modules import the package inside this block, not at the top, so that Ansible (and
+ansible-test) can read their documentation and arguments on a controller without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+
+@contextmanager
+def package_errors(module: Any) -> Iterator[None]:
+    """Run the block; end the task with one line where the passthrough package (or a library
+    it needs, such as libvirt-python) cannot be imported on the target, or where it refuses
+    (a PassthroughError: a safety-policy refusal carries its codes, README "Safety policy").
+    Anything else is a bug and shows as Ansible shows an exception."""
+    try:
+        yield
+    except ImportError as exc:
+        module.fail_json(
+            msg=f"the passthrough Python package is not installed on the target ({exc})"
+        )
+    except Exception as exc:
+        try:
+            from passthrough.errors import PassthroughError
+        except ImportError:
+            raise exc from None
+        if not isinstance(exc, PassthroughError):
+            raise
+        module.fail_json(msg=str(exc), codes=list(getattr(exc, "codes", ())))
