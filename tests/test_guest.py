@@ -110,7 +110,18 @@ def test_scan_of_the_guest_validates_and_a_3d_controller_is_no_display(
     data = json.loads(out)
     assert rc == 0
     jsonschema.validate(data, SCHEMA)
-    assert data["host"]["virtual_machine"]["guest"] is True
+    machine = data["host"]["virtual_machine"]
+    # all three kinds of evidence, the PCI ones from the IDs discovery read (the snapshot
+    # records uevent files, not the separate vendor/device attributes)
+    assert machine == {
+        "guest": True,
+        "hypervisor": None,
+        "evidence": [
+            "CPUID hypervisor flag (/proc/cpuinfo)",
+            "emulated host bridge 8086:0d57 at 0000:00:00.0",
+            "5 virtio PCI functions (1af4:*)",
+        ],
+    }
     (gpu,) = data["gpus"]
     assert gpu["class"] == "0x030200"
     assert not any("only display controller" in w for w in gpu["warnings"])
@@ -146,6 +157,7 @@ def test_guest_check_on_the_h100_capture(capture: Path) -> None:
         "kubernetes": SKIP,
     }
     assert not report.failed and report.machine.guest
+    assert "5 virtio PCI functions (1af4:*)" in report.machine.evidence
     by_id = {c.id: c for c in report.checks}
     assert by_id["gpu-functions"].data == {"addresses": [GPU]}
     assert "10de:2330 (subsystem 10de:16c1)" in by_id["gpu-functions"].summary
@@ -171,6 +183,29 @@ def test_guest_check_cli_on_the_archive(capsys: pytest.CaptureFixture[str]) -> N
     rc, out = _cli(["guest", "check", "--root", str(FIXTURE / "root.tar.gz"), "--json"], capsys)
     levels = {c["id"]: c["level"] for c in json.loads(out)["checks"]}
     assert rc == 0 and levels["kernel-log"] == SKIP and levels["nvidia-smi"] == SKIP
+
+
+def test_snapshot_of_a_guest_carries_what_the_guest_check_reads(
+    capture: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`passthrough snapshot` inside a VM records the guest check's files too (subsystem IDs,
+    driver link, BARs, /proc/driver/nvidia, /dev/nvidia*): `guest check --root` on the
+    snapshot judges exactly as on the full copy of that guest's root."""
+    out = tmp_path / "guest-snapshot.tar.gz"
+    assert main(["snapshot", "--root", str(capture), "-o", str(out)]) == 0
+    capsys.readouterr()
+    argv = ["guest", "check", "--root", str(out), "--commands", str(RECORDED), "--json"]
+    rc, text = _cli(argv, capsys)
+    from_snapshot = json.loads(text)
+    full = _report(capture).to_json()
+    assert rc == 0
+    assert from_snapshot["checks"] == full["checks"] and from_snapshot["gpus"] == full["gpus"]
+    levels = {c["id"]: c["level"] for c in from_snapshot["checks"]}
+    assert levels["gpu-bars"] == levels["driver-bound"] == levels["device-nodes"] == PASS
+    # and it still is the small capture, not the root: no file the checks did not read
+    with tarfile.open(out) as tar:
+        names = tar.getnames()
+    assert len(names) < 400 and not any(n.startswith(("usr/lib", "boot/")) for n in names)
 
 
 def test_guest_check_input_errors_exit_2(
@@ -598,3 +633,28 @@ def test_snapshot_of_a_live_machine_without_pyudev(tmp_path: Path) -> None:
             if m.name.startswith("sys/bus/pci/devices/") and m.name.count("/") == 4
         }
     assert captured == live
+
+
+def test_pci_ids_from_uevent_and_from_the_attribute_files() -> None:
+    """The guest check's own reading of PCI IDs: the uevent line where there is one, the
+    vendor/device files where not (an old snapshot), None for what is missing or not hex."""
+    from passthrough.guest.virt import detect, pci_ids
+
+    base = "sys/bus/pci/devices"
+    files = {
+        f"{base}/0000:00:00.0/uevent": "DRIVER=x\nPCI_ID=8086:29C0\nPCI_CLASS=60000",
+        f"{base}/0000:00:01.0/vendor": "0x1af4",
+        f"{base}/0000:00:01.0/device": "0x1041",
+        f"{base}/0000:00:02.0/vendor": "nonsense",
+    }
+    found = list(pci_ids(files.get, lambda rel: sorted({k.split("/")[4] for k in files})))
+    assert found == [
+        ("0000:00:00.0", 0x8086, 0x29C0),
+        ("0000:00:01.0", 0x1AF4, 0x1041),
+        ("0000:00:02.0", None, None),
+    ]
+    machine = detect({}.get, found)
+    assert machine.guest and machine.evidence == (
+        "emulated host bridge 8086:29c0 at 0000:00:00.0",
+        "1 virtio PCI function (1af4:*)",
+    )

@@ -3,8 +3,9 @@
 A :class:`RecordingRoot` runs the ordinary discovery and remembers every file it read,
 every link it followed and every directory it listed. The snapshot holds those and
 nothing else, so ``passthrough scan --root <unpacked>`` on another machine gives the
-same report. Binary config space is never read, so it is never captured; the full
-pci.ids is replaced by the names the host's scan used.
+same report. Inside a virtual machine it also keeps what ``passthrough guest check`` reads.
+Binary config space is never read, so it is never captured; the full pci.ids is replaced by
+the names the host's scan used.
 """
 
 from __future__ import annotations
@@ -327,4 +328,39 @@ def capture(root_path: str, out_path: str) -> tuple[Host, dict[str, int]]:
     if source is not None:
         # pyudev read the PCI tree behind the recorder's back: read it again through it.
         root_pci_source(recorder[0])
+    if host.machine.guest:
+        _record_guest_check(recorder[0])
     return host, write_snapshot(recorder[0], host, out_path)
+
+
+def _record_guest_check(recorder: RecordingRoot) -> None:
+    """Inside a virtual machine, also what ``passthrough guest check`` reads (subsystem IDs,
+    the driver's /proc files, /dev/nvidia*, runtime and Kubernetes configuration), so that
+    ``guest check --root`` on the snapshot judges the hardware as it does on the guest. The
+    checks run through the recorder with no command and no compute: only files are read."""
+    from passthrough.guest.check import run_guest_checks
+    from passthrough.guest.root import GuestRoot
+
+    class Recorded(GuestRoot):
+        """The guest check's reader, reading through the recorder (contained, recorded)."""
+
+        def __init__(self) -> None:
+            super().__init__(recorder.path)
+            self.is_live = False  # a capture: nothing is run or probed
+
+        def exists(self, rel: str) -> bool:
+            return recorder.exists(rel)
+
+        def isdir(self, rel: str) -> bool:
+            return recorder.isdir(rel)
+
+        def listdir(self, rel: str) -> list[str]:
+            return recorder.listdir(rel)
+
+        def read(self, rel: str) -> str | None:
+            return recorder.read(rel)
+
+        def link_name(self, rel: str) -> str | None:
+            return recorder.link_name(rel)
+
+    run_guest_checks(Recorded(), lambda _argv: None, compute=False)
