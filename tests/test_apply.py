@@ -246,6 +246,16 @@ def test_unwritable_target_gives_one_line_and_undo_restores(
     errors = [line for line in err if line.startswith("passthrough: error:")]
     assert len(errors) == 1 and "grub.d" in errors[0] and "run `passthrough undo`" in errors[0]
     assert all(line.startswith("  · ") for line in err if line not in errors)  # progress lines
+    # status tells what the cut-off apply did: the step that failed wrote nothing
+    assert main(["status", "--root", str(path), "--json"]) == 0
+    (tx,) = json.loads(capsys.readouterr().out)["transactions"]
+    drift = {f["path"]: f["drift"] for f in tx["files"]}
+    assert tx["state"] == "failed"
+    assert drift["etc/default/grub.d/99-passthrough.cfg"] == "not-written"
+    assert main(["status", "--root", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "/etc/default/grub.d/99-passthrough.cfg  [not-written]" in text
+    assert "kernel args (planned; see the files above) +vfio-pci.ids=" in text
     assert main(["undo", "--root", str(path)]) == 0
     assert changed(before, snapshot_tree(path)) == []
 

@@ -235,6 +235,19 @@ def test_sample_list_and_bad_description(tmp_path: Path) -> None:
     assert r.returncode == 2 and "not valid YAML" in r.stderr
 
 
+def test_a_directory_named_like_a_sample_does_not_hide_it(tmp_path: Path) -> None:
+    """`sample build iommu-off iommu-off` (the README's way) leaves a directory of the
+    sample's name: list and build still find the bundled sample; a directory given as a
+    description is refused in one line."""
+    assert run("sample", "build", "iommu-off", "iommu-off", cwd=tmp_path).returncode == 0
+    r = run("sample", "list", "--json", cwd=tmp_path)
+    assert r.returncode == 0 and "iommu-off" in {s["name"] for s in json.loads(r.stdout)}
+    assert run("sample", "build", "iommu-off", "again", cwd=tmp_path).returncode == 0
+    (tmp_path / "descs").mkdir()
+    r = run("sample", "build", "descs", "out", cwd=tmp_path)
+    assert r.returncode == 2 and "descs: not a file" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
 def _helps(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> dict[str, str]:
     """--help of the parser and of every subcommand below it, by command path."""
     out = {" ".join(path): parser.format_help()}

@@ -208,6 +208,21 @@ def test_snapshot_of_a_guest_carries_what_the_guest_check_reads(
     assert len(names) < 400 and not any(n.startswith(("usr/lib", "boot/")) for n in names)
 
 
+def test_guest_check_on_a_host_discovery_snapshot(capsys: pytest.CaptureFixture[str]) -> None:
+    """The capture's snapshot.tar.gz was taken when `snapshot` kept only host discovery's
+    files (uevent, resource, driver link; no vendor files, no /proc/driver, no /dev): the GPU,
+    its BARs and driver are read from those, and what was never recorded is SKIP, not FAIL."""
+    argv = ["guest", "check", "--root", str(FIXTURE / "snapshot.tar.gz"), "--json"]
+    rc, out = _cli(argv, capsys)
+    data = json.loads(out)
+    levels = {c["id"]: c["level"] for c in data["checks"]}
+    assert rc == 0 and data["ok"]
+    assert levels["gpu-functions"] == levels["gpu-bars"] == levels["driver-bound"] == PASS
+    assert levels["driver-version"] == levels["device-nodes"] == SKIP
+    (gpu,) = data["gpus"]
+    assert (gpu["address"], gpu["driver"], gpu["subsystem_id"]) == (GPU, "nvidia", "10de:16c1")
+
+
 def test_guest_check_input_errors_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

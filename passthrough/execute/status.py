@@ -20,7 +20,9 @@ from passthrough.host.root import HostRoot
 class FileStatus:
     path: str
     change: str  # created, modified, removed
-    drift: str  # as-written, changed-since, deleted-since, recreated-since, unknown, undone, superseded
+    # as-written, not-written (the step never wrote), changed-since, deleted-since,
+    # recreated-since, unknown, undone, superseded
+    drift: str
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class Status:
             f.path
             for t in self.transactions
             for f in t.files
-            if f.drift not in ("as-written", "undone", "superseded", "unknown")
+            if f.drift not in ("as-written", "not-written", "undone", "superseded", "unknown")
         ]
 
 
@@ -69,7 +71,7 @@ def _drift(root: HostRoot, step: Step) -> str:
     if now == step.written_sha256:
         return "as-written"
     if step.state is not StepState.DONE and now == step.before_sha256:
-        return "as-written"  # cut off before it wrote: nothing of ours is there
+        return "not-written"  # cut off before it wrote: nothing of ours is there
     if now is None:
         return "deleted-since"
     return "recreated-since" if step.written_sha256 is None else "changed-since"
@@ -137,7 +139,9 @@ def status_text(st: Status) -> str:
             lines.append(f"  {f.change:<9} /{f.path}  [{f.drift}]")
         if t.args_set or t.args_dropped:
             args = " ".join([*(f"+{a}" for a in t.args_set), *(f"-{a}" for a in t.args_dropped)])
-            lines.append(f"  kernel args {args}")
+            # a transaction cut off part-way may not have written the file that carries them
+            planned = " (planned; see the files above)" if t.state in ("running", "failed") else ""
+            lines.append(f"  kernel args{planned} {args}")
     if st.drifted:
         lines.append("")
         lines.append(

@@ -310,13 +310,20 @@ class Description:
 
 
 def load(name_or_path: str) -> Description:
+    """A description file, or a bundled sample by name. A file of that name wins; a
+    directory of that name does not hide the sample (``sample build NAME NAME`` makes one)."""
     path = Path(name_or_path)
-    if not path.exists():
-        candidate = HOSTS_DIR / f"{name_or_path}.yaml"
-        if not candidate.exists():
+    if not path.is_file():
+        sample = HOSTS_DIR / f"{name_or_path}.yaml"
+        if "/" not in name_or_path and sample.is_file():
+            path = sample
+        elif path.exists():
+            raise BadDescription(
+                name_or_path, "not a file (give a YAML description or a sample's name)"
+            )
+        else:
             known = ", ".join(sample_names())
             raise BadDescription(name_or_path, f"no such file or sample host (samples: {known})")
-        path = candidate
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:

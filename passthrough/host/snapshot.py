@@ -20,11 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from passthrough.errors import SnapshotError, echo, quote
+from passthrough.guest.root import SNAPSHOT_META
 from passthrough.host.pciids import PCI_IDS_PATHS, render_subset
 from passthrough.host.root import HostRoot
 from passthrough.model import Host
-
-SNAPSHOT_META = "passthrough-snapshot.json"
 
 
 @dataclass
@@ -148,6 +147,8 @@ def write_snapshot(root: RecordingRoot, host: Host, out_path: str) -> dict[str, 
         "captured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "source_root": host.root,
         "problems": list(host.problems),
+        # inside a VM it also holds what `guest check` reads (see _record_guest_check)
+        "guest_check": host.machine.guest,
     }
     files[SNAPSHOT_META] = (json.dumps(meta, indent=2) + "\n").encode()
     links = {k: v for k, v in seen.links.items() if k not in files}

@@ -19,7 +19,7 @@ from .hardware import (
     driver_loaded,
     read_gpus,
 )
-from .report import GuestReport
+from .report import SKIP, GuestCheck, GuestReport
 from .root import GuestRoot
 from .runner import Runner
 from .stack import (
@@ -51,7 +51,7 @@ def run_guest_checks(
     machine = detect(root.read, pci_ids(root.read, root.listdir))
     gpus = read_gpus(root)
     toolkit = check_toolkit(runner)
-    checks = (
+    checks: tuple[GuestCheck, ...] = (
         check_functions(gpus),
         check_bars(gpus),
         check_driver(gpus),
@@ -65,4 +65,19 @@ def run_guest_checks(
         check_cdi(root, toolkit),
         check_kubernetes(root, runner, gpus, node, labels),
     )
+    if root.host_files_only:
+        checks = tuple(_not_recorded(c) if c.id in NOT_IN_HOST_SNAPSHOTS else c for c in checks)
     return GuestReport(root.path, root.is_live, machine, gpus, checks)
+
+
+# What a snapshot of host discovery's files cannot tell (the files were never recorded).
+NOT_IN_HOST_SNAPSHOTS = ("driver-version", "device-nodes")
+
+
+def _not_recorded(check: GuestCheck) -> GuestCheck:
+    return GuestCheck(
+        check.id,
+        SKIP,
+        "not in this snapshot: it holds only what host discovery reads (an older "
+        "passthrough took it); `passthrough snapshot` inside the guest records it",
+    )

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from .report import FAIL, PASS, SKIP, WARN, GuestBar, GuestCheck, GuestGpu
 from .root import GuestRoot
 from .runner import Runner
+from .virt import hex_pair, uevent
 
 VENDOR_NVIDIA = 0x10DE
 
@@ -49,22 +50,36 @@ def read_gpus(root: GuestRoot) -> tuple[GuestGpu, ...]:
     gpus = []
     for addr in root.listdir("sys/bus/pci/devices"):
         base = f"sys/bus/pci/devices/{addr}"
-        vendor = _hex(root.read(f"{base}/vendor"))
+        # uevent first: one read gives IDs, class and driver, and a snapshot may hold only it
+        event = uevent(root.read, base)
+        vendor, device = (
+            hex_pair(event["PCI_ID"])
+            if "PCI_ID" in event
+            else (_hex(root.read(f"{base}/vendor")), _hex(root.read(f"{base}/device")))
+        )
         if vendor != VENDOR_NVIDIA:
             continue
         sv, sd = (
-            _hex(root.read(f"{base}/subsystem_vendor")),
-            _hex(root.read(f"{base}/subsystem_device")),
+            hex_pair(event["PCI_SUBSYS_ID"])
+            if "PCI_SUBSYS_ID" in event
+            else (
+                _hex(root.read(f"{base}/subsystem_vendor")),
+                _hex(root.read(f"{base}/subsystem_device")),
+            )
         )
+        class_code = _hex(event.get("PCI_CLASS")) or _hex(root.read(f"{base}/class"))
         resource = root.read(f"{base}/resource")
+        driver = root.link_name(f"{base}/driver")
+        if driver is None and root.host_files_only:
+            driver = event.get("DRIVER")  # such a snapshot kept uevent, never the link
         gpus.append(
             GuestGpu(
                 address=addr,
                 vendor_id=vendor,
-                device_id=_hex(root.read(f"{base}/device")) or 0,
+                device_id=device or 0,
                 subsystem=f"{sv:04x}:{sd:04x}" if sv is not None and sd is not None else None,
-                class_code=_hex(root.read(f"{base}/class")) or 0,
-                driver=root.link_name(f"{base}/driver"),
+                class_code=class_code or 0,
+                driver=driver,
                 bars=parse_resource(resource) if resource else (),
                 resource_readable=resource is not None,
             )

@@ -6,14 +6,32 @@ The host side has :class:`passthrough.host.root.HostRoot`; this package cannot i
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
+
+# The metadata file `passthrough snapshot` writes at the top of a capture.
+SNAPSHOT_META = "passthrough-snapshot.json"
 
 
 class GuestRoot:
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
         self.is_live = self.path == "/"
+        # A snapshot that holds only what host discovery reads (taken by an older
+        # passthrough): the driver's /proc files and /dev were never recorded, so their
+        # absence says nothing about the guest.
+        self.host_files_only = self._host_snapshot()
+
+    def _host_snapshot(self) -> bool:
+        if self.is_live:
+            return False
+        try:
+            with open(os.path.join(self.path, SNAPSHOT_META), "rb") as f:
+                meta = json.loads(f.read(1 << 16))
+        except (OSError, ValueError):
+            return False  # no snapshot of ours: a full copy of a root
+        return not (isinstance(meta, dict) and meta.get("guest_check") is True)
 
     def abs(self, rel: str) -> str:
         return os.path.join(self.path, rel.lstrip("/"))

@@ -57,6 +57,22 @@ def _hex(text: str | None) -> int | None:
         return None
 
 
+def uevent(read: Callable[[str], str | None], device: str) -> dict[str, str]:
+    """A device directory's ``uevent`` as KEY=value pairs (none where the root has no file)."""
+    pairs = {}
+    for line in (read(f"{device}/uevent") or "").splitlines():
+        key, equals, value = line.partition("=")
+        if equals:
+            pairs[key] = value
+    return pairs
+
+
+def hex_pair(text: str) -> tuple[int | None, int | None]:
+    """``10DE:2330`` → (0x10de, 0x2330); None for a half that is not hex."""
+    first, _colon, second = text.partition(":")
+    return _hex(first), _hex(second)
+
+
 def pci_ids(
     read: Callable[[str], str | None], listdir: Callable[[str], list[str]]
 ) -> Iterator[PciIds]:
@@ -64,11 +80,9 @@ def pci_ids(
     from the ``vendor`` and ``device`` files where that line is missing."""
     for addr in listdir("sys/bus/pci/devices"):
         base = f"sys/bus/pci/devices/{addr}"
-        for line in (read(f"{base}/uevent") or "").splitlines():
-            if line.startswith("PCI_ID="):
-                vendor, _colon, device = line[len("PCI_ID=") :].partition(":")
-                yield addr, _hex(vendor), _hex(device)
-                break
+        event = uevent(read, base)
+        if "PCI_ID" in event:
+            yield (addr, *hex_pair(event["PCI_ID"]))
         else:
             yield addr, _hex(read(f"{base}/vendor")), _hex(read(f"{base}/device"))
 
