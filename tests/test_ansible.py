@@ -429,3 +429,15 @@ def test_sample_site_play_in_check_mode_counts_the_host_plan(
     assert main(["provision", "-i", inventory, "--sample", "--check", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and report["hosts"]["sample-hgx"]["changed"] == 2, report
+
+
+def test_provision_input_errors_exit_2_before_ansible_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing inventory or an unknown playbook is the user's input (exit 2, one line),
+    not Ansible failing underneath (4)."""
+    assert main(["provision", "-i", str(tmp_path / "nope.yml")]) == 2
+    assert main(["provision", "-i", str(tmp_path), "--playbook", "nope.yml"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2
+    assert "nope.yml: no such file or directory" in err[0] and "no playbook nope.yml" in err[1]

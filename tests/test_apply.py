@@ -422,3 +422,19 @@ def test_fakehost_describes_what_we_edit(tmp_path: Path) -> None:
     grub = (path / "etc/default/grub").read_text()
     assert 'GRUB_CMDLINE_LINUX_DEFAULT="quiet intel_iommu=on iommu=pt"' in grub
     assert fakehost.load("consumer-intel").cmdline.endswith("intel_iommu=on iommu=pt")
+
+
+def test_mkinitcpio_conf_changes_only_its_modules_line(tmp_path: Path) -> None:
+    """The planner edits the MODULES=() line and nothing else: the file's other lines and
+    its final newline come back byte for byte (the file was once read stripped)."""
+    path = build(tmp_path, "turing-desktop", {})
+    conf = path / "etc/mkinitcpio.conf"
+    before = conf.read_bytes()
+    assert before.endswith(b"\n")
+    tx = _apply(path, PlanOptions())
+    assert tx is not None and tx.state is TxState.COMPLETE
+    after = conf.read_bytes()
+    old, new = before.decode().splitlines(True), after.decode().splitlines(True)
+    differing = [(a, b) for a, b in zip(old, new, strict=True) if a != b]
+    assert len(differing) == 1 and differing[0][1].startswith("MODULES=(vfio_pci vfio ")
+    assert after.endswith(b"\n")

@@ -205,7 +205,7 @@ def _mkinitcpio(root: HostRoot, mods: list[str]) -> InitramfsEdits:
         touches=("boot/initramfs-*.img",),
         regenerate=True,
     )
-    conf = root.read("etc/mkinitcpio.conf") or ""
+    conf = utf8_text(root.read_bytes("etc/mkinitcpio.conf"), "/etc/mkinitcpio.conf") or ""
     if "modconf" not in conf:
         notes.append(
             "mkinitcpio.conf has no modconf hook: modprobe.d softdeps will not reach the initramfs"

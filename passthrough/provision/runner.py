@@ -133,10 +133,10 @@ def _preflight(inventory: str, playbook: str) -> tuple[Path, str]:
         raise ProvisionFailed("ansible-playbook not found: install ansible-core")
     books = playbooks_dir()
     if not (books / playbook).exists():
-        raise ProvisionFailed(f"no playbook {playbook} in {books}")
+        raise PassthroughError(f"no playbook {playbook} in {books}")  # input: exit 2
     inv = os.path.abspath(inventory)
     if not os.path.exists(inv):
-        raise ProvisionFailed(f"inventory {inventory}: no such file or directory")
+        raise PassthroughError(f"inventory {inventory}: no such file or directory")
     return books, inv
 
 
