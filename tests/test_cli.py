@@ -295,3 +295,22 @@ def test_scan_imports_only_what_it_needs(hosts: dict[str, Path]) -> None:
     unwanted = ("passthrough.vm", "passthrough.plan", "passthrough.execute", "jinja2", "yaml")
     unwanted += ("libvirt", "ansible_runner", "lxml", "shtab", "pyudev")
     assert not {m for m in loaded if m.split(".")[0] in unwanted or m.startswith(unwanted)}
+
+
+def test_archive_roots_one_folder_deep_and_errors_naming_the_archive(tmp_path: Path) -> None:
+    """A root archived in one folder (`tar czf root.tar.gz root/`) is read like a snapshot;
+    an archive with no root in it, or no archive at all, is named in one line (never the
+    temporary directory it was unpacked to, never a message broken over lines)."""
+    h100 = Path(__file__).parent / "fixtures/h100-guest/root.tar.gz"
+    r = run("scan", "--root", str(h100), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["gpus"][0]["address"] == "0000:00:06.0"
+    empty = tmp_path / "empty.tar.gz"
+    (tmp_path / "x/y").mkdir(parents=True)
+    subprocess.run(["tar", "czf", str(empty), "-C", str(tmp_path / "x"), "."], check=True)
+    bad = tmp_path / "bad.tar.gz"
+    bad.write_bytes(b"not gzip")
+    for archive, why in ((empty, "holds no sys/ or proc/"), (bad, "not a readable snapshot")):
+        r = run("scan", "--root", str(archive))
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert f"{archive}" in r.stderr and why in r.stderr and "\\n" not in r.stderr
+        assert "passthrough-root-" not in r.stderr

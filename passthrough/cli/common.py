@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from passthrough.errors import EXIT_USAGE, ReadOnlyRoot, echo
+from passthrough.errors import EXIT_USAGE, NotAHostRoot, ReadOnlyRoot, echo
 
 EPILOG = """\
 exit codes:
@@ -90,11 +90,20 @@ def open_root(path: str, stack: list[str], changing: str | None = None) -> str:
             raise ReadOnlyRoot(changing, path)
         import tempfile
 
+        from passthrough.guest.root import find_root
         from passthrough.host.snapshot import unpack
 
         tmp = tempfile.mkdtemp(prefix="passthrough-root-")
         stack.append(tmp)
-        return unpack(path, tmp)
+        # a snapshot holds the root at its top; a copy made with tar may hold it in one folder
+        top = find_root(unpack(path, tmp))
+        if not os.path.isdir(os.path.join(top, "sys")) and not os.path.isdir(
+            os.path.join(top, "proc")
+        ):
+            raise NotAHostRoot(
+                path, "the archive holds no sys/ or proc/ (at its top or in one folder)"
+            )
+        return top
     return path
 
 

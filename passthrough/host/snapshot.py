@@ -293,6 +293,11 @@ def _filter_reason(exc: tarfile.FilterError) -> str:
     return type(exc).__name__
 
 
+def _first_line(text: str) -> str:
+    lines = [line.strip(" -") for line in text.splitlines() if line.strip(" -")]
+    return " ".join(lines[:2]) if lines and lines[0].endswith(":") else (lines or [text])[0]
+
+
 def unpack(archive: str, dest: str) -> str:
     """Unpack a snapshot made by :func:`write_snapshot` into ``dest`` (an empty directory).
 
@@ -308,7 +313,8 @@ def unpack(archive: str, dest: str) -> str:
                     tar.extract(check(member, dest), dest, set_attrs=member.isdir())
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise SnapshotError(
-            f"{echo(archive)}: not a readable snapshot ({echo(str(exc))})"
+            # tarfile's message may list each method it tried, one per line: the first says it
+            f"{echo(archive)}: not a readable snapshot ({echo(_first_line(str(exc)))})"
         ) from None
     return dest
 
