@@ -314,3 +314,17 @@ def test_archive_roots_one_folder_deep_and_errors_naming_the_archive(tmp_path: P
         assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
         assert f"{archive}" in r.stderr and why in r.stderr and "\\n" not in r.stderr
         assert "passthrough-root-" not in r.stderr
+
+
+def test_an_unknown_command_gets_the_closest_name_and_the_list() -> None:
+    r = run("scna", "--root", "/")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        "passthrough: error: unknown command 'scna' (did you mean scan?); the commands: "
+        "scan, check, snapshot, sample, plan, apply, undo, status, verify, bind, render, "
+        "validate, vm, provision, guest, completion"
+    ]
+    r = run("common")  # a module of the CLI package, but no command: nothing imported by name
+    assert r.returncode == 2 and "unknown command 'common'" in r.stderr
+    r = run("vm")
+    assert r.returncode == 2 and "(seed, define, start, stop, undefine, status)" in r.stderr

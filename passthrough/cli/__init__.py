@@ -26,6 +26,7 @@ from passthrough.errors import (
     Interrupted,
     PassthroughError,
     echo,
+    quote,
 )
 
 # in the order --help lists them; each is the module passthrough/cli/<name>.py
@@ -38,6 +39,15 @@ COMMANDS = (
 def command_module(name: str) -> ModuleType:
     """The module of one command (imported only when that command is asked for)."""
     return importlib.import_module(f"passthrough.cli.{name}")
+
+
+def unknown_command(word: str) -> str:
+    """One line for a word that names no command: the closest name, then all of them."""
+    import difflib
+
+    close = difflib.get_close_matches(word, COMMANDS, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"unknown command {quote(word)}{hint}; the commands: {', '.join(COMMANDS)}"
 
 
 def build_parser(asked: str | None = None) -> argparse.ArgumentParser:
@@ -60,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     # a command as the first word (before it, only --help or --version could stand, and
     # they want the whole listing)
+    if words and not words[0].startswith("-") and words[0] not in COMMANDS:
+        sys.stderr.write(f"passthrough: error: {unknown_command(words[0])}\n")
+        return EXIT_USAGE
     parser = build_parser(words[0] if words else None)
     args = parser.parse_args(argv)
     if args.command is None:

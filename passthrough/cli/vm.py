@@ -67,7 +67,8 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
 
     action = args.vm_command
     if action is None:
-        raise PassthroughError("vm: an action is needed (define, start, stop, undefine, status)")
+        names = ", ".join(["seed", *(name for name, _help in ACTIONS)])
+        raise PassthroughError(f"vm: an action is needed ({names})")
     if action == "seed":
         return _seed(args)
     uri = args.connect
