@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from passthrough.cli.common import EPILOG, Subparsers, command, dump, progress
+from passthrough.cli.common import CHANGES, EPILOG, Subparsers, command, dump, progress
 from passthrough.cli.plan import plan_arguments, planned
 from passthrough.errors import EXIT_OK
 
@@ -21,7 +21,7 @@ def add_parser(sub: Subparsers) -> None:
         "when DIR is a full OS tree (and you are root), and are listed otherwise.",
         epilog=EPILOG,
     )
-    plan_arguments(p)
+    plan_arguments(p, CHANGES)
 
 
 def run(args: argparse.Namespace, stack: list[str]) -> int:

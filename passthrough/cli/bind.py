@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from passthrough.cli.common import EPILOG, Subparsers, command, common, dump, open_root, progress
+from passthrough.cli.common import (
+    CHANGES,
+    EPILOG,
+    Subparsers,
+    command,
+    common,
+    dump,
+    open_root,
+    progress,
+)
 from passthrough.cli.plan import plan_flags
 from passthrough.errors import EXIT_OK
 
@@ -21,7 +30,7 @@ def add_parser(sub: Subparsers) -> None:
         "reboots.",
         epilog=EPILOG,
     )
-    common(p)
+    common(p, CHANGES)
     plan_flags(p)
     p.add_argument(
         "--timeout",

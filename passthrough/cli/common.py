@@ -63,15 +63,22 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
-def common(p: argparse.ArgumentParser, root: bool = True) -> None:
-    if root:
-        p.add_argument(
-            "--root",
-            default="/",
-            metavar="DIR",
-            help="host root to read: / (live), an unpacked snapshot, a fixture, "
-            "or a snapshot .tar.gz (default: /)",
-        )
+# What --root means, by what the command does with it.
+READS = (
+    "host root to read: / (live), an unpacked snapshot, a fixture, or a snapshot .tar.gz "
+    "(default: /)"
+)
+CHANGES = (
+    "host root to change: / (live) or a mounted image or directory tree; a snapshot .tar.gz "
+    "is refused, it is read-only (default: /)"
+)
+GUEST = "guest root to read: / (inside the guest), an unpacked capture, or a .tar.gz (default: /)"
+
+
+def common(p: argparse.ArgumentParser, root: str | None = READS) -> None:
+    """--root (its help as given; None: no --root), --json, --color, --debug."""
+    if root is not None:
+        p.add_argument("--root", default="/", metavar="DIR", help=root)
     p.add_argument("--json", action="store_true", help="one JSON object on stdout, for machines")
     p.add_argument(
         "--color",

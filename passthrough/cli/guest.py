@@ -10,7 +10,16 @@ import argparse
 import os
 import sys
 
-from passthrough.cli.common import Parser, Subparsers, command, common, dump, examples, open_root
+from passthrough.cli.common import (
+    GUEST,
+    Parser,
+    Subparsers,
+    command,
+    common,
+    dump,
+    examples,
+    open_root,
+)
 from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK, NotAHostRoot, PassthroughError
 
 
@@ -33,7 +42,7 @@ def add_parser(sub: Subparsers) -> None:
             "passthrough guest check --root guest.tar.gz --commands recorded/ --json",
         ),
     )
-    common(check)
+    common(check, GUEST)
     check.add_argument("--no-compute", action="store_true", help="do not run the CUDA vector add")
     check.add_argument(
         "--commands",

@@ -6,6 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from passthrough.cli.common import (
+    READS,
     Subparsers,
     command,
     common,
@@ -60,9 +61,9 @@ def add_parser(sub: Subparsers) -> None:
     plan_arguments(plan)
 
 
-def plan_arguments(p: argparse.ArgumentParser) -> None:
+def plan_arguments(p: argparse.ArgumentParser, root: str = READS) -> None:
     """The flags plan and apply share: the root, the cards, and the kernel's options."""
-    common(p)
+    common(p, root)
     plan_flags(p)
     p.add_argument("--no-iommu-pt", action="store_true", help="do not add iommu=pt")
     p.add_argument(

@@ -45,7 +45,7 @@ def add_parser(sub: Subparsers) -> None:
         action="store_true",
         help="build the bundled sample host for inventory/sample first",
     )
-    common(p, root=False)
+    common(p, root=None)
 
 
 def _extravars(items: list[str]) -> dict[str, str]:

@@ -24,17 +24,17 @@ def add_parser(sub: Subparsers) -> None:
         ),
     )
     actions = p.add_subparsers(dest="sample_command", metavar="ACTION", parser_class=Parser)
-    common(actions.add_parser("list", help="list the sample hosts"), root=False)
+    common(actions.add_parser("list", help="list the sample hosts"), root=None)
     build = actions.add_parser("build", help="build a sample (or a description file) into DIR")
     build.add_argument("name", metavar="NAME|FILE.yaml")
     build.add_argument("dest", metavar="DIR")
-    common(build, root=False)
+    common(build, root=None)
     udev = actions.add_parser(
         "umockdev", help="print a built sample's PCI devices as a umockdev record"
     )
     udev.add_argument("name", metavar="NAME|FILE.yaml")
     udev.add_argument("root", metavar="BUILT_DIR")
-    common(udev, root=False)
+    common(udev, root=None)
 
 
 def run(args: argparse.Namespace, stack: list[str]) -> int:

@@ -16,7 +16,10 @@ def add_parser(sub: Subparsers) -> None:
         help="capture what discovery reads into a .tar.gz",
         description="Capture the attributes, links and the few proc/etc/boot files that discovery "
         "reads (no binary config space) so that `scan --root FILE` elsewhere gives the same report. "
-        "Attach it to bug reports.",
+        "Inside a virtual machine it also keeps what `guest check` reads (the GPU's IDs, BARs and "
+        "driver, /proc/driver/nvidia, the /dev/nvidia* names, runtime and Kubernetes "
+        "configuration), so `guest check --root FILE` judges it the same way. Attach it to bug "
+        "reports.",
         epilog=EPILOG,
     )
     common(p)

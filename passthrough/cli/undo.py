@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from passthrough.cli.common import EPILOG, Subparsers, command, common, dump, open_root, progress
+from passthrough.cli.common import (
+    CHANGES,
+    EPILOG,
+    Subparsers,
+    command,
+    common,
+    dump,
+    open_root,
+    progress,
+)
 from passthrough.errors import EXIT_OK
 
 
@@ -22,7 +31,7 @@ def add_parser(sub: Subparsers) -> None:
         "pending where commands cannot run). A missing backup: the rest is restored, exit 3.",
         epilog=EPILOG,
     )
-    common(p)
+    common(p, CHANGES)
     p.add_argument(
         "--force",
         action="store_true",

@@ -19,7 +19,7 @@ def add_parser(sub: Subparsers) -> None:
         epilog=EXAMPLES + "\n" + EPILOG,
     )
     add_arguments(p)
-    common(p, root=False)
+    common(p, root=None)
 
 
 def run(args: argparse.Namespace, stack: list[str]) -> int:

@@ -27,7 +27,7 @@ def add_parser(sub: Subparsers) -> None:
     seed.add_argument("--user", default="passthrough", help="the guest user Ansible logs in as")
     seed.add_argument("--ssh-key", required=True, metavar="FILE.pub", help="OpenSSH public key(s)")
     seed.add_argument("-o", "--output", required=True, metavar="FILE.iso")
-    common(seed, root=False)
+    common(seed, root=None)
     for action, text in ACTIONS:
         a = actions.add_parser(action, help=text)
         a.add_argument("target", metavar="FILE.xml" if action == "define" else "NAME")
@@ -48,7 +48,7 @@ def add_parser(sub: Subparsers) -> None:
             a.add_argument(
                 "--force", action="store_true", help="destroy instead of a clean shutdown"
             )
-        common(a, root=False)
+        common(a, root=None)
 
 
 def _seed(args: argparse.Namespace) -> int:
