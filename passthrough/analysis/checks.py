@@ -199,7 +199,7 @@ def _gpus(host: Host, verdicts: list[GpuVerdict]) -> CheckResult:
         return CheckResult(
             "gpu-viable",
             Level.PASS,
-            f"{len(viable)} of {len(verdicts)} GPUs can be passed through: "
+            f"{len(viable)} of {len(candidates)} GPUs can be passed through: "
             + ", ".join(str(v.gpu.address) for v in viable),
         )
     if not candidates:
@@ -212,7 +212,8 @@ def _gpus(host: Host, verdicts: list[GpuVerdict]) -> CheckResult:
     return CheckResult(
         "gpu-viable",
         Level.FAIL,
-        f"none of {len(verdicts)} GPUs can be passed through alone",
+        # a BMC's VGA is the host's console, not a GPU anyone would pass through: not counted
+        f"none of {len(candidates)} GPUs can be passed through alone",
         "see `passthrough scan` for the reasons; a slot with its own IOMMU group fixes most",
     )
 
