@@ -673,3 +673,86 @@ def test_pci_ids_from_uevent_and_from_the_attribute_files() -> None:
         "emulated host bridge 8086:29c0 at 0000:00:00.0",
         "1 virtio PCI function (1af4:*)",
     )
+
+
+# -- hostile captures ------------------------------------------------------------------------
+
+
+def _guest_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """The real CLI in its own process, with a limit: a hang is a failure, not a stuck run."""
+    argv = [sys.executable, "-m", "passthrough", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_links_out_of_a_capture_are_followed_inside_it(
+    variant: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """guest check and snapshot resolve a capture's links the way a chroot would: files
+    planted outside (a CDI spec, /dev, cpuinfo) are never read, listed or archived."""
+    root, _commands = variant
+    outside = tmp_path / "outside"
+    (outside / "dev").mkdir(parents=True)
+    (outside / "dev" / "nvidiaSECRET").write_text("")
+    (outside / "spec.yaml").write_text("kind: nvidia.com/gpu\nlibcuda.so.999.1 SECRET\n")
+    (outside / "cpuinfo").write_text("flags : SECRET\n")
+    (root / "etc/cdi").mkdir(parents=True, exist_ok=True)
+    (root / "etc/cdi/nvidia.yaml").symlink_to(outside / "spec.yaml")  # absolute: re-rooted
+    shutil.rmtree(root / "dev")
+    (root / "dev").symlink_to(outside / "dev")
+    (root / "proc/cpuinfo").unlink()
+    (root / "proc/cpuinfo").symlink_to(os.path.relpath(outside / "cpuinfo", root / "proc"))
+    r = _guest_cli("guest", "check", "--root", str(root), "--json")
+    assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr
+    assert "SECRET" not in r.stdout and "999.1" not in r.stdout
+    out = tmp_path / "snap.tar.gz"
+    r = _guest_cli("snapshot", "--root", str(root), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    with tarfile.open(out) as tar:
+        for member in tar.getmembers():
+            assert "SECRET" not in member.name
+            data = tar.extractfile(member) if member.isfile() else None
+            assert data is None or b"SECRET" not in data.read(), member.name
+
+
+def test_fifos_and_a_hostile_snapshot_meta_neither_hang_nor_crash(
+    variant: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A FIFO where a file belongs reads as nothing (no hang, for scan, guest check and
+    snapshot alike); a snapshot metadata file nested past the parser's depth is no snapshot."""
+    root, _commands = variant
+    (root / "etc/docker").mkdir(parents=True, exist_ok=True)
+    os.mkfifo(root / "etc/docker/daemon.json")
+    (root / "proc/driver/nvidia/version").unlink()
+    os.mkfifo(root / "proc/driver/nvidia/version")
+    (root / "passthrough-snapshot.json").write_text("[" * 60000)
+    for args in (
+        ("guest", "check", "--root", str(root), "--json"),
+        ("snapshot", "--root", str(root), "-o", str(tmp_path / "s.tar.gz")),
+        ("scan", "--root", str(root), "--json"),
+    ):
+        r = _guest_cli(*args)
+        assert r.returncode in (0, 1) and "Traceback" not in r.stderr, (args, r.stderr)
+    r = _guest_cli("guest", "check", "--root", str(root), "--json")
+    levels = {c["id"]: c["level"] for c in json.loads(r.stdout)["checks"]}
+    assert levels["driver-version"] == FAIL  # nothing readable there: the check says so
+
+
+def test_planted_names_and_lenient_ids_are_not_taken(variant: tuple[Path, Path]) -> None:
+    """A device entry whose name is no PCI address (here one forging a coloured PASS line)
+    is neither a GPU nor printed raw; an ID that int(x, 16) would take but sysfs never
+    writes (a sign, non-ASCII digits) is no ID."""
+    root, commands = variant
+    devices = root / "sys/bus/pci/devices"
+    forged = "0000:00:07.0\n\x1b[32mPASS  fake"
+    (devices / forged).symlink_to(f"../../../devices/pci0000:00/{GPU}")
+    r = _guest_cli("guest", "check", "--root", str(root), "--commands", str(commands))
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout and "PASS  fake" not in r.stdout.splitlines()
+    assert "1 NVIDIA function:" in r.stdout
+    from passthrough.guest.virt import hex_id, hex_pair
+
+    assert hex_pair("1b36:-1") == (0x1B36, None) and hex_id("٣٣") is None
+    assert hex_id("0x10de") == 0x10DE and hex_id("30200") == 0x30200
+    r = _guest_cli("scan", "--root", str(root), "--json")
+    problems = json.loads(r.stdout)["problems"]
+    assert r.returncode == 0 and any("\\x1b" in p and "not a PCI address" in p for p in problems)

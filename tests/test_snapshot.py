@@ -103,3 +103,12 @@ def test_snapshot_into_missing_directory_fails_cleanly(
         check=False,
     )
     assert r.returncode == 2 and "no such directory" in r.stderr
+    # an existing directory as the output: named as given, no temporary file left behind
+    target = tmp_path / "a-directory"
+    target.mkdir()
+    argv = [*PT, "snapshot", "--root", str(hosts["consumer-intel"]), "-o", str(target)]
+    r = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        f"passthrough: error: snapshot: cannot write {target}: Is a directory"
+    ]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".snapshot-")]

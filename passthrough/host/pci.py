@@ -7,7 +7,8 @@ import posixpath
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from passthrough.errors import MalformedHostData
+from passthrough.errors import MalformedHostData, echo
+from passthrough.guest.virt import HEX, parse_uevent
 from passthrough.host.root import HostRoot
 from passthrough.model import Bar, PciAddress, PciFunction
 from passthrough.pciclass import SUBCLASS_VGA
@@ -59,22 +60,12 @@ def parents_from_path(real: str) -> tuple[PciAddress, ...]:
     return tuple(PciAddress.parse(p) for p in parts[:-1])
 
 
-def _uevent(text: str | None) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in (text or "").splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            out[key] = value
-    return out
-
-
 def hex_field(value: str | None, where: str) -> int | None:
     if value is None or value == "":
         return None
-    try:
-        return int(value, 16)
-    except ValueError:
-        raise MalformedHostData(where, f"expected a hex number, got {value[:40]!r}") from None
+    if not HEX.fullmatch(value):  # int(x, 16) alone takes signs, "_" and non-ASCII digits
+        raise MalformedHostData(where, f"expected a hex number, got {value[:40]!r}")
+    return int(value, 16)
 
 
 def hex_pair(text: str | None, where: str) -> tuple[int, int] | None:
@@ -103,7 +94,7 @@ def _locate(root: HostRoot, name: str) -> tuple[str, dict[str, str]] | None:
     if not root.isdir(real):
         root.problems.append(f"{link}: dangling link to {target}")
         return None
-    return real, _uevent(root.read(f"{real}/uevent"))
+    return real, parse_uevent(root.read(f"{real}/uevent"))
 
 
 def _event_id(event: dict[str, str]) -> tuple[int, int] | None:
@@ -251,7 +242,7 @@ def read_functions(root: HostRoot, namer_factory: NamerFactory | None = None) ->
     located: dict[str, tuple[str, dict[str, str]]] = {}
     for name in root.listdir(PCI_DEVICES):
         if not PciAddress.looks_like(name):
-            root.problems.append(f"{PCI_DEVICES}/{name}: not a PCI address, ignored")
+            root.problems.append(f"{PCI_DEVICES}/{echo(name)}: not a PCI address, ignored")
             continue
         found = _locate(root, name)
         if found is not None:

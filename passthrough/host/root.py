@@ -149,15 +149,17 @@ class HostRoot:
     def _open(self, rel: str) -> int:
         """``os.open`` of ``rel`` for reading, resolved as :meth:`real` resolves it. When the
         parent is known, the file is opened with O_NOFOLLOW instead of asking first whether
-        it is a link: only a link fails that way (ELOOP), and it takes the walk."""
+        it is a link: only a link fails that way (ELOOP), and it takes the walk. Non-blocking:
+        a FIFO planted in a root reads as empty instead of hanging the reader (no effect on
+        regular files, sysfs or /proc)."""
         known = self._known(rel)
         if known is not None:
             try:
-                return os.open(known, os.O_RDONLY | os.O_NOFOLLOW)
+                return os.open(known, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             except OSError as exc:
                 if exc.errno != errno.ELOOP:
                     raise
-        return os.open(self.real(rel), os.O_RDONLY)
+        return os.open(self.real(rel), os.O_RDONLY | os.O_NONBLOCK)
 
     def _known(self, rel: str) -> str | None:
         """The absolute path of ``rel`` with its parent resolved and its last component not

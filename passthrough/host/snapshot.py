@@ -174,6 +174,10 @@ def write_snapshot(root: RecordingRoot, host: Host, out_path: str) -> dict[str, 
             for name in sorted(seen.markers - set(files) - set(links) - written):
                 _add(tar, name, b"")
         os.replace(tmp, out_path)
+    except OSError as exc:
+        os.unlink(tmp)
+        # the error names our temporary file; the user named out_path
+        raise SnapshotError(f"cannot write {echo(out_path)}: {exc.strerror or exc}") from None
     except BaseException:
         os.unlink(tmp)
         raise
@@ -369,5 +373,8 @@ def _record_guest_check(recorder: RecordingRoot) -> None:
 
         def link_name(self, rel: str) -> str | None:
             return recorder.link_name(rel)
+
+        def real(self, rel: str, follow_final: bool = True) -> str:
+            return recorder.real(rel, follow_final)
 
     run_guest_checks(Recorded(), lambda _argv: None, compute=False)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from .report import FAIL, PASS, SKIP, WARN, GuestBar, GuestCheck, GuestGpu
 from .root import GuestRoot
 from .runner import Runner
-from .virt import hex_pair, uevent
+from .virt import PCI_NAME, hex_id, hex_pair, uevent
 
 VENDOR_NVIDIA = 0x10DE
 
@@ -21,13 +21,6 @@ BAR_FIX = (
 )
 
 # -- reading -----------------------------------------------------------------------------
-
-
-def _hex(text: str | None) -> int | None:
-    try:
-        return int(text, 16) if text else None
-    except ValueError:
-        return None
 
 
 def parse_resource(text: str) -> tuple[GuestBar, ...]:
@@ -49,13 +42,15 @@ def parse_resource(text: str) -> tuple[GuestBar, ...]:
 def read_gpus(root: GuestRoot) -> tuple[GuestGpu, ...]:
     gpus = []
     for addr in root.listdir("sys/bus/pci/devices"):
+        if not PCI_NAME.fullmatch(addr):
+            continue  # not what the kernel names a function (a planted entry)
         base = f"sys/bus/pci/devices/{addr}"
         # uevent first: one read gives IDs, class and driver, and a snapshot may hold only it
         event = uevent(root.read, base)
         vendor, device = (
             hex_pair(event["PCI_ID"])
             if "PCI_ID" in event
-            else (_hex(root.read(f"{base}/vendor")), _hex(root.read(f"{base}/device")))
+            else (hex_id(root.read(f"{base}/vendor")), hex_id(root.read(f"{base}/device")))
         )
         if vendor != VENDOR_NVIDIA:
             continue
@@ -63,11 +58,11 @@ def read_gpus(root: GuestRoot) -> tuple[GuestGpu, ...]:
             hex_pair(event["PCI_SUBSYS_ID"])
             if "PCI_SUBSYS_ID" in event
             else (
-                _hex(root.read(f"{base}/subsystem_vendor")),
-                _hex(root.read(f"{base}/subsystem_device")),
+                hex_id(root.read(f"{base}/subsystem_vendor")),
+                hex_id(root.read(f"{base}/subsystem_device")),
             )
         )
-        class_code = _hex(event.get("PCI_CLASS")) or _hex(root.read(f"{base}/class"))
+        class_code = hex_id(event.get("PCI_CLASS")) or hex_id(root.read(f"{base}/class"))
         resource = root.read(f"{base}/resource")
         driver = root.link_name(f"{base}/driver")
         if driver is None and root.host_files_only:

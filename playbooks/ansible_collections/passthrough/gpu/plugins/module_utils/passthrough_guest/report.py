@@ -116,12 +116,19 @@ class GuestReport:
         }
 
 
+def shown(text: str) -> str:
+    """A text that came from the root (file names, file contents) as one printable line:
+    control characters escaped, so a planted name cannot forge a line or a colour."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
 def render(report: GuestReport, paint: Callable[[str, str], str] = lambda t, _s: t) -> str:
     """Text for people; ``paint(text, level)`` colours the level column."""
     m = report.machine
     lines = [
         (
-            f"virtual machine ({m.hypervisor or 'hypervisor not named'}): {'; '.join(m.evidence)}"
+            f"virtual machine ({m.hypervisor or 'hypervisor not named'}): "
+            + shown("; ".join(m.evidence))
             if m.guest
             else "no sign of a virtual machine: this looks like bare metal"
         ),
@@ -129,9 +136,9 @@ def render(report: GuestReport, paint: Callable[[str, str], str] = lambda t, _s:
     ]
     width = max(len(c.id) for c in report.checks)
     for c in report.checks:
-        lines.append(f"{paint(f'{c.level:4}', c.level)}  {c.id:<{width}}  {c.summary}")
+        lines.append(f"{paint(f'{c.level:4}', c.level)}  {c.id:<{width}}  {shown(c.summary)}")
         if c.fix and c.level in (FAIL, WARN):
-            lines.append(f"      {'':<{width}}  fix: {c.fix}")
+            lines.append(f"      {'':<{width}}  fix: {shown(c.fix)}")
     counts = {lvl: sum(c.level == lvl for c in report.checks) for lvl in LEVELS}
     lines += [
         "",

@@ -1,17 +1,25 @@
 """A minimal reader of a guest root (``/`` or an unpacked capture), standard library only.
 
 The host side has :class:`passthrough.host.root.HostRoot`; this package cannot import it
-(it is shipped alone to guests as Ansible module_utils), so it carries the few reads it needs.
+(it is shipped alone to guests as Ansible module_utils), so it carries the few reads it needs,
+contained the same way: under a root other than ``/`` every path is resolved one component
+at a time, an absolute link target starting again at the root and ``..`` stopping there, so
+a capture's links can never make the check read the checking machine's own files. Files are
+opened non-blocking (a FIFO planted in a capture reads as empty instead of hanging).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import posixpath
+import stat
 
 # The metadata file `passthrough snapshot` writes at the top of a capture.
 SNAPSHOT_META = "passthrough-snapshot.json"
+MAX_LINK_HOPS = 40  # the kernel's own limit (ELOOP)
+READ_LIMIT = 1 << 22
 
 
 class GuestRoot:
@@ -26,44 +34,96 @@ class GuestRoot:
     def _host_snapshot(self) -> bool:
         if self.is_live:
             return False
+        text = self.read(SNAPSHOT_META)
         try:
-            with open(os.path.join(self.path, SNAPSHOT_META), "rb") as f:
-                meta = json.loads(f.read(1 << 16))
-        except (OSError, ValueError):
-            return False  # no snapshot of ours: a full copy of a root
+            meta = json.loads(text) if text else None
+        except (ValueError, RecursionError):
+            meta = None
+        if meta is None:
+            return False  # no snapshot of ours (or not one we can read): a full root copy
         return not (isinstance(meta, dict) and meta.get("guest_check") is True)
 
+    def real(self, rel: str, follow_final: bool = True) -> str:
+        """The path to open for ``rel``, resolved inside the root (see the module)."""
+        if self.is_live:
+            return "/" + rel.lstrip("/")
+        todo = [p for p in reversed(rel.split("/")) if p and p != "."]
+        here: list[str] = []
+        hops = 0
+        while todo:
+            part = todo.pop()
+            if part == "..":
+                if here:
+                    here.pop()
+                continue
+            if todo or follow_final:
+                try:
+                    target = os.readlink(os.path.join(self.path, *here, part))
+                except OSError:
+                    here.append(part)  # no link (or nothing there: the open will say)
+                    continue
+                hops += 1
+                if hops > MAX_LINK_HOPS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), rel)
+                if target.startswith("/"):
+                    here = []
+                todo.extend(p for p in reversed(target.split("/")) if p and p != ".")
+                continue
+            here.append(part)
+        return os.path.join(self.path, *here)
+
     def abs(self, rel: str) -> str:
+        """How ``rel`` is named in messages (joined, not resolved)."""
         return os.path.join(self.path, rel.lstrip("/"))
 
     def exists(self, rel: str) -> bool:
-        return os.path.lexists(self.abs(rel))
+        try:
+            return os.path.lexists(self.real(rel, follow_final=False))
+        except OSError:
+            return False
 
     def isdir(self, rel: str) -> bool:
-        return os.path.isdir(self.abs(rel))
+        try:
+            return os.path.isdir(self.real(rel))
+        except OSError:
+            return False
 
     def listdir(self, rel: str) -> list[str]:
         try:
-            return sorted(os.listdir(self.abs(rel)))
+            return sorted(os.listdir(self.real(rel)))
         except OSError:
             return []
 
     def read(self, rel: str) -> str | None:
         try:
-            with open(self.abs(rel), "rb") as f:
-                return f.read(1 << 22).decode("utf-8", "replace").strip()
+            fd = os.open(self.real(rel), os.O_RDONLY | os.O_NONBLOCK)
         except OSError:
             return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None  # a FIFO, device or socket planted where a file belongs
+            chunks, size = [], 0
+            while size < READ_LIMIT:
+                chunk = os.read(fd, READ_LIMIT - size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            return b"".join(chunks).decode("utf-8", "replace").strip()
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
 
     def mtime(self, rel: str) -> float | None:
         try:
-            return os.stat(self.abs(rel)).st_mtime
+            return os.stat(self.real(rel)).st_mtime
         except OSError:
             return None
 
     def link_name(self, rel: str) -> str | None:
         try:
-            return posixpath.basename(os.readlink(self.abs(rel)).rstrip("/"))
+            return posixpath.basename(os.readlink(self.real(rel, follow_final=False)).rstrip("/"))
         except OSError:
             return None
 

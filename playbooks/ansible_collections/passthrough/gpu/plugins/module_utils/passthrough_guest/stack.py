@@ -4,7 +4,6 @@ NVIDIA container toolkit, CDI specs and the Kubernetes node. Standard library on
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import xml.etree.ElementTree as ET
@@ -212,7 +211,7 @@ def check_cdi(root: GuestRoot, toolkit: GuestCheck) -> GuestCheck:
             if not name.endswith((".yaml", ".yml", ".json")):
                 continue
             text = root.read(f"{d}/{name}") or ""
-            real = os.path.realpath(root.abs(f"{d}/{name}"))
+            real = root.real(f"{d}/{name}")  # resolved inside the root
             if real in seen_real:
                 continue  # /var/run is often a link to /run
             seen_real.add(real)

@@ -9,6 +9,7 @@ reads them with :func:`pci_ids` (one ``uevent`` file each).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -50,27 +51,36 @@ NOT_A_VM = VirtualMachine(False, None, ())
 PciIds = tuple[str, "int | None", "int | None"]
 
 
-def _hex(text: str | None) -> int | None:
-    try:
-        return int(text, 16) if text else None
-    except ValueError:
-        return None
+# An ID as sysfs and uevent write it (``0x10de``, ``10DE``): ASCII hex digits only, where
+# int(x, 16) alone would also take signs, underscores, spaces and non-ASCII digits.
+HEX = re.compile(r"(?:0x)?[0-9A-Fa-f]{1,8}")
+# A function's name under sys/bus/pci/devices (domain:bus:device.function).
+PCI_NAME = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
 
-def uevent(read: Callable[[str], str | None], device: str) -> dict[str, str]:
-    """A device directory's ``uevent`` as KEY=value pairs (none where the root has no file)."""
+def hex_id(text: str | None) -> int | None:
+    return int(text, 16) if text and HEX.fullmatch(text) else None
+
+
+def parse_uevent(text: str | None) -> dict[str, str]:
+    """A ``uevent`` file's KEY=value lines as a mapping."""
     pairs = {}
-    for line in (read(f"{device}/uevent") or "").splitlines():
+    for line in (text or "").splitlines():
         key, equals, value = line.partition("=")
         if equals:
             pairs[key] = value
     return pairs
 
 
+def uevent(read: Callable[[str], str | None], device: str) -> dict[str, str]:
+    """A device directory's ``uevent`` (empty where the root has no file)."""
+    return parse_uevent(read(f"{device}/uevent"))
+
+
 def hex_pair(text: str) -> tuple[int | None, int | None]:
     """``10DE:2330`` → (0x10de, 0x2330); None for a half that is not hex."""
     first, _colon, second = text.partition(":")
-    return _hex(first), _hex(second)
+    return hex_id(first), hex_id(second)
 
 
 def pci_ids(
@@ -79,12 +89,14 @@ def pci_ids(
     """Every function under ``sys/bus/pci/devices``: its IDs from ``uevent`` (PCI_ID), or
     from the ``vendor`` and ``device`` files where that line is missing."""
     for addr in listdir("sys/bus/pci/devices"):
+        if not PCI_NAME.fullmatch(addr):
+            continue  # not what the kernel names a function: nothing to read there
         base = f"sys/bus/pci/devices/{addr}"
         event = uevent(read, base)
         if "PCI_ID" in event:
             yield (addr, *hex_pair(event["PCI_ID"]))
         else:
-            yield addr, _hex(read(f"{base}/vendor")), _hex(read(f"{base}/device"))
+            yield addr, hex_id(read(f"{base}/vendor")), hex_id(read(f"{base}/device"))
 
 
 def detect(read: Callable[[str], str | None], devices: Iterable[PciIds]) -> VirtualMachine:
