@@ -431,3 +431,13 @@ def test_a_window_is_never_sized_exactly_to_the_cards(roots: dict[str, Path]) ->
     layout = plan_layout([[stand_in]], memory_mib=256, virt_type="qemu", **kw)
     assert layout.need == 64 * GIB and layout.fwcfg_mib == 128 * 1024
     assert (layout.window.base, layout.window.end) == (128 * GIB, 256 * GIB)
+
+
+def test_which_versions_are_assumed() -> None:
+    """The layout says when the OVMF it reasons about is the default standing in, and only
+    then (the other tools' versions may be the ones missing)."""
+
+    assert DEFAULT_VERSIONS.is_assumed("ovmf") and DEFAULT_VERSIONS.is_assumed("qemu")
+    partly = Versions((9, 0), (7, 2), (2022, 11), "dpkg status; assumed (Debian 12): libvirt", True)
+    assert partly.is_assumed("libvirt") and not partly.is_assumed("ovmf")
+    assert not KNOWN_DEBIAN12.is_assumed("ovmf")

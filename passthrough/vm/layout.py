@@ -269,8 +269,13 @@ def _window(
         and own.end <= limit
         and not (versions.assumed and need > OVMF_FALLBACK)
     ):
+        # an OVMF version taken for granted is said to be one (the root's packages did not tell)
+        assumed = (
+            " (assumed: the root's packages do not say)" if versions.is_assumed("ovmf") else ""
+        )
+        which = f"OVMF {ovmf_text}{assumed}"
         say.append(
-            f"OVMF {ovmf_text} sizes its own {own.how} window of {format_size(own.size)} at "
+            f"{which} sizes its own {own.how} window of {format_size(own.size)} at "
             f"{own.base:#x}: enough, no window element"
         )
     elif need:

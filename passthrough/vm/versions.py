@@ -28,6 +28,13 @@ class Versions:
     source: str = "given"
     assumed: bool = False  # True when one of them was not found and a default stands in
 
+    def is_assumed(self, name: str) -> bool:
+        """Whether ``name``'s version (libvirt, qemu, ovmf) is the default standing in."""
+        if not self.assumed:
+            return False
+        listed = self.source.partition(ASSUMED)[2].lstrip(": ")
+        return not listed or name in listed.split(", ")
+
     def as_json(self) -> dict[str, Any]:
         return {
             "libvirt": dotted(self.libvirt),
@@ -39,7 +46,8 @@ class Versions:
 
 
 # Debian 12, what this project's CI runs: the default when the host root does not say.
-DEFAULT_VERSIONS = Versions((9, 0), (7, 2), (2022, 11), "assumed (Debian 12)", True)
+ASSUMED = "assumed (Debian 12)"
+DEFAULT_VERSIONS = Versions((9, 0), (7, 2), (2022, 11), ASSUMED, True)
 
 _DPKG = {
     "libvirt": ("libvirt-daemon", "libvirt0"),
@@ -105,7 +113,7 @@ def read_versions(root: str) -> Versions:
             source = f"{source} + tools" if source else "virsh/qemu --version"
     missing = [k for k in ("libvirt", "qemu", "ovmf") if k not in found]
     if missing:
-        source = (source + "; " if source else "") + "assumed (Debian 12): " + ", ".join(missing)
+        source = (source + "; " if source else "") + f"{ASSUMED}: " + ", ".join(missing)
     return Versions(
         libvirt=found.get("libvirt", DEFAULT_VERSIONS.libvirt),
         qemu=found.get("qemu", DEFAULT_VERSIONS.qemu),
