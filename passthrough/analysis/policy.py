@@ -299,6 +299,9 @@ def card_findings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostInde
     found = selection_findings(host, (f.address for f in gpu.functions), True, index)
     if any(f.code == BMC_VGA for f in found):
         return [f for f in found if f.severity is ERROR]
+    if host.machine.guest and not host.groups:
+        # a guest's own GPU cannot be passed on: what passing it on would need is no advice
+        return found
     found.sort(key=lambda f: f.severity is not ERROR)  # stable: refusals first
 
     def warn(code: str, message: str, severity: Severity = WARNING) -> None:
