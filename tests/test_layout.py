@@ -361,7 +361,8 @@ def test_versions_from_a_dpkg_database(tmp_path: Path) -> None:
         "Package: ovmf\nStatus: deinstall ok config-files\nVersion: 2020.11-2\n"
     )
     v = read_versions(str(tmp_path))
-    assert (v.libvirt, v.qemu, v.ovmf, v.assumed) == ((9, 0), (7, 2), (2022, 11), True)
+    assert (v.libvirt, v.qemu, v.ovmf) == ((9, 0), (7, 2), (2022, 11))
+    assert v.assumed == ("ovmf",)  # only the removed package's version stands in
     assert "ovmf" in v.source  # removed package: its version is not believed
 
 
@@ -438,6 +439,8 @@ def test_which_versions_are_assumed() -> None:
     then (the other tools' versions may be the ones missing)."""
 
     assert DEFAULT_VERSIONS.is_assumed("ovmf") and DEFAULT_VERSIONS.is_assumed("qemu")
-    partly = Versions((9, 0), (7, 2), (2022, 11), "dpkg status; assumed (Debian 12): libvirt", True)
+    partly = Versions(
+        (9, 0), (7, 2), (2022, 11), "dpkg status; assumed (Debian 12): libvirt", ("libvirt",)
+    )
     assert partly.is_assumed("libvirt") and not partly.is_assumed("ovmf")
     assert not KNOWN_DEBIAN12.is_assumed("ovmf")

@@ -26,14 +26,11 @@ class Versions:
     qemu: tuple[int, int]
     ovmf: tuple[int, int]
     source: str = "given"
-    assumed: bool = False  # True when one of them was not found and a default stands in
+    # the names (libvirt, qemu, ovmf) whose version was not found: a default stands in
+    assumed: tuple[str, ...] = ()
 
     def is_assumed(self, name: str) -> bool:
-        """Whether ``name``'s version (libvirt, qemu, ovmf) is the default standing in."""
-        if not self.assumed:
-            return False
-        listed = self.source.partition(ASSUMED)[2].lstrip(": ")
-        return not listed or name in listed.split(", ")
+        return name in self.assumed
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -41,13 +38,13 @@ class Versions:
             "qemu": dotted(self.qemu),
             "ovmf": dotted(self.ovmf),
             "source": self.source,
-            "assumed": self.assumed,
+            "assumed": bool(self.assumed),
         }
 
 
 # Debian 12, what this project's CI runs: the default when the host root does not say.
 ASSUMED = "assumed (Debian 12)"
-DEFAULT_VERSIONS = Versions((9, 0), (7, 2), (2022, 11), ASSUMED, True)
+DEFAULT_VERSIONS = Versions((9, 0), (7, 2), (2022, 11), ASSUMED, ("libvirt", "qemu", "ovmf"))
 
 _DPKG = {
     "libvirt": ("libvirt-daemon", "libvirt0"),
@@ -119,5 +116,5 @@ def read_versions(root: str) -> Versions:
         qemu=found.get("qemu", DEFAULT_VERSIONS.qemu),
         ovmf=found.get("ovmf", DEFAULT_VERSIONS.ovmf),
         source=source,
-        assumed=bool(missing),
+        assumed=tuple(missing),
     )
