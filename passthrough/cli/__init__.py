@@ -11,6 +11,7 @@ module.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -66,7 +67,20 @@ def build_parser(asked: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def tolerant_output() -> None:
+    """A terminal or pipe whose encoding cannot hold a character (PYTHONIOENCODING=ascii,
+    LANG=C on an old system) gets an escape for it instead of a traceback halfway through
+    the output."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            # a stream already closed, or not a text wrapper: left as it is
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    tolerant_output()
     words = list(sys.argv[1:] if argv is None else argv)
     # a command as the first word (before it, only --help or --version could stand, and
     # they want the whole listing)

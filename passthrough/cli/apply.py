@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from passthrough.cli.common import CHANGES, EPILOG, Subparsers, command, dump, progress
+from passthrough.cli.common import (
+    CHANGES,
+    EPILOG,
+    Subparsers,
+    command,
+    confirm,
+    dump,
+    progress,
+    yes_flag,
+)
 from passthrough.cli.plan import plan_arguments, planned
 from passthrough.errors import EXIT_OK
 
@@ -22,13 +31,17 @@ def add_parser(sub: Subparsers) -> None:
         epilog=EPILOG,
     )
     plan_arguments(p, CHANGES)
+    yes_flag(p)
 
 
 def run(args: argparse.Namespace, stack: list[str]) -> int:
     from passthrough.execute.apply import apply, apply_json, command_mode, listed
     from passthrough.execute.status import status
+    from passthrough.plan.actions import plan_text
 
     root, plan = planned(args, stack, changing="apply")
+    if not plan.empty:
+        confirm(args, "apply", lambda: plan_text(plan, root))
     tx = apply(root, plan, plan.record(), progress=progress(args))
     # nothing to do here, but commands an earlier apply could only list are still owed
     owed = [p.argv for p in status(root).pending] if tx is None else []

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from passthrough.errors import EXIT_USAGE, NotAHostRoot, ReadOnlyRoot, echo
+from passthrough.errors import EXIT_USAGE, NotAHostRoot, NotConfirmed, ReadOnlyRoot, echo
 
 EPILOG = """\
 exit codes:
@@ -37,6 +37,8 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("epilog", EPILOG)
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        # `--allow` must not quietly mean --allow-boot-gpu: every flag is spelled in full
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> Any:
@@ -87,6 +89,38 @@ def common(p: argparse.ArgumentParser, root: str | None = READS) -> None:
         help="colour output (default: auto; NO_COLOR honoured)",
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+
+
+def yes_flag(p: argparse.ArgumentParser) -> None:
+    """--yes: for the commands that change the live host."""
+    p.add_argument(
+        "-y",
+        "--yes",
+        action="store_true",
+        help="on the live host (--root /), go ahead without asking; required when stdin is "
+        "not a terminal (scripts, CI, ssh without a tty). Other roots are never asked about",
+    )
+
+
+def is_live(root: str) -> bool:
+    """Whether ``root`` is this machine's own /."""
+    return os.path.realpath(root) == "/"
+
+
+def confirm(args: argparse.Namespace, command: str, show: Callable[[], str]) -> None:
+    """A change to the live host is shown and confirmed first: on a terminal the person
+    is asked; without one, ``--yes`` must say so. Other roots (images, fixtures) are not
+    asked about: nothing there boots this machine."""
+    if getattr(args, "yes", False) or not is_live(args.root):
+        return
+    if not sys.stdin.isatty():
+        raise NotConfirmed(command, "stdin is not a terminal to ask on; add --yes to go ahead")
+    sys.stderr.write(show().rstrip("\n") + "\n")
+    sys.stderr.write(f"{command} these changes on this host? [y/N] ")
+    sys.stderr.flush()
+    answer = sys.stdin.readline().strip().lower()
+    if answer not in ("y", "yes"):
+        raise NotConfirmed(command, "not confirmed")
 
 
 def open_root(path: str, stack: list[str], changing: str | None = None) -> str:

@@ -8,6 +8,7 @@ from typing import TextIO
 
 from passthrough.analysis.checks import guest_without_iommu
 from passthrough.analysis.scan import Scan
+from passthrough.errors import count
 from passthrough.model import CheckResult, GpuVerdict, Level, PciAddress, PciFunction, Severity
 from passthrough.pciclass import CLASS_WORDS
 from passthrough.units import format_size
@@ -64,7 +65,7 @@ def render_checks(checks: list[CheckResult], paint: Painter) -> str:
     passes = len(checks) - fails - warns - skips
     lines.append("")
     lines.append(
-        f"{passes} passed, {warns} warnings, {fails} failed"
+        f"{passes} passed, {count(warns, 'warning')}, {fails} failed"
         + (f", {skips} not applicable" if skips else "")
     )
     return "\n".join(lines)
