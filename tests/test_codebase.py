@@ -100,3 +100,35 @@ def test_function_size(path: Path) -> None:
     assert allowed <= set(long), f"allowed but now short, drop: {sorted(allowed - set(long))}"
     over = {k: n for k, n in long.items() if k not in FUNCTION_ALLOW}
     assert not over, f"functions over {MAX_FUNCTION_LINES} lines: {over}"
+
+
+# -- one version, one licence ------------------------------------------------------------
+
+
+def test_the_version_is_set_in_one_place() -> None:
+    """passthrough/__init__.py holds it; the wheel takes it from there (pyproject's dynamic
+    version) and the collection's galaxy.yml, which Ansible reads as plain YAML, must agree."""
+    import tomllib
+
+    import yaml
+
+    from passthrough import __version__
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "version" not in project["project"]
+    assert project["project"]["dynamic"] == ["version"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "passthrough.__version__"
+    }
+    galaxy = yaml.safe_load(
+        (REPO / "playbooks/ansible_collections/passthrough/gpu/galaxy.yml").read_text()
+    )
+    assert galaxy["version"] == __version__
+
+
+def test_the_licence_the_metadata_names_is_shipped() -> None:
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    assert (REPO / "LICENSE").read_text().lstrip().startswith("Apache License")
