@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-# Documented exit codes (README "Exit codes"): one meaning each.
+# Documented exit codes (README "Exit codes", docs/cli.md): one meaning each.
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1  # a check / verify / validate found problems
 EXIT_USAGE = 2  # usage, input or a refusal: nothing was changed

@@ -4,7 +4,7 @@
 #                                 (check + scan) on a bundled sample host
 #   bash scripts/setup.sh test   install what the test suite needs, then run all of it
 #   bash scripts/setup.sh lab    install what the lab needs, then run its whole chain on a
-#                                 real kernel under QEMU (as root; README "The lab")
+#                                 real kernel under QEMU (as root; docs/lab.md)
 # Safe to re-run: apt and pip skip what is already there.
 set -euo pipefail
 

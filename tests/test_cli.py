@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -449,3 +450,39 @@ def test_apply_undo_bind_ask_before_changing_the_live_host(
     if argv[0] != "bind":  # bind goes on to sysfs writes a sample cannot take
         assert main([*argv, "--root", str(root), "--yes"]) == 0
         assert tree_hash(root) != before
+
+
+# -- man pages: generated from the parsers, kept equal to them ----------------------------
+
+
+def test_man_pages_are_the_parsers_and_format_cleanly(regenerate: bool, tmp_path: Path) -> None:
+    from passthrough.cli import COMMANDS
+    from passthrough.cli.manpage import pages, write
+
+    man = Path(__file__).resolve().parents[1] / "docs" / "man"
+    if regenerate:
+        write(man)
+    got = pages()
+    assert set(got) == {"passthrough.1", *(f"passthrough-{c}.1" for c in COMMANDS)}
+    for name, text in got.items():
+        committed = man / name
+        assert committed.exists(), f"{name} missing: pytest --regenerate-golden writes docs/man"
+        assert committed.read_text() == text, f"{name} differs from the parser: --regenerate-golden"
+    written = write(tmp_path)
+    for path in written:
+        r = subprocess.run(
+            ["groff", "-man", "-Tutf8", "-ww", "-z", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert r.returncode == 0 and r.stderr == "", (path.name, r.stderr)
+    apply = subprocess.run(
+        ["man", "-l", str(tmp_path / "passthrough-apply.1")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MANWIDTH": "100"},
+        check=False,
+    ).stdout
+    plain = re.sub(".\b", "", apply).replace("‐", "-")  # no overstrike, no hyphen glyphs
+    assert "-y, --yes" in plain and "exit codes:" in plain

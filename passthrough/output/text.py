@@ -170,7 +170,7 @@ def render_gpus(scan: Scan, paint: Painter) -> str:
             f"      group {groups} · numa {numa} · driver {p.driver or '-'} · ids {','.join(v.gpu.vfio_ids)}"
             + (f" · {bars}" if bars else "")
         )
-        # refusals first, then warnings; the code is what README "Safety policy" lists
+        # refusals first, then warnings; the code is what docs/discovery.md "Safety policy" lists
         for f in v.findings:
             mark = paint("✘", "red") if f.severity is Severity.ERROR else paint("!", "yellow")
             lines.append(f"      {mark} {f.message} {paint(f'[{f.code}]', 'dim')}")

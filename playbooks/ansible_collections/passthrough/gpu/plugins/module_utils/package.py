@@ -17,7 +17,7 @@ from typing import Any
 def package_errors(module: Any) -> Iterator[None]:
     """Run the block; end the task with one line where the passthrough package (or a library
     it needs, such as libvirt-python) cannot be imported on the target, or where it refuses
-    (a PassthroughError: a safety-policy refusal carries its codes, README "Safety policy").
+    (a PassthroughError: a safety-policy refusal carries its codes, docs/discovery.md "Safety policy").
     Anything else is a bug and shows as Ansible shows an exception."""
     try:
         yield

@@ -75,7 +75,7 @@ plan:
   returned: when state is present
   type: dict
 codes:
-  description: "on a safety-policy refusal, its codes (README \"Safety policy\")"
+  description: "on a safety-policy refusal, its codes (docs/discovery.md \"Safety policy\")"
   returned: failure
   type: list
   elements: str

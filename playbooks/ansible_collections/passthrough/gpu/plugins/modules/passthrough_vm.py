@@ -158,7 +158,7 @@ warnings_list:
   type: list
   elements: str
 codes:
-  description: "on a safety-policy refusal, its codes (README \"Safety policy\")"
+  description: "on a safety-policy refusal, its codes (docs/discovery.md \"Safety policy\")"
   returned: failure
   type: list
   elements: str
