@@ -14,7 +14,7 @@ from passthrough.cli.common import (
     progress,
     yes_flag,
 )
-from passthrough.cli.plan import plan_arguments, planned
+from passthrough.cli.plan import owed, plan_arguments, planned
 from passthrough.errors import EXIT_OK
 
 
@@ -36,7 +36,6 @@ def add_parser(sub: Subparsers) -> None:
 
 def run(args: argparse.Namespace, stack: list[str]) -> int:
     from passthrough.execute.apply import apply, apply_json, command_mode, listed
-    from passthrough.execute.status import status
     from passthrough.plan.actions import plan_text
 
     root, plan = planned(args, stack, changing="apply")
@@ -44,13 +43,13 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
         confirm(args, "apply", lambda: plan_text(plan, root))
     tx = apply(root, plan, plan.record(), progress=progress(args))
     # nothing to do here, but commands an earlier apply could only list are still owed
-    owed = [p.argv for p in status(root).pending] if tx is None else []
+    still = owed(root) if tx is None else []
     if args.json:
-        dump(apply_json(tx, plan, owed))
+        dump(apply_json(tx, plan, still))
         return EXIT_OK
     if tx is None:
         print("Nothing to do: the host already matches the plan.")
-        for argv in owed:
+        for argv in still:
             print("  still pending (run it inside the root): " + " ".join(argv))
         return EXIT_OK
     print(f"Applied {len(tx.steps)} steps (transaction {tx.id}).")

@@ -95,12 +95,27 @@ def planned(
     return root, plan
 
 
+def owed(root: HostRoot) -> list[list[str]]:
+    """Commands an earlier apply could only list (or that failed) and that are still owed:
+    plan, apply and status name the same ones."""
+    from passthrough.execute.status import status
+
+    return [p.argv for p in status(root).pending]
+
+
 def run(args: argparse.Namespace, stack: list[str]) -> int:
+    import shlex
+
     from passthrough.plan.actions import plan_json, plan_text
 
     root, plan = planned(args, stack)
+    pending = owed(root)
     if args.json:
-        dump(plan_json(plan, root))
-    else:
-        print(plan_text(plan, root))
+        dump({**plan_json(plan, root), "pending": pending})
+        return EXIT_OK
+    print(plan_text(plan, root))
+    if pending:
+        print("\nStill pending from an earlier apply (run it inside the root, or `apply` again):")
+        for argv in pending:
+            print("  " + shlex.join(argv))
     return EXIT_OK
