@@ -11,7 +11,7 @@ import pytest
 
 from passthrough.cli import main
 
-from .conftest import bind_to_vfio
+from .conftest import bind_to_vfio, tree_hash
 
 
 @pytest.fixture
@@ -67,3 +67,51 @@ def test_verify_names_what_did_not_come_from_us(
     assert checks["vfio 0000:01:00.0"]["summary"] == "10de:2684 bound to vfio-pci"
     assert checks["vfio 0000:00:14.0"]["summary"].endswith("bound to vfio-pci (not by passthrough)")
     assert "origin" not in checks
+
+
+def _plan(root: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> dict[str, object]:
+    assert main(["plan", "--root", str(root), "--json", *flags]) == 0
+    out: dict[str, object] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def _cards(plan: dict[str, object]) -> list[str]:
+    return [c["address"] for c in plan["cards"]]  # type: ignore[attr-defined,index]
+
+
+def test_a_second_plan_keeps_the_cards_an_earlier_apply_bound(
+    hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "hgx"
+    shutil.copytree(hosts["hgx-h100"], root, symlinks=True)
+    assert main(["apply", "--root", str(root), "--gpu", "18:00.0"]) == 0
+    capsys.readouterr()
+    plan = _plan(root, capsys, "--gpu", "0000:19:00.0")
+    assert _cards(plan) == ["0000:19:00.0", "0000:18:00.0"]
+    assert any("0000:18:00.0: kept from the earlier apply" in n for n in plan["notes"])  # type: ignore[attr-defined]
+    # a plain plan after an apply means the same cards again, not every viable one
+    assert _cards(_plan(root, capsys)) == ["0000:18:00.0"]
+    plan = _plan(root, capsys, "--gpu", "19:00.0", "--release", "18:00.0")
+    assert _cards(plan) == ["0000:19:00.0"]
+    assert any("released" in n for n in plan["notes"])  # type: ignore[attr-defined]
+    before = tree_hash(root)
+    assert main(["plan", "--root", str(root), "--release", "18:00.0"]) == 2
+    assert "that is `passthrough undo`" in capsys.readouterr().err
+    assert main(["plan", "--root", str(root), "--release", "1b:00.0"]) == 2
+    assert "not a card an earlier apply bound (0000:18:00.0)" in capsys.readouterr().err
+    assert tree_hash(root) == before
+
+
+def test_an_iommu_only_plan_on_a_host_whose_iommu_is_off(
+    hosts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = hosts["iommu-off"]
+    plan = _plan(root, capsys, "--iommu-only")
+    assert _cards(plan) == [] and plan["functions"] == []
+    written = [a["path"] for a in plan["actions"] if a["kind"] == "write"]  # type: ignore[attr-defined,index]
+    # the bootloader's file only: nothing for vfio-pci, no initramfs
+    assert written and all(p.startswith("/etc/default/grub") for p in written), written
+    assert plan["kernel_args"]["set"] == ["intel_iommu=on", "iommu=pt"]  # type: ignore[index]
+    assert plan["notes"] == ["IOMMU only: no card is bound"]
+    assert main(["plan", "--root", str(root), "--iommu-only", "--gpu", "01:00.0"]) == 2
+    assert "leave out --gpu" in capsys.readouterr().err
