@@ -115,3 +115,13 @@ def test_an_iommu_only_plan_on_a_host_whose_iommu_is_off(
     assert plan["notes"] == ["IOMMU only: no card is bound"]
     assert main(["plan", "--root", str(root), "--iommu-only", "--gpu", "01:00.0"]) == 2
     assert "leave out --gpu" in capsys.readouterr().err
+
+
+def test_udev_yes_on_another_root_refuses_rather_than_mix_machines(
+    hosts: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("UMOCKDEV_DIR", raising=False)
+    assert main(["scan", "--root", str(hosts["consumer-intel"]), "--udev", "yes"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "udev enumerates this machine's devices" in err
+    assert main(["scan", "--root", str(hosts["consumer-intel"]), "--json"]) == 0  # auto: sysfs

@@ -40,7 +40,8 @@ def add_parser(sub: Subparsers) -> None:
         "--udev",
         choices=("auto", "yes", "no"),
         default="auto",
-        help="enumerate PCI through pyudev (names from the hwdb); auto: on the live root only",
+        help="enumerate PCI through pyudev (names from the hwdb); auto: on the live root only; "
+        "yes: refused on any other root (udev knows this machine, not the root)",
     )
 
 
