@@ -45,7 +45,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
     # nothing to do here, but commands an earlier apply could only list are still owed
     still = owed(root) if tx is None else []
     if args.json:
-        dump(apply_json(tx, plan, still))
+        dump(apply_json(tx, plan, still), "apply")
         return EXIT_OK
     if tx is None:
         print("Nothing to do: the host already matches the plan.")

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
         HostRoot(root_path), host, sel.functions, args.timeout, progress=progress(args)
     )
     if args.json:
-        dump({"bound": bound, "functions": [str(f.address) for f in sel.functions]})
+        dump({"bound": bound, "functions": [str(f.address) for f in sel.functions]}, "bind")
     elif bound:
         print(
             f"Bound to vfio-pci: {', '.join(bound)} "

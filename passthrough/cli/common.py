@@ -148,10 +148,13 @@ def open_root(path: str, stack: list[str], changing: str | None = None) -> str:
     return path
 
 
-def dump(obj: object) -> None:
+def dump(obj: dict[str, Any], schema: str) -> None:
+    """``--json`` output: one object whose ``schema`` key names its JSON Schema,
+    ``passthrough.NAME/v1`` (passthrough/schemas/NAME-v1.schema.json)."""
+    out = {"schema": f"passthrough.{schema}/v1", **{k: v for k, v in obj.items() if k != "schema"}}
     # Pretty for a person at a terminal; compact (and much faster) into a pipe or file.
     indent = 2 if sys.stdout.isatty() else None
-    sys.stdout.write(json.dumps(obj, indent=indent) + "\n")
+    sys.stdout.write(json.dumps(out, indent=indent) + "\n")
 
 
 def progress(args: argparse.Namespace, prefix: str = "  · ") -> Callable[[str], None]:

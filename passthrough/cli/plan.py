@@ -169,7 +169,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
     root, plan = planned(args, stack)
     pending = owed(root)
     if args.json:
-        dump({**plan_json(plan, root), "pending": pending})
+        dump({**plan_json(plan, root), "pending": pending}, "plan")
         return EXIT_OK
     print(plan_text(plan, root))
     if pending:

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
         env=env,
     )
     if args.json:
-        dump(result.to_json())
+        dump(result.to_json(), "provision")
         return EXIT_OK if result.ok else ProvisionFailed.exit_code
     print(summary_table(result))
     print(f"\n{'ok' if result.ok else 'FAILED'} in {result.seconds:.1f}s · full log: {result.log}")

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
     if wanted:
         scan = only(scan, wanted)
     if args.json:
-        dump(scan_json(scan))
+        dump(scan_json(scan), "scan")
     else:
         paint = Painter(wants_color(sys.stdout, args.color))
         gpus_only = args.gpus_only or bool(wanted)

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
 
     host, stats = capture(open_root(args.root, stack), output_file(args.output))
     if args.json:
-        dump({"output": args.output, **stats})
+        dump({"output": args.output, **stats}, "snapshot")
     else:
         print(
             f"wrote {args.output}: {stats['files']} files, {stats['links']} links "

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
         confirm(args, "undo", lambda: status_text(st))
     result = undo(root, progress=progress(args), force=args.force)
     if args.json:
-        dump(result.to_json())
+        dump(result.to_json(), "undo")
     elif result.changed or result.commands:
         parts = [f"Restored {count(len(result.restored), 'file')}"]
         if result.unpicked:

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
     results = verify(HostRoot(root_path), discover(root_path))
     report = verify_json(results)
     if args.json:
-        dump(report)
+        dump(report, "verify")
     else:
         print(render_checks(results, Painter(wants_color(sys.stdout, args.color))))
     return EXIT_OK if report["ok"] else EXIT_CHECK_FAILED

@@ -56,7 +56,7 @@ def _seed(args: argparse.Namespace) -> int:
 
     write_seed(output_file(args.output), args.hostname, args.user, args.ssh_key)
     if args.json:
-        dump({"seed": args.output, "user": args.user})
+        dump({"seed": args.output, "user": args.user}, "vm-seed")
     else:
         print(f"wrote {args.output} (cloud-init NoCloud: user {args.user}, host {args.hostname})")
     return EXIT_OK
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
     else:
         result = lv.status(uri, args.target)
     if args.json:
-        dump(result)
+        dump(result, "vm")
     else:
         print(f"{result['name']} on {uri}: {result['state']}")
         for h in result.get("hostdevs", []):
