@@ -45,7 +45,7 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace, stack: list[str]) -> int:
-    from passthrough.analysis.viability import judge_all
+    from passthrough.analysis.policy import judge_all
     from passthrough.execute.bind import bind_now
     from passthrough.host.discover import discover
     from passthrough.host.root import HostRoot

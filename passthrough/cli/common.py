@@ -9,7 +9,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from passthrough.errors import EXIT_USAGE, NotAHostRoot, NotConfirmed, ReadOnlyRoot, echo
+from passthrough.errors import EXIT_USAGE, NotConfirmed, echo
+from passthrough.host.opening import open_root as open_root  # the commands take it from here
 
 EPILOG = """\
 exit codes:
@@ -121,31 +122,6 @@ def confirm(args: argparse.Namespace, command: str, show: Callable[[], str]) -> 
     answer = sys.stdin.readline().strip().lower()
     if answer not in ("y", "yes"):
         raise NotConfirmed(command, "not confirmed")
-
-
-def open_root(path: str, stack: list[str], changing: str | None = None) -> str:
-    """A .tar.gz snapshot is unpacked to a temporary directory (removed on exit); a
-    command that changes the host (``changing`` names it) refuses one."""
-    if os.path.isfile(path) and path.endswith((".tar.gz", ".tgz", ".tar")):
-        if changing:
-            raise ReadOnlyRoot(changing, path)
-        import tempfile
-
-        from passthrough.guest.root import find_root
-        from passthrough.host.snapshot import unpack
-
-        tmp = tempfile.mkdtemp(prefix="passthrough-root-")
-        stack.append(tmp)
-        # a snapshot holds the root at its top; a copy made with tar may hold it in one folder
-        top = find_root(unpack(path, tmp))
-        if not os.path.isdir(os.path.join(top, "sys")) and not os.path.isdir(
-            os.path.join(top, "proc")
-        ):
-            raise NotAHostRoot(
-                path, "the archive holds no sys/ or proc/ (at its top or in one folder)"
-            )
-        return top
-    return path
 
 
 def dump(obj: dict[str, Any], schema: str) -> None:
