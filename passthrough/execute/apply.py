@@ -47,9 +47,12 @@ def session(root: HostRoot) -> Iterator[Journal]:
     """The journal, checked before anything is made (a damaged one changes nothing); then
     our state directory, its lock, and the temporary files a killed run left, removed."""
     Journal.load(root)
+    own(root, BACKUPS)  # a link planted there is refused before anything is made
     with locked(root):
         journal = Journal.load(root)
         journal.remove_temps()
+        if journal.settle():
+            journal.save()
         yield journal
 
 

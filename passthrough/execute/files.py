@@ -38,6 +38,7 @@ class Faults:
     at: int = 0
     seen: int = 0
     allocating: int = 0
+    log: list[tuple[str, str]] = field(default_factory=list)  # count: (what, path) in order
 
     @classmethod
     def from_env(cls) -> Faults:
@@ -56,6 +57,8 @@ def fault_point(what: str, path: str) -> None:
     if not f.kind:
         return
     f.seen += 1
+    if f.kind == "count":
+        f.log.append((what, path))
     if what in ALLOCATING:
         f.allocating += 1
     if f.kind == "kill" and f.seen == f.at:

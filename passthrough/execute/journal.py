@@ -375,3 +375,18 @@ class Journal:
                     files.remove_temp(root.real(s.path))
                 if s.backup:
                     files.remove_temp(own(root, s.backup))
+
+    def settle(self) -> bool:
+        """Steps cut off (or failed) before they changed their file: nothing of theirs is
+        on the host, and none keeps the original for a later step (its backup may never
+        have been written). Marked undone; True when there was one."""
+        found = False
+        for tx in self.live():
+            for s in tx.file_steps():
+                if s.state not in (StepState.BEGUN, StepState.FAILED) or s.path is None:
+                    continue
+                if sha256(files.read_file(self.root, s.path)) == s.before_sha256:
+                    s.state = StepState.UNDONE
+                    s.error = "cut off before it changed the file"
+                    found = True
+        return found
