@@ -15,6 +15,7 @@ import os
 import resource
 import shutil
 import stat
+import subprocess
 import sys
 import traceback
 from collections.abc import Callable
@@ -271,3 +272,44 @@ def test_a_real_short_write_is_caught_and_nothing_is_lost(
     for rel, entry in tree_state(root).items():  # each file entirely old or entirely new
         assert entry in (original.get(rel), applied.get(rel)), rel
     converge(root, err, original)
+
+
+# A real SIGKILL delivered by the kernel at a real syscall: strace's fault injection on
+# the command line as a user runs it (no hook involved). Counted per syscall.
+STRACE_POINTS = {"rename": 16, "mkdir": 6}
+
+
+@pytest.mark.parametrize(
+    ("syscall", "exhaustive"),
+    [
+        pytest.param(
+            s,
+            every,
+            marks=[pytest.mark.slow] if every else [],
+            id=f"{s}-{'all' if every else 'spread'}",
+        )
+        for s in sorted(STRACE_POINTS)
+        for every in (False, True)
+    ],
+)
+def test_strace_sigkill_at_a_real_syscall_then_undo_converges(
+    trees: dict[str, Path], tmp_path: Path, syscall: str, exhaustive: bool
+) -> None:
+    original = tree_state(trees["fresh"])
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    for n in points(STRACE_POINTS[syscall], exhaustive):
+        root = copy(trees["fresh"], tmp_path / f"s{n}")
+        inject = f"inject={syscall}:signal=KILL:when={n}"
+        argv = ["strace", "-f", "-qq", "-o", "/dev/null", "-e", f"trace={syscall}", "-e", inject]
+        run = subprocess.run(
+            [*argv, sys.executable, "-m", "passthrough", "apply", "--root", str(root)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert run.returncode in (-9, 128 + 9) and "Traceback" not in run.stderr, (n, run)
+        err = tmp_path / "stderr"
+        err.write_text(run.stderr)
+        converge(root, err, original)
+        shutil.rmtree(root)
