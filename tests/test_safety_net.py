@@ -84,7 +84,10 @@ def test_a_file_with_unusual_mode_owner_and_xattrs_keeps_them(tmp_path: Path) ->
     assert os.getxattr(target, "user.passthrough-test") == b"kept\0value"
     backup = backup_of(root, MODULES)
     assert os.lstat(backup).st_mode & 0o7777 == 0o600  # the original's bytes stay private
+    assert main(["undo", "--root", str(root)]) == 0
+    assert diff(tree_state(root), original) == []
     # a removed file comes back with them too: the admin deletes it, undo --force restores
+    assert main(["apply", "--root", str(root)]) == 0
     target.unlink()
     assert main(["undo", "--root", str(root), "--force"]) == 0
     assert diff(tree_state(root), original) == []
@@ -228,3 +231,33 @@ def test_a_temporary_file_left_by_a_kill_is_removed_by_the_next_run(tmp_path: Pa
         assert temps(root), n  # status changes nothing
         assert main(["undo", "--root", str(root)]) == 0
         assert temps(root) == [], n
+
+
+def test_status_describes_an_undo_cut_off_mid_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    applied = fresh(tmp_path)
+    original = tree_state(applied)
+    assert main(["apply", "--root", str(applied)]) == 0
+    probe = tmp_path / "probe"
+    shutil.copytree(applied, probe, symlinks=True)
+    files_mod.FAULTS = Faults("count")
+    try:
+        assert main(["undo", "--root", str(probe)]) == 0
+        log = files_mod.FAULTS.log
+    finally:
+        files_mod.FAULTS = Faults()
+    # the rename that puts the first file back: its write is journaled, not yet recorded
+    (n, path) = next(
+        (i, p) for i, (what, p) in enumerate(log, 1) if what == "rename" and STATE not in p
+    )
+    rel = os.path.relpath(path, probe)
+    err = tmp_path / "stderr"
+    assert in_child(cli(applied, "undo"), Faults("kill", n), err) == -9
+    capsys.readouterr()
+    assert main(["status", "--root", str(applied)]) == 0
+    out = capsys.readouterr().out
+    assert "undo running (undoes" in out and "— cut off unless still running" in out
+    assert f"restoring /{rel}  [cut-off]" in out
+    assert main(["undo", "--root", str(applied)]) == 0
+    assert diff(tree_state(applied), original) == []
