@@ -102,12 +102,13 @@ def cli(root: Path, *argv: str) -> Callable[[], int]:
     return lambda: main([*argv, "--root", str(root)])
 
 
-def count(root: Path, *argv: str) -> tuple[int, int]:
-    """How many changes to the tree (all, allocating) the command makes."""
+def counted(root: Path, *argv: str) -> Faults:
+    """The command run with the hook counting: how many changes to the tree (``seen``,
+    ``allocating``) it makes, and which (``log``)."""
     files_mod.FAULTS = Faults("count")
     try:
         assert main([*argv, "--root", str(root)]) == 0
-        return files_mod.FAULTS.seen, files_mod.FAULTS.allocating
+        return files_mod.FAULTS
     finally:
         files_mod.FAULTS = Faults()
 
@@ -185,7 +186,7 @@ def kill_points(trees: dict[str, Path], tmp: Path, scenario: str, exhaustive: bo
     template, cmd, _goal = SCENARIOS[scenario]
     want = expected(trees, tmp, scenario)
     applied = tree_state(trees["applied"])
-    total, _ = count(copy(trees[template], tmp / "probe"), cmd)
+    total = counted(copy(trees[template], tmp / "probe"), cmd).seen
     err = tmp / "stderr"
     chosen = points(total, exhaustive)
     for n in chosen:
@@ -201,7 +202,7 @@ def kill_points(trees: dict[str, Path], tmp: Path, scenario: str, exhaustive: bo
 def enospc_points(trees: dict[str, Path], tmp: Path, scenario: str, exhaustive: bool) -> int:
     template, cmd, _goal = SCENARIOS[scenario]
     want = expected(trees, tmp, scenario)
-    _, total = count(copy(trees[template], tmp / "probe"), cmd)
+    total = counted(copy(trees[template], tmp / "probe"), cmd).allocating
     err = tmp / "stderr"
     chosen = points(total, exhaustive)
     for n in chosen:

@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 
 from passthrough.cli import main
-from passthrough.execute import files as files_mod
 from passthrough.execute.files import Faults
 
 from .conftest import tree_hash
-from .test_faults import MODULES, STATE, cli, diff, in_child, temps, tree_state
+from .test_faults import MODULES, STATE, cli, counted, diff, in_child, temps, tree_state
 from .test_plan import build
 
 JOURNAL = f"{STATE}/journal.json"
@@ -213,12 +212,7 @@ def test_a_temporary_file_left_by_a_kill_is_removed_by_the_next_run(tmp_path: Pa
     assert main(["undo", "--root", str(steady)]) == 0
     probe = tmp_path / "probe"
     shutil.copytree(steady, probe, symlinks=True)
-    files_mod.FAULTS = Faults("count")
-    try:
-        assert main(["apply", "--root", str(probe)]) == 0
-        log = files_mod.FAULTS.log
-    finally:
-        files_mod.FAULTS = Faults()
+    log = counted(probe, "apply").log
     renames = [n for n, (what, _path) in enumerate(log, 1) if what == "rename"]
     assert len(renames) >= 6  # backups, files, journal saves
     err = tmp_path / "stderr"
@@ -241,12 +235,7 @@ def test_status_describes_an_undo_cut_off_mid_write(
     assert main(["apply", "--root", str(applied)]) == 0
     probe = tmp_path / "probe"
     shutil.copytree(applied, probe, symlinks=True)
-    files_mod.FAULTS = Faults("count")
-    try:
-        assert main(["undo", "--root", str(probe)]) == 0
-        log = files_mod.FAULTS.log
-    finally:
-        files_mod.FAULTS = Faults()
+    log = counted(probe, "undo").log
     # the rename that puts the first file back: its write is journaled, not yet recorded
     (n, path) = next(
         (i, p) for i, (what, p) in enumerate(log, 1) if what == "rename" and STATE not in p
