@@ -21,6 +21,8 @@ class WriteFile:
     path: str  # relative to the root
     content: bytes
     why: str
+    # The mode of a file apply creates (its owner: whoever runs apply). A file apply
+    # rewrites keeps its own mode, owner, group and extended attributes, whatever this says.
     mode: int = 0o644
 
 
