@@ -108,14 +108,7 @@ def _render(args: argparse.Namespace, stack: list[str]) -> int:
         args.provider,
         args.per_card,
     )
-    header = [
-        f"passthrough kubevirt render --route {args.route}: apply with kubectl (merge the KubeVirt patch)"
-    ]
-    header += [
-        f"feature gates, {where}: {', '.join(names)}" for where, names in out.feature_gates.items()
-    ]
-    header += [f"node label: {k}={v}" for k, v in out.node_labels.items()]
-    text = dump_stream(out.documents, header)
+    text = dump_stream(out.documents, out.header(args.route))
     for w in out.warnings:
         sys.stderr.write(f"passthrough: warning: {w}\n")
     if not args.json:

@@ -47,6 +47,18 @@ class Manifests:
         if name not in names:
             names.append(name)
 
+    def header(self, route: str) -> list[str]:
+        """The comment lines above the YAML stream: what to set besides applying it."""
+        lines = [
+            f"passthrough kubevirt render --route {route}: merge the KubeVirt patch, apply the rest"
+        ]
+        lines += [
+            f"feature gates, {where}: {', '.join(names)}"
+            for where, names in self.feature_gates.items()
+        ]
+        lines += [f"node label: {k}={v}" for k, v in self.node_labels.items()]
+        return lines
+
     def as_json(self) -> dict[str, Any]:
         return {
             "documents": self.documents,
