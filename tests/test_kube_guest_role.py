@@ -133,3 +133,110 @@ def test_windows_directx_is_the_published_plugin_and_a_job_that_proves_the_gpu(
     )
     assert container["resources"]["limits"] == {"windows.alibabacloud.com/directx": "1"}
     assert container["resources"]["requests"] == container["resources"]["limits"]
+
+
+# -- labelling KubeVirt nodes from the preflight -------------------------------------------
+
+MODULE = (
+    Path(__file__).parents[1]
+    / "playbooks/ansible_collections/passthrough/gpu/plugins/modules/passthrough_kubevirt_preflight.py"
+)
+
+
+def _label_play() -> list[dict[str, Any]]:
+    """The module's own EXAMPLES as the play (so the documented way is the tested way), reading
+    the node's sample root, with the report kept for the test."""
+    import ast
+
+    tree = ast.parse(MODULE.read_text())
+    examples = next(
+        n.value.value
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        and getattr(n.targets[0], "id", "") == "EXAMPLES"
+        and isinstance(n.value, ast.Constant)
+    )
+    tasks = yaml.safe_load(examples)
+    tasks[0]["passthrough.gpu.passthrough_kubevirt_preflight"] = {"root": "{{ node_root }}"}
+    keep = {
+        "name": "Keep the report",
+        "ansible.builtin.copy": {
+            "content": "{{ preflight | to_json }}",
+            "dest": "{{ report_dir }}/{{ inventory_hostname }}.json",
+            "mode": "0644",
+        },
+        "delegate_to": "localhost",
+    }
+    return [
+        {
+            "name": "Label nodes",
+            "hosts": "nodes",
+            "gather_facts": False,
+            "tasks": [tasks[0], keep, *tasks[1:]],
+        }
+    ]
+
+
+def test_nodes_are_labelled_only_when_the_preflight_passes(tmp_path: Path) -> None:
+    """Real ansible-playbook and the real module on two sample nodes. No cluster exists here,
+    so the labelling task of the passing node runs and fails to reach one; the failing node's
+    labelling task is skipped: that is the gate under test."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+    from .test_kubevirt import _variant, _vfio_bound
+
+    passing = _variant(tmp_path, "turing-desktop", "passing", _vfio_bound)
+    failing = _variant(tmp_path, "turing-desktop", "failing", lambda d: None)
+    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory = {
+        "nodes": {
+            "hosts": {
+                "node-pass": {**common, "node_root": str(passing)},
+                "node-fail": {**common, "node_root": str(failing)},
+            }
+        }
+    }
+    (tmp_path / "inv.yml").write_text(yaml.safe_dump(inventory))
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(_label_play(), sort_keys=False))
+    env = {
+        **os.environ,
+        "ANSIBLE_COLLECTIONS_PATH": str(REPO / "playbooks"),
+        "ANSIBLE_STDOUT_CALLBACK": "json",
+        "ANSIBLE_NOCOLOR": "1",
+        "PYTHONPATH": str(REPO),  # the module imports this checkout's passthrough
+    }
+    r = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            str(tmp_path / "inv.yml"),
+            str(tmp_path / "play.yml"),
+            "-e",
+            f"report_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=600,
+    )
+    out = json.loads(r.stdout)
+    label = next(p for p in out["plays"][0]["tasks"] if p["task"]["name"].startswith("Label"))
+    assert label["hosts"]["node-fail"].get("skipped") is True, label["hosts"]["node-fail"]
+    tried = label["hosts"]["node-pass"]
+    assert tried.get("failed") is True, tried  # it tried: no cluster (or no kubernetes client) here
+    assert (
+        "kubernetes" in str(tried.get("msg", "")).lower()
+        or "config" in str(tried.get("msg", "")).lower()
+    ), tried
+    good = json.loads((tmp_path / "node-pass.json").read_text())
+    bad = json.loads((tmp_path / "node-fail.json").read_text())
+    assert good["ok"] is True and good["labels"] == {
+        "nvidia.com/gpu.workload.config": "vm-passthrough"
+    }
+    assert bad["ok"] is False and bad["labels"] == {}
+    assert any(f.startswith("kube-vfio-bound:") for f in bad["failures"])
