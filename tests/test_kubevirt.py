@@ -463,3 +463,25 @@ def test_preflight_large_bar_and_group_codes(
     }
     code, report = _preflight(roots["optimus-laptop"], capsys)
     assert "laptop-3d" in {c["id"] for c in report["checks"] if c["level"] == "FAIL"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "field"),
+    [
+        (["--rom", "off"], "rom"),
+        (["--bridge", "br0"], "bridge"),
+        (["--virt-type", "qemu"], "virt_type"),
+        (["--name", "GPU_vm"], "name"),
+        (["--vcpus", "0"], "--vcpus"),
+    ],
+)
+def test_what_kubevirt_cannot_say_is_refused_with_the_field(
+    flags: list[str],
+    field: str,
+    roots: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    argv = ["kubevirt", "render", "--root", str(roots["turing-desktop"]), "--name", "ok", *flags]
+    line = _refusal(argv, capsys, tmp_path / "never.yaml")
+    assert line.startswith(f"passthrough: error: {field}")

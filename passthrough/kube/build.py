@@ -9,6 +9,7 @@ NVIDIA's plugin or KubeVirt's own) and ``dra`` (each GPU from NVIDIA's DRA drive
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from passthrough.kube.objects import (
 )
 from passthrough.model import Finding, Host, PciFunction, Severity
 from passthrough.pciclass import SUBCLASS_3D
+from passthrough.vm.options import BadVmSpec
 from passthrough.vm.spec import VmOptions, VmSpec, build_spec
 from passthrough.vm.versions import Versions
 
@@ -90,6 +92,34 @@ def refuse_laptop(host: Host, functions: list[PciFunction]) -> None:
         raise policy.Refused(found)
 
 
+# a VM's name is a DNS label in Kubernetes (it becomes the guest's hostname)
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# VM options the libvirt path has and KubeVirt's API has no field for: refused, never dropped
+_LIBVIRT_ONLY = (
+    ("rom", "on", "a ROM file or ROM BAR setting"),
+    ("disk", None, "a host disk path (the VM boots from the PVC <name>-root)"),
+    ("base_image", None, "a host base image (the VM boots from the PVC <name>-root)"),
+    ("bridge", None, "a host bridge (the VM uses the pod network)"),
+    ("network", "default", "a libvirt network (the VM uses the pod network)"),
+    ("seed", None, "a cloud-init seed ISO on the host"),
+    ("virt_type", "kvm", "software emulation"),
+)
+
+
+def check_kube_options(opts: VmOptions, per_card: bool) -> None:
+    """What the cluster path cannot express is refused with the field named (exit 2)."""
+    for name, default, what in _LIBVIRT_ONLY:
+        if getattr(opts, name) != default:
+            raise BadVmSpec(name, f"KubeVirt has no field for {what}; leave it out for kubevirt")
+    longest = f"{opts.name}-{len(opts.gpus) or 99}" if per_card else opts.name
+    if not DNS_LABEL.match(longest):
+        raise BadVmSpec(
+            "name",
+            f"{opts.name!r}: a KubeVirt VM's name is a DNS label (lower-case letters, digits and "
+            f"'-', at most 63{' with the -N of --per-card' if per_card else ''})",
+        )
+
+
 def _cards(host: Host, spec: VmSpec) -> list[VmCard]:
     by_addr = {f.address: f for f in host.functions}
     return [
@@ -121,6 +151,7 @@ def build_manifests(
     per_card: bool = False,
     versions: Versions | None = None,
 ) -> Manifests:
+    check_kube_options(opts, per_card)
     out = Manifests()
     specs = _specs(host, opts, per_card, versions)
     dra = route == "dra"
