@@ -100,4 +100,18 @@ def test_every_dump_names_a_published_schema() -> None:
                 assert isinstance(arg, ast.Constant), f"{path.name}:{node.lineno}: no schema name"
                 names.add(arg.value)
     missing = sorted(n for n in names if not (SCHEMAS / f"{n}-v1.schema.json").exists())
-    assert not missing and len(names) >= 15, (missing, names)
+    assert not missing and len(names) >= 18, (missing, names)
+
+
+def test_kubevirt_json_outputs_are_valid(
+    hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = str(hosts["hgx-h100"])
+    manifests = tmp_path / "vm.yaml"
+    render = ["kubevirt", "render", "--root", root, "--name", "g", "--gpu", "18:00.0"]
+    assert valid(out(capsys, *render)) == "kubevirt-render"
+    assert main([*render, "-o", str(manifests)]) == 0
+    capsys.readouterr()
+    assert valid(out(capsys, "kubevirt", "validate", str(manifests))) == "kubevirt-validate"
+    doc = out(capsys, "kubevirt", "preflight", "--root", root, code=1)  # cards on nvidia: FAIL
+    assert valid(doc) == "kubevirt-preflight"

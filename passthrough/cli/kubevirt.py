@@ -119,7 +119,7 @@ def _render(args: argparse.Namespace, stack: list[str]) -> int:
 
         atomic_write(os.path.abspath(args.output), text.encode())
     if args.json:
-        dump({**out.as_json(), "output": args.output})
+        dump({**out.as_json(), "output": args.output}, "kubevirt-render")
     elif args.output:
         print(f"wrote {args.output} ({len(out.documents)} objects)")
     else:
@@ -143,14 +143,14 @@ def _validate(args: argparse.Namespace, stack: list[str]) -> int:
     if args.json:
         dump(
             {
-                "schema": "passthrough.kubevirt-validate/v1",
                 "ok": not failed,
                 "documents": len(docs),
                 "findings": [
                     {"code": f.code, "severity": f.severity.value, "message": f.message}
                     for f in findings
                 ],
-            }
+            },
+            "kubevirt-validate",
         )
     else:
         for f in findings:
@@ -168,7 +168,7 @@ def _preflight(args: argparse.Namespace, stack: list[str]) -> int:
     memory = size_mib(args.memory, "--memory")
     report = preflight(discover(open_root(args.root, stack)), tuple(args.gpu), memory)
     if args.json:
-        dump(report.as_json())
+        dump(report.as_json(), "kubevirt-preflight")
     else:
         write(render_checks(report.checks, Painter(wants_color(sys.stdout, args.color))) + "\n")
     return EXIT_OK if report.ok else EXIT_CHECK_FAILED
