@@ -30,7 +30,13 @@ def _inventory(
     hosts: dict[str, dict[str, Any]],
     guests: dict[str, dict[str, Any]] | None = None,
 ) -> Path:
-    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    # the library is this interpreter's own (no venv on the host: tests/test_collection.py
+    # covers that); become goes through the real sudo, as root
+    common = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "passthrough_runtime": "none",
+    }
     data = {
         "all": {
             "children": {

@@ -46,6 +46,14 @@ options:
     type: str
     choices: [present, absent]
     default: present
+  preflight:
+    description:
+      - Readiness check ids (see C(passthrough check)) that must pass before anything is
+        planned; one that fails stops the task with its summary and fix. Read, planned and
+        reported in this one call.
+    type: list
+    elements: str
+    default: []
 author: passthrough developers (!UNKNOWN)
 """
 
@@ -85,6 +93,25 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402 (Ansible want
 from ansible_collections.passthrough.gpu.plugins.module_utils.package import package_errors  # noqa: E402
 
 
+def _preflight(module: AnsibleModule, host: object, required: list[str]) -> None:
+    """Stop when a required readiness check fails, naming each with its summary and fix."""
+    if not required:
+        return
+    from passthrough.analysis.scan import analyse
+    from passthrough.model import Level
+    from passthrough.output.json import scan_json
+
+    checks = scan_json(analyse(host))["checks"]  # type: ignore[arg-type]
+    blocking = [c for c in checks if c["level"] == Level.FAIL.value and c["id"] in required]
+    if blocking:
+        fixes = "; ".join(c["fix"] for c in blocking if c.get("fix"))
+        module.fail_json(
+            msg=f"preflight: {', '.join(c['id'] for c in blocking)} failed: "
+            f"{'; '.join(c['summary'] for c in blocking)}" + (f" (fix: {fixes})" if fixes else ""),
+            checks=checks,
+        )
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -95,6 +122,7 @@ def main() -> None:
             "iommu_pt": {"type": "bool", "default": True},
             "hugepages": {"type": "int", "default": 0},
             "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
+            "preflight": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
@@ -118,6 +146,7 @@ def main() -> None:
                 changed=bool(restored), reboot_required=bool(restored), restored=restored
             )
         host = discover(p["root"])
+        _preflight(module, host, p["preflight"])
         opts = PlanOptions(
             gpus=tuple(p["gpus"]),
             include_group=p["include_group"],
