@@ -104,10 +104,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
         stack.append(tmp)
         root = fakehost.build(fakehost.load("hgx-h100"), os.path.join(tmp, "hgx-h100"))
         env[SAMPLE_ENV] = str(root)  # inventory/sample reads it (env lookup)
-    log = (args.log and output_file(args.log, "--log")) or os.path.join(
-        os.path.expanduser("~/.local/state/passthrough"),
-        time.strftime("provision-%Y%m%dT%H%M%S.log"),
-    )
+    log = (args.log and output_file(args.log, "--log")) or _default_log()
     result = run(
         args.inventory,
         args.playbook,
@@ -140,3 +137,12 @@ def _show(args: argparse.Namespace) -> Callable[[str], None]:
         print(text, file=sys.stderr if args.json else sys.stdout, flush=True)
 
     return show
+
+
+def _default_log() -> str:
+    """~/.local/state/passthrough/provision-TIME.log; the folder is ours: 0700, even where an
+    older version made it 0755 (the logs may carry what a task printed)."""
+    folder = os.path.expanduser("~/.local/state/passthrough")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    os.chmod(folder, 0o700)
+    return os.path.join(folder, time.strftime("provision-%Y%m%dT%H%M%S.log"))

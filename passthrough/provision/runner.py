@@ -170,8 +170,8 @@ class _Events:
             if stdout:
                 self.say(stdout)
             return True
-        if self.show and stdout and isinstance(res, dict) and res.get("diff"):
-            self.show(stdout)
+        if self.show and stdout and kind == "runner_on_file_diff":
+            self.show(stdout)  # the default callback's rendering of a task's diff
         say = self.say
         if kind == "playbook_on_play_start":
             say(f"PLAY {data.get('play', '')}")
