@@ -118,11 +118,12 @@ def _scripts(venv: str, purelib: str) -> None:
                     os.chmod(path, 0o755)
 
 
-def _need_packages(module: AnsibleModule, fam: str | None) -> None:
+def _need_packages(module: AnsibleModule, fam: str | None) -> bool:
+    """Whether distro packages were installed; fails naming them where that is not allowed."""
     wanted = list(module.params["requires"]) + (["ensurepip"] if module.params["index_url"] else [])
     lacking = missing(wanted)
     if not lacking:
-        return
+        return False
     names = sorted({package(m, fam) for m in lacking})
     command = INSTALL.get(fam or "", [])
     if not module.params["install_packages"] or not command or module.check_mode:
@@ -132,8 +133,9 @@ def _need_packages(module: AnsibleModule, fam: str | None) -> None:
             missing=names,
             family=fam,
         )
-        return
+        return False
     module.run_command([*command, *names], check_rc=True)
+    return True
 
 
 def main() -> None:
@@ -162,11 +164,11 @@ def main() -> None:
             "passthrough needs 3.11 or newer (set ansible_python_interpreter to one)",
             family=fam,
         )
-    _need_packages(module, fam)
+    packages = _need_packages(module, fam)
     try:
         with open(marker, encoding="utf-8") as f:
             if f.read().strip() == p["identity"]:
-                module.exit_json(changed=False, python=python, family=fam)
+                module.exit_json(changed=packages, python=python, family=fam)
     except OSError:
         pass
     venv_args = ["--system-site-packages", "--clear"] + (

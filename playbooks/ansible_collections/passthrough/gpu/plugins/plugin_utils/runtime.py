@@ -160,11 +160,10 @@ class RuntimeAction(ActionBase):  # type: ignore[misc] # Ansible is untyped
             return {**result, "failed": True, "msg": f"passthrough_runtime: {mode!r}: venv or none"}
         venv = str(self._var(task_vars, "passthrough_runtime_venv", DEFAULT_VENV))
         ident = str(self._var(task_vars, "passthrough_runtime_identity", "") or identity())
-        probe = self._low_level_execute_command(
-            f"cat {shlex.quote(venv + '/' + MARKER)} 2>/dev/null || true", sudoable=True
-        )
+        requires = REQUIRES.get(self._task.action.rsplit(".", 1)[-1], [])
+        have, lacking = self._probe(venv, requires)
         installed = None
-        if probe.get("stdout", "").strip() != ident:
+        if have != ident or lacking:
             installed = self._install(task_vars, venv, ident)
             if installed.get("failed"):
                 return {**result, **installed, "msg": f"runtime: {installed.get('msg')}"}
@@ -174,6 +173,18 @@ class RuntimeAction(ActionBase):  # type: ignore[misc] # Ansible is untyped
             result["changed"] = True
             result["runtime_installed"] = ident
         return result
+
+    def _probe(self, venv: str, requires: list[str]) -> tuple[str, list[str]]:
+        """(the identity the host's venv holds, the modules of ``requires`` it cannot import):
+        one shell command, and Python started only where a module needs the distro's."""
+        command = f"cat {shlex.quote(venv + '/' + MARKER)} 2>/dev/null; echo"
+        if requires:
+            check = "import importlib.util as u; print(*[m for m in %r if not u.find_spec(m)])"
+            python = shlex.quote(venv + "/bin/python")
+            command += f"; {python} -c {shlex.quote(check % requires)} 2>/dev/null || echo venv"
+        lines = self._low_level_execute_command(command, sudoable=True).get("stdout", "")
+        have, _, rest = lines.partition("\n")
+        return have.strip(), rest.split()
 
     def _install(self, task_vars: dict[str, Any], venv: str, ident: str) -> dict[str, Any]:
         """passthrough_runtime on the host, with the wheel copied over (or the index named)."""
