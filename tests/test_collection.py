@@ -57,9 +57,9 @@ def test_guest_checks_are_one_implementation() -> None:
         assert link.is_symlink() and link.resolve() == path.resolve()
 
 
-def test_galaxy_build_carries_the_guest_checks_as_files(tmp_path: Path) -> None:
+def _galaxy_build(out: Path) -> Path:
     r = subprocess.run(
-        [str(BIN / "ansible-galaxy"), "collection", "build", "--output-path", str(tmp_path)],
+        [str(BIN / "ansible-galaxy"), "collection", "build", "--output-path", str(out)],
         cwd=COLLECTION,
         capture_output=True,
         text=True,
@@ -67,7 +67,12 @@ def test_galaxy_build_carries_the_guest_checks_as_files(tmp_path: Path) -> None:
         timeout=300,
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    (built,) = tmp_path.glob("passthrough-gpu-*.tar.gz")
+    (built,) = out.glob("passthrough-gpu-*.tar.gz")
+    return built
+
+
+def test_galaxy_build_carries_the_guest_checks_as_files(tmp_path: Path) -> None:
+    built = _galaxy_build(tmp_path)
     with tarfile.open(built) as tar:
         names = set(tar.getnames())
         for module in ("passthrough_check", "passthrough_host", "passthrough_vm"):
@@ -247,16 +252,7 @@ def test_a_bare_host_gets_the_controllers_library_once(tmp_path: Path) -> None:
 def test_galaxy_install_brings_the_declared_dependencies(tmp_path: Path) -> None:
     """The built collection installs with its dependencies resolved (kubernetes.core, with
     a version range) and ansible-doc then finds its modules from any directory."""
-    build = subprocess.run(
-        [str(BIN / "ansible-galaxy"), "collection", "build", "--output-path", str(tmp_path)],
-        cwd=COLLECTION,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
-    assert build.returncode == 0, build.stdout + build.stderr
-    (built,) = tmp_path.glob("passthrough-gpu-*.tar.gz")
+    built = _galaxy_build(tmp_path)
     target = tmp_path / "collections"
     install = subprocess.run(
         [str(BIN / "ansible-galaxy"), "collection", "install", str(built), "-p", str(target)],
