@@ -127,9 +127,6 @@ def main() -> None:
         supports_check_mode=True,
     )
     with package_errors(module):
-        from passthrough.execute.apply import apply
-        from passthrough.execute.journal import Journal
-        from passthrough.execute.undo import undo
         from passthrough.host.discover import discover
         from passthrough.host.root import HostRoot
         from passthrough.plan.actions import RemoveFile, WriteFile, plan_json
@@ -138,6 +135,9 @@ def main() -> None:
         p = module.params
         root = HostRoot(p["root"])
         if p["state"] == "absent":
+            from passthrough.execute.journal import Journal
+            from passthrough.execute.undo import undo
+
             pending = Journal.load(root).live()
             if module.check_mode or not pending:
                 module.exit_json(changed=bool(pending), reboot_required=bool(pending))
@@ -146,7 +146,6 @@ def main() -> None:
                 changed=bool(restored), reboot_required=bool(restored), restored=restored
             )
         host = discover(p["root"])
-        _preflight(module, host, p["preflight"])
         opts = PlanOptions(
             gpus=tuple(p["gpus"]),
             include_group=p["include_group"],
@@ -155,6 +154,8 @@ def main() -> None:
             hugepages_1g=p["hugepages"],
         )
         plan, _sel = make_plan(root, host, opts)
+        if not plan.empty:  # the checks guard a change; with nothing to change, none is due
+            _preflight(module, host, p["preflight"])
         diff = []
         for action in plan.actions:
             if isinstance(action, WriteFile | RemoveFile):
@@ -177,6 +178,8 @@ def main() -> None:
         }
         if module.check_mode or plan.empty:
             module.exit_json(**result)
+        from passthrough.execute.apply import apply  # only where there is something to do
+
         tx = apply(root, plan, plan.record())
         steps = tx.steps if tx else []
         result["transaction"] = tx.id if tx else None

@@ -203,6 +203,12 @@ def main() -> None:
         purelib = out.strip()
         _unpack(p["wheel"], purelib)
         _scripts(venv, purelib)
+        # byte code now, as pip does: every module call would otherwise compile the library
+        # again where nothing may write it (or PYTHONDONTWRITEBYTECODE is set)
+        module.run_command(
+            [python, "-m", "compileall", "-q", os.path.join(purelib, "passthrough")],
+            check_rc=True,
+        )
     with open(marker + ".tmp", "w", encoding="utf-8") as f:
         f.write(p["identity"] + "\n")
     os.replace(marker + ".tmp", marker)
