@@ -31,6 +31,8 @@ if [ "$mode" != demo ]; then
     packages+=(libvirt-clients libxml2-utils libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 ovmf qemu-utils)
     # the lab: an ext4 image straight from a directory, SSH into the lab machine
     packages+=(e2fsprogs openssh-client grub-efi-amd64-bin grub-common dosfstools mtools fdisk)
+    # sudo: the playbooks' become (tests/test_ansible.py runs them as Ansible users do)
+    packages+=(sudo)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -22,6 +22,19 @@ def package_errors(module: Any) -> Iterator[None]:
     try:
         yield
     except ImportError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top and top != "passthrough":
+            # a binding the distro provides (seen through the venv's system site packages)
+            from ansible_collections.passthrough.gpu.plugins.module_utils.runtime_packages import (
+                family,
+                package,
+            )
+
+            fam = family()
+            module.fail_json(
+                msg=f"install {package(top, fam)} on this host ({fam or 'unknown'} family): "
+                f"passthrough imports {top} ({exc})"
+            )
         module.fail_json(
             msg=f"the passthrough Python package is not installed on the target ({exc})"
         )
