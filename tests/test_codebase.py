@@ -149,8 +149,9 @@ LAYERS: dict[str, int] = {
     **dict.fromkeys(("analysis", "fakehost"), 4),
     "plan": 5,
     **dict.fromkeys(("execute", "output", "vm", "provision"), 6),
-    "cli": 7,
-    "__main__": 8,
+    "kube": 7,  # the cluster path: built from vm's spec, checked with analysis' policy
+    "cli": 8,
+    "__main__": 9,
 }
 
 
