@@ -22,7 +22,8 @@ DRACUT = "etc/dracut.conf.d/10-passthrough-vfio.conf"
 MKINITCPIO_DROPIN = "etc/mkinitcpio.conf.d/passthrough-vfio.conf"
 INITRAMFS_TOOLS = "etc/initramfs-tools/modules"
 MARK = "# passthrough: load vfio-pci early (removed by `passthrough undo`)"
-HEADER = "# Written by passthrough: binds the selected GPUs to vfio-pci. `passthrough undo` removes it.\n"
+# Our files' comments quote nothing a shell would run: mkinitcpio and dracut source them.
+HEADER = "# Written by passthrough: binds the selected GPUs to vfio-pci. 'passthrough undo' removes it.\n"
 VFIO_SELF = {"vfio_pci", "vfio_pci_core", "vfio"}
 # Modules that sit on top of a matching driver without PCI aliases of their own.
 COMPANIONS = {"nvidia": ("nvidia_drm", "nvidia_modeset"), "nouveau": ()}
@@ -196,6 +197,35 @@ def _dracut(mods: list[str]) -> InitramfsEdits:
     )
 
 
+MKINITCPIO = "etc/mkinitcpio.conf"
+MKINITCPIO_D = "etc/mkinitcpio.conf.d"
+# the last MODULES assignment in either form mkinitcpio accepts: an array or a string
+MODULES_LINE = re.compile(r"^[ \t]*MODULES=(?:\(([^)]*)\)|\"([^\"$`\\]*)\")", re.MULTILINE)
+
+
+def mkinitcpio_dropin(mods: list[str]) -> str:
+    """Appends to MODULES as the shell has it when sourced. The unquoted expansion splits a
+    string (``MODULES="a b"``) and an array alike, so the admin may use either form, now or
+    later. It starts with a newline: mkinitcpio concatenates its files before sourcing them,
+    and a file before ours may lack a final newline."""
+    return "\n" + HEADER + f"MODULES=(${{MODULES[@]}} {' '.join(mods)})\n"
+
+
+def _later_override(root: HostRoot) -> None:
+    ours = MKINITCPIO_DROPIN.rsplit("/", 1)[1]
+    for name in sorted(root.listdir(MKINITCPIO_D)):
+        if not name.endswith(".conf") or name <= ours:
+            continue
+        rel = f"{MKINITCPIO_D}/{name}"
+        text = utf8_text(root.read_bytes(rel), "/" + rel) or ""
+        for n, line in enumerate(text.split("\n"), 1):
+            if re.match(r"\s*MODULES=", line):
+                raise UnsafeCmdline(
+                    f"/{rel}:{n}",
+                    f"sorts after {ours} and sets MODULES, so our modules would be dropped",
+                )
+
+
 def _mkinitcpio(root: HostRoot, mods: list[str]) -> InitramfsEdits:
     notes: list[str] = []
     writes: list[WriteFile] = []
@@ -205,25 +235,28 @@ def _mkinitcpio(root: HostRoot, mods: list[str]) -> InitramfsEdits:
         touches=("boot/initramfs-*.img",),
         regenerate=True,
     )
-    conf = utf8_text(root.read_bytes("etc/mkinitcpio.conf"), "/etc/mkinitcpio.conf") or ""
+    conf = utf8_text(root.read_bytes(MKINITCPIO), "/" + MKINITCPIO) or ""
     if "modconf" not in conf:
         notes.append(
             "mkinitcpio.conf has no modconf hook: modprobe.d softdeps will not reach the initramfs"
         )
-    if root.isdir("etc/mkinitcpio.conf.d"):
-        body = HEADER + f"MODULES+=({' '.join(mods)})\n"
+    if root.isdir(MKINITCPIO_D):
+        _later_override(root)
+        body = mkinitcpio_dropin(mods)
         writes.append(WriteFile(MKINITCPIO_DROPIN, body.encode(), "vfio modules in the initramfs"))
         return writes, regen, notes
-    m = re.search(r"^MODULES=\(([^)]*)\)", conf, re.MULTILINE)
-    if m is None:
+    found = list(MODULES_LINE.finditer(conf))
+    if not found:
         raise UnsafeCmdline(
-            "/etc/mkinitcpio.conf", "has no MODULES=(...) line the planner can edit"
+            "/" + MKINITCPIO, 'has no MODULES=(...) or MODULES="..." line the planner can edit'
         )
-    present = m[1].split()
+    m = found[-1]  # the shell keeps the last assignment
+    group = 1 if m[1] is not None else 2
+    present = m[group].split()
     missing = [x for x in mods if x not in present]
     if missing:
-        new = conf[: m.start()] + "MODULES=(" + " ".join(missing + present) + ")" + conf[m.end() :]
-        writes.append(
-            WriteFile("etc/mkinitcpio.conf", new.encode(), "vfio modules first in the initramfs")
-        )
+        start, end = m.span(group)
+        inner = " ".join(missing) + (" " + m[group].lstrip() if m[group].strip() else "")
+        new = conf[:start] + inner + conf[end:]
+        writes.append(WriteFile(MKINITCPIO, new.encode(), "vfio modules first in the initramfs"))
     return writes, regen, notes
