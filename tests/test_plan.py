@@ -334,12 +334,20 @@ def test_modprobe_conflicts_are_named(tmp_path: Path, capsys: pytest.CaptureFixt
     assert (
         "/etc/modprobe.d/nvme-vfio.conf:2: blacklist vfio_pci stops loading by alias only" in notes
     )
-    # read after ours, without our IDs: it would win, so the plan is refused
-    (d / "vfio.conf").write_text("options vfio_pci ids=10ec:8168\n")
+    # read after ours, without our IDs: it wins, so our IDs go into its line (journaled)
+    (d / "vfio.conf").write_text("options vfio_pci ids=10ec:8168 disable_vga=1\n")
+    data = _plan(path, PlanOptions())
+    theirs = next(a for a in data["actions"] if a.get("path") == "/etc/modprobe.d/vfio.conf")
+    assert "+options vfio_pci ids=10ec:8168,10de:2684,10de:22ba disable_vga=1" in theirs["diff"]
+    assert any(
+        "vfio.conf:1: its vfio-pci ids= is read after ours and wins" in n for n in data["notes"]
+    )
+    # what is not a PCI ID (a template's placeholder) is refused, nothing written
+    (d / "vfio.conf").write_text("# generated\noptions vfio_pci ids=%DEVICES%\n")
     before = tree_hash(path)
     assert main(["apply", "--root", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "/etc/modprobe.d/vfio.conf:1: sets vfio-pci ids=10ec:8168 and is read after" in err
+    assert "/etc/modprobe.d/vfio.conf:2: vfio-pci ids= has '%DEVICES%', which is no PCI ID" in err
     assert tree_hash(path) == before
 
 
@@ -353,4 +361,19 @@ def test_a_kernel_release_that_cannot_be_one_is_refused(
     code = main(["apply", "--root", str(path), "--gpu", "0a:00.0", "--allow-boot-gpu"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "kernel release" in err, err
+    assert tree_hash(path) == before
+
+
+def test_dracut_file_after_ours_that_replaces_force_drivers_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = build(tmp_path, "two-gpus-one-group", {})
+    (path / "etc/dracut.conf.d/90-mine.conf").write_text('force_drivers+=" nvme "\n')
+    assert _plan(path, PlanOptions(gpus=("01:00.0", "02:00.0"), allow_boot_gpu=True))["actions"]
+    (path / "etc/dracut.conf.d/zz-mine.conf").write_text('# mine\nforce_drivers="nvme"\n')
+    before = tree_hash(path)
+    args = ["--gpu", "01:00.0", "--gpu", "02:00.0", "--allow-boot-gpu"]
+    assert main(["apply", "--root", str(path), *args]) == 2
+    err = capsys.readouterr().err
+    assert "/etc/dracut.conf.d/zz-mine.conf:2: sorts after 10-passthrough-vfio.conf" in err
     assert tree_hash(path) == before

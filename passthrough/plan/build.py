@@ -82,7 +82,7 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
     actions: list[Action] = []
     # Files first, commands after them (the initramfs reads modprobe.d).
     deps = vfio.softdeps(root, host, sel.functions)
-    ids, conflicts = modprobe_conflicts.review(
+    ids, conflicts, theirs = modprobe_conflicts.review(
         root, [] if sel.ids_ambiguous else list(sel.vfio_ids), sel.ids_ambiguous
     )
     notes += conflicts
@@ -90,6 +90,7 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
     actions += _write_if_changed(
         root, WriteFile(vfio.MODPROBE, conf.encode(), "vfio-pci options and softdeps")
     )
+    actions += theirs
     if sel.ids_ambiguous:
         actions += _write_if_changed(
             root,

@@ -71,51 +71,55 @@ class ShellVars:
 
 def logical_lines(text: str, path: str) -> list[tuple[int, int, str]]:
     """(first line, last line, code) for each command line as the shell splits them:
-    backslash-newline joins, quotes and ``$(…)`` span lines, comments are dropped."""
+    backslash-newline joins, quotes and ``$(…)`` (quotes nest inside it) span lines,
+    comments are dropped."""
     out: list[tuple[int, int, str]] = []
     buf: list[str] = []
-    quote: str | None = None
-    depth = 0
+    stack: list[str] = []  # open contexts: ' " ` and ( for $( or a nested (
     line = start = 1
     i, n = 0, len(text)
     while i < n:
         c = text[i]
         nxt = text[i + 1] if i + 1 < n else ""
-        if c == "\n":
-            if quote is None and depth == 0:
-                out.append((start, line, "".join(buf)))
-                buf = []
-                start = line + 1
-            else:
-                buf.append(c)
-            line += 1
-        elif quote == "'":
-            buf.append(c)
-            quote = None if c == "'" else quote
-        elif c == "\\" and nxt == "\n":
-            line += 1
-            i += 1
-        elif c == "\\":
-            buf.append(c + nxt)
-            i += 1
-        elif quote is not None:  # double quote or backquote
-            buf.append(c)
-            quote = None if c == quote else quote
-        elif c in "'\"`":
-            quote = c
-            buf.append(c)
-        elif c == "#" and (not buf or buf[-1][-1:] in " \t;&|("):
-            while i + 1 < n and text[i + 1] != "\n":
-                i += 1
-        else:
-            if c == "$" and nxt == "(":
-                depth += 1
-            elif c == ")" and depth:
-                depth -= 1
-            buf.append(c)
+        top = stack[-1] if stack else ""
         i += 1
-    if quote is not None:
-        raise UnsafeCmdline(f"{path}:{start}", f"unterminated {quote} quote")
+        if c == "\n":
+            line += 1
+            if not stack:
+                out.append((start, line - 1, "".join(buf)))
+                buf, start = [], line
+                continue
+        elif top == "'":
+            if c == "'":
+                stack.pop()
+        elif c == "\\":
+            if nxt == "\n":  # a continuation, also inside double quotes
+                line += 1
+            else:
+                buf.append(c + nxt)
+            i += 1
+            continue
+        elif c == "$" and nxt == "(" and top in ("", "(", '"'):
+            stack.append("(")
+            buf.append("$(")
+            i += 1
+            continue
+        elif top in ('"', "`"):
+            if c == top:
+                stack.pop()
+        elif c in "'\"`":
+            stack.append(c)
+        elif c == "(" and top == "(":
+            stack.append("(")
+        elif c == ")" and top == "(":
+            stack.pop()
+        elif c == "#" and (not buf or buf[-1][-1:] in " \t;&|("):
+            while i < n and text[i] != "\n":
+                i += 1
+            continue
+        buf.append(c)
+    if stack:
+        raise UnsafeCmdline(f"{path}:{start}", f"unterminated {stack[-1]}")
     if buf:
         out.append((start, line, "".join(buf)))
     return out

@@ -141,7 +141,7 @@ def initramfs_actions(root: HostRoot, host: Host) -> InitramfsEdits:
     if kind is InitramfsKind.INITRAMFS_TOOLS:
         return _initramfs_tools(root, mods)
     if kind is InitramfsKind.DRACUT:
-        return _dracut(mods)
+        return _dracut(root, mods)
     if kind is InitramfsKind.MKINITCPIO:
         return _mkinitcpio(root, mods)
     return [], None, ["no initramfs tool recognised: vfio-pci binds once the root filesystem is up"]
@@ -179,7 +179,8 @@ def _initramfs_tools(root: HostRoot, mods: list[str]) -> InitramfsEdits:
     )
 
 
-def _dracut(mods: list[str]) -> InitramfsEdits:
+def _dracut(root: HostRoot, mods: list[str]) -> InitramfsEdits:
+    later_override(root, DRACUT, "force_drivers")
     body = HEADER + f'force_drivers+=" {" ".join(mods)} "\n' + f'install_items+=" /{MODPROBE} "\n'
     return (
         [
@@ -211,18 +212,20 @@ def mkinitcpio_dropin(mods: list[str]) -> str:
     return "\n" + HEADER + f"MODULES=(${{MODULES[@]}} {' '.join(mods)})\n"
 
 
-def _later_override(root: HostRoot) -> None:
-    ours = MKINITCPIO_DROPIN.rsplit("/", 1)[1]
-    for name in sorted(root.listdir(MKINITCPIO_D)):
-        if not name.endswith(".conf") or name <= ours:
+def later_override(root: HostRoot, ours: str, var: str) -> None:
+    """Refuse a file sourced after ``ours`` (same folder, ``*.conf``) that assigns ``var``
+    outright: it would drop what ours appends."""
+    folder, name = ours.rsplit("/", 1)
+    for other in sorted(root.listdir(folder)):
+        if not other.endswith(".conf") or other <= name:
             continue
-        rel = f"{MKINITCPIO_D}/{name}"
+        rel = f"{folder}/{other}"
         text = utf8_text(root.read_bytes(rel), "/" + rel) or ""
         for n, line in enumerate(text.split("\n"), 1):
-            if re.match(r"\s*MODULES=", line):
+            if re.match(rf"\s*{var}=", line):
                 raise UnsafeCmdline(
                     f"/{rel}:{n}",
-                    f"sorts after {ours} and sets MODULES, so our modules would be dropped",
+                    f"sorts after {name} and sets {var}, so what ours adds would be dropped",
                 )
 
 
@@ -241,7 +244,7 @@ def _mkinitcpio(root: HostRoot, mods: list[str]) -> InitramfsEdits:
             "mkinitcpio.conf has no modconf hook: modprobe.d softdeps will not reach the initramfs"
         )
     if root.isdir(MKINITCPIO_D):
-        _later_override(root)
+        later_override(root, MKINITCPIO_DROPIN, "MODULES")
         body = mkinitcpio_dropin(mods)
         writes.append(WriteFile(MKINITCPIO_DROPIN, body.encode(), "vfio modules in the initramfs"))
         return writes, regen, notes
