@@ -26,6 +26,8 @@ if [ "$mode" != demo ]; then
     packages+=(umockdev gir1.2-umockdev-1.0 libgirepository1.0-dev libcairo2-dev pciutils bash debootstrap)
     # strace: the fault harness kills apply at real syscalls (inject=…:signal=KILL)
     packages+=(strace)
+    # kmod: modprobe -c reads real modprobe.d files the way boot does (realworld boot tier)
+    packages+=(kmod)
     # libvirt-clients + libxml2-utils: virt-xml-validate and the RelaxNG schemas; a real
     # libvirtd with the QEMU driver and OVMF for the domain tests.
     packages+=(libvirt-clients libxml2-utils libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 ovmf qemu-utils)

@@ -8,7 +8,7 @@ from passthrough.analysis.scan import analyse
 from passthrough.errors import PassthroughError
 from passthrough.host.root import HostRoot
 from passthrough.model import BootloaderKind, Host
-from passthrough.plan import vfio
+from passthrough.plan import modprobe_conflicts, vfio
 from passthrough.plan.actions import Action, Binding, Plan, PlannedCard, RemoveFile, WriteFile
 from passthrough.plan.bootloaders import UnknownBootloader, for_host
 from passthrough.plan.kargs import ArgChange, KargOptions, desired, needed
@@ -70,10 +70,15 @@ def _binding_actions(root: HostRoot, host: Host, sel: Selection, notes: list[str
     first, commands after them (the initramfs reads modprobe.d)."""
     actions: list[Action] = []
     deps = vfio.softdeps(root, host, sel.functions)
-    conf = vfio.modprobe_conf([] if sel.ids_ambiguous else sel.vfio_ids, deps)
+    ids, conflicts, theirs = modprobe_conflicts.review(
+        root, [] if sel.ids_ambiguous else list(sel.vfio_ids), sel.ids_ambiguous
+    )
+    notes += conflicts
+    conf = vfio.modprobe_conf(ids, deps)
     actions += _write_if_changed(
         root, WriteFile(vfio.MODPROBE, conf.encode(), "vfio-pci options and softdeps")
     )
+    actions += theirs
     if sel.ids_ambiguous:
         actions += _write_if_changed(
             root,
