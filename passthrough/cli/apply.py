@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 
 from passthrough.cli.common import (
     CHANGES,
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
     if tx is None:
         print("Nothing to do: the host already matches the plan.")
         for argv in still:
-            print("  still pending (run it inside the root): " + " ".join(argv))
+            print("  still pending (run it inside the root): " + shlex.join(argv))
         return EXIT_OK
     print(f"Applied {len(tx.steps)} steps (transaction {tx.id}).")
     if listed(tx):
@@ -59,6 +60,6 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
             "run them inside it:"
         )
         for argv in listed(tx):
-            print("  " + " ".join(argv))
+            print("  " + shlex.join(argv))
     print("Reboot, then run `passthrough verify`." if plan.reboot else "No reboot required.")
     return EXIT_OK

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 
 from passthrough.cli.common import (
     CHANGES,
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
             parts.append(f"put {len(result.forced)} back over later changes (--force)")
         print("; ".join(parts) + ". Reboot to return to the original kernel arguments and drivers.")
         for argv in result.listed:
-            print("  pending, run it inside the root: " + " ".join(argv))
+            print("  pending, run it inside the root: " + shlex.join(argv))
     else:
         print("Nothing to undo.")
     return EXIT_OK

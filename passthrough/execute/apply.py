@@ -11,6 +11,7 @@ killed, each file is entirely old or entirely new (temp file + fsync + rename); 
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -122,7 +123,7 @@ def _execute(root: HostRoot, argv: tuple[str, ...], runner: Runner) -> StepState
         raise ApplyError(f"{argv[0]}: command not found") from None
     if result.returncode != 0:
         tail = (result.stderr or result.stdout or "").strip().splitlines()[-1:] or [""]
-        raise ApplyError(f"`{' '.join(argv)}` failed with exit {result.returncode}: {tail[0]}")
+        raise ApplyError(f"`{shlex.join(argv)}` failed with exit {result.returncode}: {tail[0]}")
     return StepState.DONE
 
 
@@ -131,7 +132,7 @@ def run_command(
 ) -> ApplyError | None:
     """Run (or list) one command step, recording its outcome on the step."""
     verb = "list (not run)" if command_mode(root) == "list" else "run"
-    say(f"{verb} {' '.join(step.argv)}")
+    say(f"{verb} {shlex.join(step.argv)}")
     try:
         step.state = _execute(root, tuple(step.argv), runner)
         step.error = None

@@ -7,6 +7,7 @@ pending because it failed, was cut off, or could only be listed.
 
 from __future__ import annotations
 
+import shlex
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -168,7 +169,7 @@ def status_text(st: Status) -> str:
         )
         for p in st.pending:
             why = f": {p.error}" if p.error else ""
-            lines.append(f"  {' '.join(p.argv)}  [{p.state} in {p.transaction}{why}]")
+            lines.append(f"  {shlex.join(p.argv)}  [{p.state} in {p.transaction}{why}]")
     else:
         lines.append("No command pending.")
     return "\n".join(lines)
