@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from passthrough import fakehost
-from passthrough.analysis.policy import SRIOV_VF, judge_all
+from passthrough.analysis.codes import SRIOV_VF
+from passthrough.analysis.policy import judge_all
 from passthrough.analysis.viability import find_gpus
 from passthrough.host.discover import discover
 from passthrough.model import PciAddress

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from passthrough.analysis import policy
-from passthrough.model import GpuVerdict, Host, PciAddress, PciFunction
+from passthrough.model import GpuVerdict, Host, PciAddress, PciFunction, Severity
 from passthrough.vm.layout import Layout, plan_layout
 from passthrough.vm.options import (
     DEFAULT_VENDOR_ID,
@@ -182,15 +182,17 @@ def _choose(host: Host, opts: VmOptions) -> tuple[list[GpuVerdict], list[str]]:
                 chosen.append(match[0])
     else:
         chosen = [v for v in verdicts if v.viable and v.gpu.primary.vendor_id == 0x10DE]
-    # The same policy as plan: what would harm the host is refused, the rest is told.
-    # Boot VGA and shared groups stay warnings: the host may have been set up for them.
-    findings = policy.selection_findings(
+    # One verdict with validate --host-root: what it would reject is refused here, and the
+    # warnings scan gives these cards are told. A boot VGA is a warning in both: the host
+    # may have been set up for it (plan's --allow-boot-gpu).
+    findings = policy.verdict_findings(
         host, (f.address for v in chosen for f in v.gpu.functions), allow_boot_gpu=True
     )
-    harm = [f for f in policy.errors(findings) if f.code in policy.HOST_HARM]
-    if harm:
-        raise policy.Refused(harm)
-    return chosen, [f"{f.message} [{f.code}]" for f in policy.errors(findings)]
+    refused = policy.errors(findings)
+    if refused:
+        raise policy.Refused(refused)
+    told = [f for f in findings if f.severity is Severity.WARNING]
+    return chosen, [f"{f.message} [{f.code}]" for f in told]
 
 
 def _guest_cards(
