@@ -85,7 +85,7 @@ class PciAddress:
     def is_unassigned(self) -> bool:
         """libvirt's "empty" address (domain, bus and slot all 0): on a guest device it
         means "assign one for me", never slot 0 of bus 0."""
-        return not (self.domain or self.bus or self.slot)
+        return not (self.domain or self.bus or self.device)
 
     @classmethod
     def looks_like(cls, text: str) -> bool:

@@ -177,3 +177,16 @@ def test_policy_codes_can_be_selected_and_ignored(hosts: dict[str, Path], tmp_pa
     assert _codes(found) == {"large-bar"}
     _, found = _run(tmp_path, card, "--host-root", root, "--select", "mmio-window-too-small")
     assert _codes(found) <= {"mmio-window-too-small"}
+
+
+def test_empty_guest_addresses_are_libvirts_to_assign(tmp_path: Path) -> None:
+    """<address type='pci'/> (libvirt's pci-autofill-addr.xml) asks libvirt for an address:
+    two of them are no duplicate of 0000:00:00.0."""
+    auto = (
+        "    <controller type='usb' index='0'><address type='pci'/></controller>\n"
+        "    <memballoon model='virtio'><address type='pci' bus='0' slot='0'/></memballoon>\n"
+    )
+    rc, found = _run(tmp_path, auto, "--select", "pci")
+    assert rc == 0 and found == []
+    assert PciAddress.from_libvirt({}).is_unassigned
+    assert not PciAddress.from_libvirt({"slot": "1"}).is_unassigned
