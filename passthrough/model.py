@@ -220,6 +220,10 @@ class Host:
     numa_cpus: dict[int, tuple[int, ...]] = field(default_factory=dict, hash=False)  # node → CPUs
     memory_mib: int | None = None  # MemTotal of /proc/meminfo; None: not known (a bare tree)
     machine: VirtualMachine = NOT_A_VM  # whether this root is itself a virtual machine
+    # installed libvirt/QEMU/OVMF packages (dpkg: name → version), and where dpkg does not
+    # say, what the live host's tools said (libvirt/qemu → version); see host/packages.py
+    packages: dict[str, str] = field(default_factory=dict, hash=False)
+    tool_versions: dict[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def group_index(self) -> dict[int, IommuGroup]:

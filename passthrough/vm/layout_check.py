@@ -19,7 +19,7 @@ from passthrough.vm.layout import (
     pack,
     pow2_ceil,
 )
-from passthrough.vm.versions import Versions, read_versions
+from passthrough.vm.versions import Versions, host_versions
 
 
 def _int(text: str | None) -> int | None:
@@ -87,7 +87,7 @@ def layout_findings(domain: Any, host: Host, versions: Versions | None = None) -
     within what the host IOMMU maps? Codes: ``mmio-window-too-small``,
     ``mmio-window-above-limit``, ``guest-bits-above-iommu``."""
     if versions is None:
-        versions = read_versions(host.root)
+        versions = host_versions(host)
     by_bus: dict[int, list[PciFunction]] = {}
     for hd in domain.findall("devices/hostdev[@type='pci']"):
         src = libvirt_address(hd.find("source/address"))

@@ -20,7 +20,7 @@ from passthrough.vm.options import (
     check_against_host,
     check_options,
 )
-from passthrough.vm.versions import Versions, read_versions
+from passthrough.vm.versions import Versions, host_versions
 
 OVMF_DEFAULT_MMIO = 32 << 30
 NO_NETWORK = "none"  # --network none: a guest without a NIC
@@ -262,7 +262,7 @@ def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) ->
         iommu_bits=host.iommu.address_bits,
         cpu_vendor=host.cpu.vendor,
         memory_mib=opts.memory_mib,
-        versions=versions if versions is not None else read_versions(host.root),
+        versions=versions if versions is not None else host_versions(host),
         virt_type=opts.virt_type,
     )
     windows = opts.profile == "windows"
