@@ -127,3 +127,30 @@ def test_the_snapshot_keeps_the_versions_not_the_package_list(
         assert member is not None
         status = member.read().decode()
     assert sorted(re.findall(r"^Package: (\S+)$", status, re.M)) == sorted(PACKAGES)
+
+
+def test_what_the_tools_said_travels_with_the_snapshot(
+    hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Where dpkg does not say (a non-Debian live host), the versions virsh and QEMU gave
+    are kept in the snapshot's metadata and read back by discovery: a root carrying them
+    (written here as a live capture would) gives them to its own snapshot."""
+    import json
+    import shutil
+
+    from passthrough.guest.root import SNAPSHOT_META
+    from passthrough.host.snapshot import unpack
+    from passthrough.vm.versions import host_versions
+
+    root = tmp_path / "root"
+    shutil.copytree(hosts["consumer-intel"], root, symlinks=True)
+    meta = {"schema": "passthrough.snapshot/v1", "tool_versions": {"libvirt": "10.0.0"}}
+    (root / SNAPSHOT_META).write_text(json.dumps(meta))
+    archive = tmp_path / "again.tar.gz"
+    assert main(["snapshot", "--root", str(root), "-o", str(archive)]) == 0
+    capsys.readouterr()
+    first = host_versions(discover(str(root)))
+    again = host_versions(discover(unpack(str(archive), str(tmp_path / "unpacked"))))
+    assert first == again
+    assert first.libvirt == (10, 0) and first.source.startswith("virsh/qemu --version")
+    assert first.assumed == ("qemu", "ovmf")

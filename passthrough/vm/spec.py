@@ -195,6 +195,20 @@ def _choose(host: Host, opts: VmOptions) -> tuple[list[GpuVerdict], list[str]]:
     return chosen, [f"{f.message} [{f.code}]" for f in told]
 
 
+def _guest_functions(primary: PciAddress, members: list[PciFunction]) -> dict[PciAddress, int]:
+    """Guest function numbers on the card's one guest slot: the functions of the primary's
+    host slot keep theirs; a function behind the card's own switch (Intel Arc's audio at
+    04:00.0 beside the GPU at 03:00.0) takes the lowest number left, never a second 0."""
+    numbers = {f.address: f.address.function for f in members if f.address.slot == primary.slot}
+    free = [n for n in range(8) if n not in numbers.values()]
+    for f in members:
+        if f.address not in numbers:
+            if not free:
+                raise BadVmSpec("gpu", f"{primary}: more than 8 functions for one guest slot")
+            numbers[f.address] = free.pop(0)
+    return numbers
+
+
 def _guest_cards(
     chosen: list[GpuVerdict],
 ) -> tuple[list[GuestCard], list[list[PciFunction]]]:
@@ -203,17 +217,18 @@ def _guest_cards(
     functions: list[list[PciFunction]] = []
     for i, v in enumerate(chosen):
         port = i + 1
+        members = [f for f in v.gpu.functions if not f.is_bridge_like]
+        numbers = _guest_functions(v.gpu.address, members)
         fns = tuple(
             GuestFunction(
                 host=f.address,
                 guest_bus=port,
-                function=f.address.function,
-                multifunction=f.address.function == 0 and len(v.gpu.functions) > 1,
+                function=numbers[f.address],
+                multifunction=numbers[f.address] == 0 and len(members) > 1,
                 id=f.id,
                 name=f.name,
             )
-            for f in v.gpu.functions
-            if not f.is_bridge_like
+            for f in members
         )
         # root ports packed eight to a slot on pcie-root, as virt-install lays them out
         cards.append(
