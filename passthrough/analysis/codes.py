@@ -43,8 +43,8 @@ CODES: dict[str, str] = {
     INTEL_IGPU: "an Intel integrated GPU: GVT-d needs legacy IGD setup (not targeted)",
     NVSWITCH: "an NVSwitch system: NVLink needs the whole fabric or Fabric Manager on the host",
     LAPTOP_3D: "a laptop 3D controller (Optimus): no display outputs, may need the ACPI vBIOS",
-    SRIOV_VF: "an SR-IOV virtual function",
-    VFIO_BOUND: "already bound to vfio-pci (INFO)",
+    SRIOV_VF: "an SR-IOV virtual function: a GPU of its own, its physical function named",
+    VFIO_BOUND: "already bound to vfio-pci",
     VFIO_PARTLY: "only some functions are bound to vfio-pci",
 }
 
@@ -54,6 +54,9 @@ HOST_HARM = frozenset({BMC_VGA, ROOT_DISK, ROUTE_NIC, BRIDGE_SELECTED, UNKNOWN_D
 # What validate reports as an error among these (the others are warnings there: a boot VGA
 # the host was prepared for, a large BAR, ...); each finding still carries its own severity.
 VALIDATE_ERRORS = HOST_HARM | {GROUP_SHARED, GROUP_OTHER_GPU, NO_IOMMU, NO_IOMMU_GROUP}
+
+# Told as information, not as a warning.
+INFO_CODES = frozenset({VFIO_BOUND})
 
 # What the address check of a domain (vm/layout_check.py) can say.
 LAYOUT_CODES: dict[str, str] = {

@@ -59,8 +59,8 @@ CATALOGUE: tuple[Rule, ...] = (
         "pci-multifunction",
         "policy",
         _E,
-        "function 0 of a guest slot holding several functions lacks multifunction='on': "
-        "QEMU exposes only function 0",
+        "function 0 of a guest slot holding several functions says multifunction='off': "
+        "QEMU exposes only function 0 (left out, libvirt's QEMU driver sets it on)",
     ),
     Rule("hostdev-source", "policy", _E, "a PCI hostdev whose host address cannot be read"),
     Rule(
@@ -119,6 +119,12 @@ CATALOGUE: tuple[Rule, ...] = (
 )
 
 
+def _severity(code: str) -> str:
+    from passthrough.analysis import codes
+
+    return _I if code in codes.INFO_CODES else _W
+
+
 def _host_rules() -> tuple[Rule, ...]:
     """The host layer's other voices: the safety policy's codes (``root-disk-in-group``,
     ``large-bar``, ...) and the address check's (``mmio-window-too-small``, ...), known
@@ -127,7 +133,7 @@ def _host_rules() -> tuple[Rule, ...]:
     from passthrough.analysis import codes
 
     policy = tuple(
-        Rule(code, "host", _E if code in codes.VALIDATE_ERRORS else _W, why)
+        Rule(code, "host", _E if code in codes.VALIDATE_ERRORS else _severity(code), why)
         for code, why in codes.CODES.items()
         if code != codes.UNKNOWN_DEVICE
     )
