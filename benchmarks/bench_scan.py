@@ -10,7 +10,7 @@ development venv's `site` imports at every start.
 
     python benchmarks/bench_scan.py [--ports 111] [--runs 15] [--loop-runs 2] [--json]
 
-Not a test: it prints a table (and --json) for the README.
+Not a test: it prints a table (and --json) for docs/benchmarks.md and the README.
 """
 
 from __future__ import annotations

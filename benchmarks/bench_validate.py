@@ -4,7 +4,7 @@ files, same run. passthrough also runs its policy layer on every file.
 
     python benchmarks/bench_validate.py [--files 1000] [--json]
 
-Not a test: it prints a table (and --json) for the README.
+Not a test: it prints a table (and --json) for docs/benchmarks.md and the README.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ inflate), each also as a multiple of virt-xml-validate's.
 
     python benchmarks/bench_validate_startup.py [--runs 30] [--json]
 
-Not a test: it prints a table (and --json) for the README.
+Not a test: it prints a table (and --json) for docs/benchmarks.md and the README.
 """
 
 from __future__ import annotations

@@ -169,13 +169,13 @@ class Lab:
         r = self.sh("modprobe vfio-pci")
         if r.returncode != 0:
             raise LabFailed(f"modprobe vfio-pci: {r.stderr.strip()}")
-        r = self.pt(f"bind --gpu {CARD} --json")
+        r = self.pt(f"bind --yes --gpu {CARD} --json")
         if r.returncode != 0:
             raise LabFailed(f"bind: {r.stderr.strip()}")
         if json.loads(r.stdout)["bound"] != CARD_FUNCTIONS:
             raise LabFailed(f"bind reported {r.stdout}")
         before = self.drivers([NEGATIVE])[NEGATIVE]
-        refused = self.pt(f"bind --gpu {NEGATIVE}")
+        refused = self.pt(f"bind --yes --gpu {NEGATIVE}")
         if refused.returncode != 2 or NEGATIVE_PEER not in refused.stderr:
             raise LabFailed(
                 f"negative case was not refused: rc={refused.returncode} {refused.stderr.strip()}"
@@ -515,7 +515,7 @@ class Lab:
         return {"verify_rc": r.returncode, "failures": failed, "drivers": drivers}
 
     def undo(self) -> None:
-        r = self.pt("undo --json")
+        r = self.pt("undo --yes --json")
         if r.returncode != 0:
             raise LabFailed(f"undo: {r.stderr.strip()}")
         now = self.sh(self.FILES).stdout

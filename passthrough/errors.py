@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-# Documented exit codes (README "Exit codes"): one meaning each.
+# Documented exit codes (README "Exit codes", docs/cli.md): one meaning each.
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1  # a check / verify / validate found problems
 EXIT_USAGE = 2  # usage, input or a refusal: nothing was changed
@@ -35,6 +35,11 @@ def echo(text: object, limit: int = ECHO_LIMIT) -> str:
 def quote(text: object, limit: int = ECHO_LIMIT) -> str:
     """:func:`echo` in quotes, for a value that is not a path."""
     return f"'{echo(text, limit)}'"
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 warning``, ``2 warnings``: a number with its noun agreeing."""
+    return f"{n} {noun if n == 1 else (plural or noun + 's')}"
 
 
 class PassthroughError(Exception):
@@ -123,6 +128,15 @@ class ReadOnlyRoot(PassthroughError):
             "(unpack it into a directory of your own to try the change on a copy)"
         )
         self.root = root
+
+
+class NotConfirmed(PassthroughError):
+    """A change to the live host that nobody confirmed: no terminal to ask on and no
+    ``--yes``, or the answer was not yes."""
+
+    def __init__(self, command: str, why: str) -> None:
+        super().__init__(f"{command} on the live host (/): {why}; nothing was changed")
+        self.command = command
 
 
 def output_file(path: str, option: str = "-o") -> str:

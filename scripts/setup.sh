@@ -4,7 +4,7 @@
 #                                 (check + scan) on a bundled sample host
 #   bash scripts/setup.sh test   install what the test suite needs, then run all of it
 #   bash scripts/setup.sh lab    install what the lab needs, then run its whole chain on a
-#                                 real kernel under QEMU (as root; README "The lab")
+#                                 real kernel under QEMU (as root; docs/lab.md)
 # Safe to re-run: apt and pip skip what is already there.
 set -euo pipefail
 
@@ -24,11 +24,17 @@ if [ "$mode" != demo ]; then
     # gir1.2-umockdev-1.0 + the headers PyGObject builds against: a UMockdev test bed
     # that emits bind/unbind uevents; debootstrap: the chroot apply/undo test.
     packages+=(umockdev gir1.2-umockdev-1.0 libgirepository1.0-dev libcairo2-dev pciutils bash debootstrap)
+    # strace: the fault harness kills apply at real syscalls (inject=…:signal=KILL)
+    packages+=(strace)
+    # kmod: modprobe -c reads real modprobe.d files the way boot does (realworld boot tier)
+    packages+=(kmod)
     # libvirt-clients + libxml2-utils: virt-xml-validate and the RelaxNG schemas; a real
     # libvirtd with the QEMU driver and OVMF for the domain tests.
     packages+=(libvirt-clients libxml2-utils libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 ovmf qemu-utils)
     # the lab: an ext4 image straight from a directory, SSH into the lab machine
     packages+=(e2fsprogs openssh-client grub-efi-amd64-bin grub-common dosfstools mtools fdisk)
+    # sudo: the playbooks' become (tests/test_ansible.py runs them as Ansible users do)
+    packages+=(sudo)
 fi
 missing=()
 for p in "${packages[@]}"; do

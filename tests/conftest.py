@@ -131,3 +131,14 @@ def debian_tree() -> Path:
 
     tree: Path = _lab_image().cached_debootstrap(CACHE, "bookworm", PACKAGES, RECIPE, prepare)
     return tree
+
+
+def bind_to_vfio(root: Path, addr: str) -> None:
+    """What a reboot into a prepared host does to one function: its driver link and uevent
+    say vfio-pci (the test writes them in place of the kernel — a stand-in named as such)."""
+    real = (root / "sys/bus/pci/devices" / addr).resolve()
+    (real / "driver").unlink(missing_ok=True)
+    (real / "driver").symlink_to(os.path.relpath(root / "sys/bus/pci/drivers/vfio-pci", real))
+    uevent = real / "uevent"
+    lines = [ln for ln in uevent.read_text().splitlines() if not ln.startswith("DRIVER=")]
+    uevent.write_text("".join(f"{ln}\n" for ln in [*lines, "DRIVER=vfio-pci"]))

@@ -30,7 +30,13 @@ def _inventory(
     hosts: dict[str, dict[str, Any]],
     guests: dict[str, dict[str, Any]] | None = None,
 ) -> Path:
-    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    # the library is this interpreter's own (no venv on the host: tests/test_collection.py
+    # covers that); become goes through the real sudo, as root
+    common = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "passthrough_runtime": "none",
+    }
     data = {
         "all": {
             "children": {
@@ -337,24 +343,26 @@ SHARING = ["none", "time-slicing", "mps"]
 K8S_VERSIONS = ["1.35.0", "1.36.0", "1.37.0"]
 
 
-@pytest.mark.parametrize("sharing", SHARING)
-def test_kubernetes_manifests_validate_offline(sharing: str, tmp_path: Path) -> None:
+def guest_manifests(tmp_path: Path, extravars: dict[str, Any]) -> Path:
+    """The guest role's manifests, rendered by ansible-playbook (tag manifests) into a folder."""
     out = tmp_path / "manifests"
     inv = _inventory(tmp_path, {}, {"gpu-guest-1": {}})
-    result = run(
-        str(inv),
-        "guest.yml",
-        tags="manifests",
-        extravars={
-            "passthrough_guest_k8s_enabled": True,
-            "passthrough_guest_gfd_enabled": True,
-            "passthrough_guest_windows_directx": True,
-            "passthrough_guest_sharing": sharing,
-            "passthrough_guest_sharing_replicas": 8,
-            "passthrough_guest_k8s_manifest_dir": str(out),
-        },
-    )
+    extravars = {**extravars, "passthrough_guest_k8s_manifest_dir": str(out)}
+    result = run(str(inv), "guest.yml", tags="manifests", extravars=extravars)
     assert result.ok, summary_table(result)
+    return out
+
+
+@pytest.mark.parametrize("sharing", SHARING)
+def test_kubernetes_manifests_validate_offline(sharing: str, tmp_path: Path) -> None:
+    extravars = {
+        "passthrough_guest_k8s_enabled": True,
+        "passthrough_guest_gfd_enabled": True,
+        "passthrough_guest_windows_directx": True,
+        "passthrough_guest_sharing": sharing,
+        "passthrough_guest_sharing_replicas": 8,
+    }
+    out = guest_manifests(tmp_path, extravars)
     files = sorted(out.glob("*.yaml"))
     assert {f.stem for f in files} == {
         "runtimeclass",
@@ -395,9 +403,10 @@ def test_kubernetes_manifests_validate_offline(sharing: str, tmp_path: Path) -> 
     assert spec["volumes"][0]["hostPath"]["path"] == "/var/lib/kubelet/device-plugins"
     pod = yaml.safe_load((out / "vectoradd-pod.yaml").read_text())
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 1}
-    win = yaml.safe_load((out / "windows-directx-device-plugin.yaml").read_text())
-    env = win["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"]
-    assert env == "class/5B45201D-F2F2-4F3B-85BB-30FF1F953599"
+    # the DirectX plugin and its Job: tests/test_kube_guest_role.py
+    job = yaml.safe_load((out / "windows-directx-workload.yaml").read_text())
+    limits = job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"windows.alibabacloud.com/directx": "1"}
 
 
 def test_host_module_refuses_a_route_nic_group_with_its_code(tmp_path: Path) -> None:
@@ -441,3 +450,159 @@ def test_provision_input_errors_exit_2_before_ansible_runs(
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2
     assert "nope.yml: no such file or directory" in err[0] and "no playbook nope.yml" in err[1]
+
+
+def _books(tmp_path: Path, tasks: list[dict[str, Any]], cfg: str = "") -> Path:
+    """A playbooks folder of our own (PASSTHROUGH_PLAYBOOKS) with one play of ``tasks`` and
+    an ansible.cfg setting a timeout of 31: what provision uses when the user has none."""
+    books = tmp_path / "books"
+    books.mkdir()
+    play = [{"name": "t", "hosts": "all", "gather_facts": False, "tasks": tasks}]
+    (books / "site.yml").write_text(yaml.safe_dump(play))
+    (books / "ansible.cfg").write_text(cfg or "[defaults]\ntimeout = 31\n")
+    return books
+
+
+def test_provision_passes_every_extra_vars_form_and_verbosity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-e k=v (two in one), -e @file (relative to where the user stands), -e JSON, all as
+    ansible-playbook reads them; -vv reaches Ansible (its own output replaces ours)."""
+    check = {"that": ["a == '1'", "b == 'two'", "c.d == 2", "e == 'x y'"]}
+    monkeypatch.setenv("PASSTHROUGH_PLAYBOOKS", str(_books(tmp_path, [{"assert": check}])))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "vars.yml").write_text("c: {d: 2}\n")
+    inv = _inventory(tmp_path, {"h": {}})
+    argv = ["provision", "-i", str(inv), "--log", str(tmp_path / "l.log")]
+    code = main([*argv, "-e", "a=1 b=two", "-e", "@vars.yml", "-e", '{"e": "x y"}', "-vv"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "h  changed" not in out and "All assertions passed" in err
+    assert "config file = " in err  # -vv: ansible-playbook's own header
+    assert main([*argv, "-e", "@missing.yml"]) == 2
+    assert capsys.readouterr().err.strip().endswith("-e '@missing.yml': no such file")
+
+
+def test_provision_uses_the_users_ansible_cfg_as_ansible_finds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """$ANSIBLE_CONFIG, then ./ansible.cfg where the user stands, else the playbooks' own;
+    the repository's own sets no host_key_checking."""
+    timeout = "{{ lookup('ansible.builtin.config', 'DEFAULT_TIMEOUT') }}"
+    task = {"copy": {"content": timeout, "dest": str(tmp_path / "seen")}}
+    monkeypatch.setenv("PASSTHROUGH_PLAYBOOKS", str(_books(tmp_path, [task])))
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ansible.cfg of the machine's user
+    inv = _inventory(tmp_path, {"h": {}})
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    for cfg, want in ((None, "31"), ("23", "23"), ("17", "17")):
+        if cfg == "23":
+            (here / "ansible.cfg").write_text("[defaults]\ntimeout = 23\n")
+        if cfg == "17":
+            (tmp_path / "mine.cfg").write_text("[defaults]\ntimeout = 17\n")
+            monkeypatch.setenv("ANSIBLE_CONFIG", str(tmp_path / "mine.cfg"))
+        assert main(["provision", "-i", str(inv), "--log", str(tmp_path / "l.log")]) == 0
+        assert (tmp_path / "seen").read_text() == want, capsys.readouterr()
+    assert "host_key_checking" not in (PLAYBOOKS / "ansible.cfg").read_text()
+
+
+def test_provision_flags_are_arguments_not_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--tags "x --list-hosts" is one tag (the task tagged so runs), and a quote in --limit
+    names a host, not a traceback."""
+    task = {"copy": {"content": "ran", "dest": str(tmp_path / "{{ inventory_hostname }}.ran")}}
+    books = _books(tmp_path, [{**task, "tags": ["x --list-hosts"]}])
+    monkeypatch.setenv("PASSTHROUGH_PLAYBOOKS", str(books))
+    inv = _inventory(tmp_path, {"a'b": {}, "c": {}})
+    log = ["--log", str(tmp_path / "l.log")]
+    assert main(["provision", "-i", str(inv), "--tags", "x --list-hosts", *log]) == 0
+    assert (tmp_path / "c.ran").exists()
+    (tmp_path / "c.ran").unlink()
+    assert main(["provision", "-i", str(inv), "--limit", "a'b", *log]) == 0
+    assert (tmp_path / "a'b.ran").exists() and not (tmp_path / "c.ran").exists()
+    assert main(["provision", "-i", str(inv), "--limit", 'nope"', *log]) == 4
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("passthrough: error: (playbook) failed")
+
+
+def test_provision_check_diff_prints_diffs_and_reboot_per_host(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--check --diff prints the file diffs as ansible-playbook does (stdout), the summary
+    says which host needs a reboot, and the run log is private (0600 in a 0700 folder)."""
+    root = _root(tmp_path, "r", "consumer-intel")
+    inv = _inventory(tmp_path, {"gpu-a": {"passthrough_root": str(root)}})
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".local/state/passthrough").mkdir(parents=True, mode=0o755)  # an older run's
+    os.umask(old := os.umask(0))  # the caller's umask does not matter: 000 here
+    try:
+        argv = ["provision", "-i", str(inv), "--playbook", "host.yml"]
+        assert main([*argv, "--check", "--diff"]) == 0
+    finally:
+        os.umask(old)
+    out = capsys.readouterr().out
+    log = Path(out.rsplit("full log: ", 1)[1].strip())
+    assert "+++ after: /etc/default/grub.d/99-passthrough.cfg" in out, out
+    assert "+GRUB_CMDLINE_LINUX_DEFAULT=" in out
+    row = next(line for line in out.splitlines() if line.startswith("gpu-a"))
+    assert row.split()[:2] == ["gpu-a", "changed"] and "required" in row.split()
+    assert not (root / "etc/default/grub.d/99-passthrough.cfg").exists()
+    assert log.stat().st_mode & 0o777 == 0o600 and log.parent.stat().st_mode & 0o777 == 0o700
+    assert main(argv) == 0  # without --diff: no diff on stdout
+    assert "+++ after" not in capsys.readouterr().out
+
+
+def test_provision_says_what_the_sample_inventory_needs(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PASSTHROUGH_SAMPLE_ROOT", raising=False)
+    assert main(["provision", "-i", str(REPO / "inventory/sample/hosts.yml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "add --sample" in err[0] and "PASSTHROUGH_SAMPLE_ROOT" in err[0]
+
+
+def test_playbooks_run_from_the_repository_root_and_from_anywhere(tmp_path: Path) -> None:
+    """Ansible finds the collection beside the playbooks (playbooks/collections/) whatever
+    the current directory, with no ansible.cfg; ansible-doc from the repository root."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env["HOME"] = str(tmp_path)
+    for cwd in (REPO, tmp_path):
+        r = subprocess.run(
+            [
+                str(BIN / "ansible-playbook"),
+                "--syntax-check",
+                *("-i", str(REPO / "inventory/sample/hosts.yml"), str(PLAYBOOKS / "site.yml")),
+            ],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            check=False,
+            env=env,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+    doc = subprocess.run(
+        [str(BIN / "ansible-doc"), "passthrough.gpu.passthrough_host"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    assert doc.returncode == 0 and "preflight" in doc.stdout and "not found" not in doc.stderr
+
+
+def test_tasks_that_carry_secrets_keep_them_out_of_logs() -> None:
+    roles = PLAYBOOKS / "ansible_collections/passthrough/gpu/roles"
+    secret = ("join_command", "token", "password")
+    seen = 0
+    for path in roles.glob("*/tasks/*.yml"):
+        for task in yaml.safe_load(path.read_text()) or []:
+            # what a task runs or writes (a condition on a secret prints no value)
+            acts = {k: v for k, v in task.items() if k not in ("name", "when", "tags")}
+            if any(word in json.dumps(acts) for word in secret):
+                seen += 1
+                assert task.get("no_log") is True, (path.name, task.get("name"))
+    assert seen >= 1  # the kubeadm join

@@ -24,7 +24,7 @@ from passthrough.execute.apply import chroot_argv
 from .conftest import CACHE
 from .conftest import run_ok as _run
 
-# the debootstrap tier: minutes on a cold cache (README "Tests": the fast loop skips it)
+# the debootstrap tier: minutes on a cold cache (docs/testing.md: the fast loop skips it)
 pytestmark = pytest.mark.slow
 
 

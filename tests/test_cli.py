@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -241,7 +243,8 @@ def test_a_directory_named_like_a_sample_does_not_hide_it(tmp_path: Path) -> Non
     description is refused in one line."""
     assert run("sample", "build", "iommu-off", "iommu-off", cwd=tmp_path).returncode == 0
     r = run("sample", "list", "--json", cwd=tmp_path)
-    assert r.returncode == 0 and "iommu-off" in {s["name"] for s in json.loads(r.stdout)}
+    assert r.returncode == 0
+    assert "iommu-off" in {s["name"] for s in json.loads(r.stdout)["samples"]}
     assert run("sample", "build", "iommu-off", "again", cwd=tmp_path).returncode == 0
     (tmp_path / "descs").mkdir()
     r = run("sample", "build", "descs", "out", cwd=tmp_path)
@@ -322,9 +325,165 @@ def test_an_unknown_command_gets_the_closest_name_and_the_list() -> None:
     assert r.stderr.splitlines() == [
         "passthrough: error: unknown command 'scna' (did you mean scan?); the commands: "
         "scan, check, snapshot, sample, plan, apply, undo, status, verify, bind, render, "
-        "validate, vm, provision, guest, completion"
+        "validate, kubevirt, vm, provision, guest, completion"
     ]
     r = run("common")  # a module of the CLI package, but no command: nothing imported by name
     assert r.returncode == 2 and "unknown command 'common'" in r.stderr
     r = run("vm")
     assert r.returncode == 2 and "(seed, define, start, stop, undefine, status)" in r.stderr
+
+
+# -- the CLI an admin trusts: no abbreviations, asked before the live host changes --------
+
+
+def test_flags_are_never_abbreviated(hosts: dict[str, Path]) -> None:
+    # `--allow` once meant --allow-boot-gpu and `--inc` --include-group, silently
+    for flag in ("--allow", "--inc", "--no-iommu"):
+        r = run("plan", "--root", str(hosts["consumer-intel"]), flag)
+        assert r.returncode == 2, (flag, r.stdout)
+        assert f"unrecognized arguments: {flag}" in r.stderr
+
+
+def test_an_encoding_that_cannot_hold_a_character_gets_escapes(hosts: dict[str, Path]) -> None:
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    r = subprocess.run(
+        [*PT, "scan", "--root", str(hosts["amd-b550-chipset"]), "--color", "never"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    assert "\\u251c\\u2500 group 15" in r.stdout  # the tree's ├─, escaped, output complete
+    assert r.stdout.rstrip().splitlines()[-1]  # nothing cut at the first odd character
+
+
+def test_check_summary_counts_agree_with_their_nouns(hosts: dict[str, Path]) -> None:
+    r = run("check", "--root", str(hosts["iommu-off"]), "--color", "never")
+    last = r.stdout.rstrip().splitlines()[-1]
+    assert " 1 warnings" not in last and " 0 warning," not in last, last
+
+
+def confirm_args(root: str, yes: bool = False) -> argparse.Namespace:
+    return argparse.Namespace(root=root, yes=yes)
+
+
+@pytest.fixture
+def no_terminal(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """stdin is a real file that is no terminal (as under CI, cron or ssh without a tty)."""
+    with open(os.devnull) as devnull:
+        monkeypatch.setattr(sys, "stdin", devnull)
+        yield
+
+
+@pytest.mark.usefixtures("no_terminal")
+def test_a_live_change_without_a_terminal_needs_yes() -> None:
+    from passthrough.cli.common import confirm
+    from passthrough.errors import NotConfirmed
+
+    shown: list[str] = []
+    with pytest.raises(NotConfirmed) as err:
+        confirm(confirm_args("/"), "apply", lambda: shown.append("x") or "diff")
+    assert err.value.exit_code == 2
+    assert str(err.value) == (
+        "apply on the live host (/): stdin is not a terminal to ask on; add --yes to go "
+        "ahead; nothing was changed"
+    )
+    assert shown == []  # nothing shown to nobody
+    confirm(confirm_args("/", yes=True), "apply", lambda: "diff")  # --yes: no question
+    confirm(confirm_args("/tmp"), "apply", lambda: "diff")  # not the live root: no question
+
+
+class _Terminal:
+    """Stand-in for a terminal on stdin (a mock: the test process has no tty); it answers
+    the question with ``answer``."""
+
+    def __init__(self, answer: str) -> None:
+        self.answer = answer
+
+    def isatty(self) -> bool:
+        return True
+
+    def readline(self) -> str:
+        return self.answer
+
+
+@pytest.mark.parametrize("answer, goes_ahead", [("y\n", True), ("yes\n", True), ("\n", False)])
+def test_on_a_terminal_the_change_is_shown_and_asked(
+    answer: str,
+    goes_ahead: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from passthrough.cli.common import confirm
+    from passthrough.errors import NotConfirmed
+
+    monkeypatch.setattr(sys, "stdin", _Terminal(answer))
+    if goes_ahead:
+        confirm(confirm_args("/"), "undo", lambda: "the diff\n")
+    else:
+        with pytest.raises(NotConfirmed, match="not confirmed; nothing was changed"):
+            confirm(confirm_args("/"), "undo", lambda: "the diff\n")
+    err = capsys.readouterr().err
+    assert err.startswith("the diff\nundo these changes on this host? [y/N] ")
+
+
+@pytest.mark.parametrize(
+    "argv", [["apply"], ["undo"], ["bind", "--gpu", "0000:01:00.0"]], ids=["apply", "undo", "bind"]
+)
+@pytest.mark.usefixtures("no_terminal")
+def test_apply_undo_bind_ask_before_changing_the_live_host(
+    argv: list[str], hosts: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from .conftest import tree_hash
+
+    root = tmp_path / "host"
+    shutil.copytree(hosts["consumer-intel"], root, symlinks=True)
+    if argv == ["undo"]:  # something to undo: an apply made without asking (not live yet)
+        assert main(["apply", "--root", str(root)]) == 0
+    before = tree_hash(root)
+    # the sample stands in for this machine's / (is_live is replaced: the test must not
+    # change the machine it runs on)
+    monkeypatch.setattr("passthrough.cli.common.is_live", lambda _root: True)
+    assert main([*argv, "--root", str(root)]) == 2
+    assert tree_hash(root) == before
+    if argv[0] != "bind":  # bind goes on to sysfs writes a sample cannot take
+        assert main([*argv, "--root", str(root), "--yes"]) == 0
+        assert tree_hash(root) != before
+
+
+# -- man pages: generated from the parsers, kept equal to them ----------------------------
+
+
+def test_man_pages_are_the_parsers_and_format_cleanly(regenerate: bool, tmp_path: Path) -> None:
+    from passthrough.cli import COMMANDS
+    from passthrough.cli.manpage import pages, write
+
+    man = Path(__file__).resolve().parents[1] / "docs" / "man"
+    if regenerate:
+        write(man)
+    got = pages()
+    assert set(got) == {"passthrough.1", *(f"passthrough-{c}.1" for c in COMMANDS)}
+    for name, text in got.items():
+        committed = man / name
+        assert committed.exists(), f"{name} missing: pytest --regenerate-golden writes docs/man"
+        assert committed.read_text() == text, f"{name} differs from the parser: --regenerate-golden"
+    written = write(tmp_path)
+    for path in written:
+        r = subprocess.run(
+            ["groff", "-man", "-Tutf8", "-ww", "-z", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert r.returncode == 0 and r.stderr == "", (path.name, r.stderr)
+    apply = subprocess.run(
+        ["man", "-l", str(tmp_path / "passthrough-apply.1")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MANWIDTH": "100"},
+        check=False,
+    ).stdout
+    plain = re.sub(".\b", "", apply).replace("‐", "-")  # no overstrike, no hyphen glyphs
+    assert "-y, --yes" in plain and "exit codes:" in plain

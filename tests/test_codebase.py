@@ -100,3 +100,145 @@ def test_function_size(path: Path) -> None:
     assert allowed <= set(long), f"allowed but now short, drop: {sorted(allowed - set(long))}"
     over = {k: n for k, n in long.items() if k not in FUNCTION_ALLOW}
     assert not over, f"functions over {MAX_FUNCTION_LINES} lines: {over}"
+
+
+# -- one version, one licence ------------------------------------------------------------
+
+
+def test_the_version_is_set_in_one_place() -> None:
+    """passthrough/__init__.py holds it; the wheel takes it from there (pyproject's dynamic
+    version) and the collection's galaxy.yml, which Ansible reads as plain YAML, must agree."""
+    import tomllib
+
+    import yaml
+
+    from passthrough import __version__
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "version" not in project["project"]
+    assert project["project"]["dynamic"] == ["version"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "passthrough.__version__"
+    }
+    galaxy = yaml.safe_load(
+        (REPO / "playbooks/ansible_collections/passthrough/gpu/galaxy.yml").read_text()
+    )
+    assert galaxy["version"] == __version__
+
+
+def test_the_licence_the_metadata_names_is_shipped() -> None:
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    assert (REPO / "LICENSE").read_text().lstrip().startswith("Apache License")
+
+
+# -- the import graph: arrows point down, no cycles ----------------------------------------
+
+# Each package of passthrough/ and the layer it sits in: a module may import its own package
+# and any package of a lower layer, never one above (a module that needs something from above
+# is in the wrong place). guest/ is the standard-library-only guest check, below everything
+# that reads a host, so a GPU guest without pip can run it.
+LAYERS: dict[str, int] = {
+    "": 0,  # passthrough/__init__.py: the version
+    "errors": 0,
+    **dict.fromkeys(("units", "pciclass", "pciaddr", "kernel", "inputs", "resources", "guest"), 1),
+    "model": 2,
+    "host": 3,
+    **dict.fromkeys(("analysis", "fakehost"), 4),
+    "plan": 5,
+    **dict.fromkeys(("execute", "output", "vm", "provision"), 6),
+    "kube": 7,  # the cluster path: built from vm's spec, checked with analysis' policy
+    "cli": 8,
+    "__main__": 9,
+}
+
+
+def _imports() -> dict[str, set[str]]:
+    """Module → the passthrough modules it imports (at the top or inside a function)."""
+    package = REPO / "passthrough"
+    names = {
+        ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        for p in package.rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for path in package.rglob("*.py"):
+        mod = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        deps = graph.setdefault(mod, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                if node.module.split(".")[0] != "passthrough":
+                    continue
+                deps.add(node.module)
+                # `from passthrough.plan import vfio` imports the module passthrough.plan.vfio
+                deps.update(
+                    f"{node.module}.{a.name}"
+                    for a in node.names
+                    if f"{node.module}.{a.name}" in names
+                )
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name.split(".")[0] == "passthrough")
+        deps.discard(mod)
+    return graph
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_package_has_a_layer() -> None:
+    packages = {_package(m) for m in _imports()}
+    assert packages <= set(LAYERS), sorted(packages - set(LAYERS))
+
+
+def test_no_import_points_up() -> None:
+    upward = sorted(
+        f"{mod} -> {dep}"
+        for mod, deps in _imports().items()
+        for dep in deps
+        if _package(dep) != _package(mod)
+        and LAYERS.get(_package(dep), 99) >= LAYERS.get(_package(mod), 99)
+    )
+    assert upward == []
+
+
+def test_no_import_cycle() -> None:
+    graph = _imports()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def test_the_graph_test_sees_an_upward_arrow() -> None:
+    """The rule is not vacuous: the CLI imports the library (an arrow down), and the
+    measure finds function-level imports too (cli/scan.py imports discovery inside run)."""
+    graph = _imports()
+    assert "passthrough.host.discover" in graph["passthrough.cli.scan"]
+    assert LAYERS["cli"] > LAYERS["host"]

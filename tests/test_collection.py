@@ -4,6 +4,7 @@ clean, and its domain comparison sees what matters and nothing libvirt adds by i
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -56,9 +57,9 @@ def test_guest_checks_are_one_implementation() -> None:
         assert link.is_symlink() and link.resolve() == path.resolve()
 
 
-def test_galaxy_build_carries_the_guest_checks_as_files(tmp_path: Path) -> None:
+def _galaxy_build(out: Path) -> Path:
     r = subprocess.run(
-        [str(BIN / "ansible-galaxy"), "collection", "build", "--output-path", str(tmp_path)],
+        [str(BIN / "ansible-galaxy"), "collection", "build", "--output-path", str(out)],
         cwd=COLLECTION,
         capture_output=True,
         text=True,
@@ -66,7 +67,12 @@ def test_galaxy_build_carries_the_guest_checks_as_files(tmp_path: Path) -> None:
         timeout=300,
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    (built,) = tmp_path.glob("passthrough-gpu-*.tar.gz")
+    (built,) = out.glob("passthrough-gpu-*.tar.gz")
+    return built
+
+
+def test_galaxy_build_carries_the_guest_checks_as_files(tmp_path: Path) -> None:
+    built = _galaxy_build(tmp_path)
     with tarfile.open(built) as tar:
         names = set(tar.getnames())
         for module in ("passthrough_check", "passthrough_host", "passthrough_vm"):
@@ -172,6 +178,103 @@ def test_domain_as_libvirt_keeps_it_equals_the_rendering(
         if dom is not None:
             dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
         conn.close()
+
+
+def _bare_inventory(tmp_path: Path, venv: Path, root: Path, **more: object) -> Path:
+    """A local host as a bare one looks to the collection: the system's python3, which has no
+    passthrough (nor jinja2, lxml, libvirt), and a venv path of its own; become through the
+    real sudo."""
+    host = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "passthrough_root": str(root),
+        "passthrough_runtime_venv": str(venv),
+        "passthrough_vm_uri": "test:///default",
+        "passthrough_vm_wait_ssh": False,
+        "passthrough_vm_guests": [{"name": "g1", "gpus": ["0000:01:00.0"], "vcpus": 2}],
+        **more,
+    }
+    inv = tmp_path / "bare.yml"
+    inv.write_text(json.dumps({"gpu_hosts": {"hosts": {"bare": host}}}))
+    return inv
+
+
+def test_a_bare_host_gets_the_controllers_library_once(tmp_path: Path) -> None:
+    """The first run (check mode even) builds the controller's wheel, copies it over and
+    installs it into a venv seeing the system's site packages; the module runs with that
+    venv. A second run changes nothing and is faster; a venv holding another version is
+    replaced; what the VM module needs from the distro is named by package, one line."""
+    from passthrough.provision.runner import run, summary_table
+
+    probe = "import passthrough"
+    bare = subprocess.run(["/usr/bin/python3", "-c", probe], cwd=tmp_path, capture_output=True)
+    assert bare.returncode == 1 and b"No module named 'passthrough'" in bare.stderr
+    root = fakehost.build(fakehost.load("consumer-intel"), tmp_path / "root")
+    venv = tmp_path / "venv"
+    inv = _bare_inventory(tmp_path, venv, root)
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}  # the wheel is built for this test
+    check = run(str(inv), "host.yml", check=True, env=env)
+    assert check.ok and check.hosts["bare"].changed == 1, summary_table(check)
+    assert not (root / "etc/default/grub.d/99-passthrough.cfg").exists()
+    marker = (venv / "passthrough-runtime").read_text().strip()
+    assert marker.startswith("0.1.0+") and len(list((tmp_path / "cache").rglob("*.whl"))) == 1
+    assert "include-system-site-packages = true" in (venv / "pyvenv.cfg").read_text()
+    r = subprocess.run(
+        [str(venv / "bin/python"), "-c", "import passthrough; print(passthrough.__file__)"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert r.stdout.startswith(str(venv))  # the venv's own copy, not the checkout
+    first = run(str(inv), "host.yml", env=env)
+    assert first.ok and first.hosts["bare"].changed == 1 and first.hosts["bare"].reboot
+    assert (root / "etc/default/grub.d/99-passthrough.cfg").exists()
+    again = run(str(inv), "host.yml", env=env)
+    assert again.ok and again.hosts["bare"].changed == 0, summary_table(again)
+    assert again.seconds < check.seconds
+    (venv / "passthrough-runtime").write_text("0.0.1+older\n")
+    newer = run(str(inv), "host.yml", env=env)
+    assert newer.ok and newer.hosts["bare"].changed == 1, summary_table(newer)
+    assert (venv / "passthrough-runtime").read_text().strip() == marker
+    vm = run(str(inv), "vm.yml", env=env)
+    assert not vm.ok
+    reason = vm.hosts["bare"].reason or ""
+    assert "install python3-jinja2 python3-libvirt python3-lxml on this host" in reason, reason
+    fresh = _bare_inventory(tmp_path, tmp_path / "venv2", root)
+    vm = run(str(fresh), "vm.yml", env=env)
+    reason = vm.hosts["bare"].reason or ""
+    assert "install python3-jinja2 python3-libvirt python3-lxml on this host" in reason, reason
+    assert "passthrough_runtime_install_packages: true" in reason
+    assert not (tmp_path / "venv2/passthrough-runtime").exists()
+
+
+def test_galaxy_install_brings_the_declared_dependencies(tmp_path: Path) -> None:
+    """The built collection installs with its dependencies resolved (kubernetes.core, with
+    a version range) and ansible-doc then finds its modules from any directory."""
+    built = _galaxy_build(tmp_path)
+    target = tmp_path / "collections"
+    install = subprocess.run(
+        [str(BIN / "ansible-galaxy"), "collection", "install", str(built), "-p", str(target)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    out = install.stdout + install.stderr
+    assert install.returncode == 0 and "kubernetes.core" in out, out
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(HOME=str(tmp_path), ANSIBLE_COLLECTIONS_PATH=str(target))
+    doc = subprocess.run(
+        [str(BIN / "ansible-doc"), "passthrough.gpu.passthrough_runtime"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    assert doc.returncode == 0 and str(target) in doc.stdout, doc.stdout + doc.stderr
 
 
 def test_domain_comparison_reads_pci_addresses_as_libvirt_does(

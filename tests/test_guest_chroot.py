@@ -20,7 +20,7 @@ from passthrough.provision.runner import run, summary_table
 
 from .conftest import run_ok
 
-# the debootstrap tier: minutes on a cold cache (README "Tests": the fast loop skips it)
+# the debootstrap tier: minutes on a cold cache (docs/testing.md: the fast loop skips it)
 pytestmark = pytest.mark.slow
 
 STAND_IN_CTK = """#!/bin/sh

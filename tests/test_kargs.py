@@ -6,8 +6,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from passthrough.plan.grub import VARS
 from passthrough.plan.kargs import ArgChange, UnsafeCmdline, edit, invert, key_of, needed
-from passthrough.plan.shellvars import parse_value, quote, read_assignments
+from passthrough.plan.linefiles import arguments, cmdline_arg_line, edit_lines, options_line
+from passthrough.plan.shellvars import (
+    Origin,
+    ShellVars,
+    parse_value,
+    quote,
+    read_assignments,
+    source,
+)
 
 KEYS = [
     "quiet",
@@ -122,6 +131,20 @@ def test_grub_assignments(text: str, expected: str | None) -> None:
         ('GRUB_CMDLINE_LINUX_DEFAULT="unterminated\n', "unterminated"),
         ("GRUB_CMDLINE_LINUX_DEFAULT=a b\n", "unquoted space"),
         ('[ -n "$X" ] && GRUB_CMDLINE_LINUX_DEFAULT="a"\n', "does not parse"),
+        # set inside if/elif: which branch runs is decided when the shell runs
+        (
+            'if lspci | grep -q NVIDIA; then\n  GRUB_CMDLINE_LINUX_DEFAULT="nvidia-drm.modeset=1"\n'
+            'elif true; then\n  GRUB_CMDLINE_LINUX_DEFAULT="quiet"\nfi\n',
+            "/etc/default/grub:2: sets GRUB_CMDLINE_LINUX_DEFAULT inside a conditional",
+        ),
+        (
+            'f() {\n GRUB_CMDLINE_LINUX_DEFAULT="x"\n}\n',
+            ":2: sets GRUB_CMDLINE_LINUX_DEFAULT inside",
+        ),
+        ('eval "$(cat /etc/extra)"\n', ":1: uses eval"),
+        ("source grub.local\n", ":1: sources grub.local by a relative name"),
+        (". /etc/default/grub.local\n", "sources /etc/default/grub.local, which this root"),
+        ("unset GRUB_CMDLINE_LINUX_DEFAULT\n", ":1: sets the command line in a way"),
     ],
 )
 def test_grub_files_the_planner_refuses_name_file_and_line(text: str, needle: str) -> None:
@@ -133,3 +156,80 @@ def test_grub_files_the_planner_refuses_name_file_and_line(text: str, needle: st
             {"GRUB_CMDLINE_LINUX_DEFAULT": ""},
         )
     assert needle in str(info.value) and "/etc/default/grub" in str(info.value)
+
+
+def test_lines_that_set_other_variables_are_skipped_even_with_commands() -> None:
+    known = {"GRUB_CMDLINE_LINUX_DEFAULT": ""}
+    text = (
+        "GRUB_DISTRIBUTOR=`lsb_release -i -s 2> /dev/null || echo Debian`\n"
+        "GRUB_DISTRIBUTOR=\"$(awk -F= '/NAME/ {print $2}' \\\n /etc/os-release)\"\n"
+        "if [ -e /sys/firmware/efi ]; then GRUB_TIMEOUT=1; fi\n"
+        'GRUB_CMDLINE_LINUX_DEFAULT="quiet # not a comment"  # a comment\n'
+        "export GRUB_CMDLINE_LINUX_DEFAULT\n"
+    )
+    read_assignments(text, "/etc/default/grub", {"GRUB_CMDLINE_LINUX_DEFAULT"}, known)
+    assert known["GRUB_CMDLINE_LINUX_DEFAULT"] == "quiet # not a comment"
+
+
+def test_a_sourced_file_is_read_as_the_shell_reads_it() -> None:
+    files = {"/etc/default/grub.local": 'GRUB_CMDLINE_LINUX="rd.luks.uuid=abc root=/dev/x"\n'}
+    state = ShellVars(frozenset(VARS))
+    source(
+        'GRUB_CMDLINE_LINUX="ro"\n. /etc/default/grub.local\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\n',
+        "/etc/default/grub",
+        state,
+        files.get,
+    )
+    assert state.value("GRUB_CMDLINE_LINUX") == "rd.luks.uuid=abc root=/dev/x"
+    # every word knows where it was written: a removal edits that file and line
+    assert state.words("GRUB_CMDLINE_LINUX")[1] == (
+        "root=/dev/x",
+        Origin("/etc/default/grub.local", 1, 1),
+    )
+
+
+def test_words_built_from_two_places_have_no_single_origin() -> None:
+    state = ShellVars(frozenset(VARS))
+    text = 'GRUB_CMDLINE_LINUX="a"\nGRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX}b c"\n'
+    source(text, "/g", state)
+    assert state.words("GRUB_CMDLINE_LINUX") == [("ab", None), ("c", Origin("/g", 2, 2))]
+
+
+CMDLINE_CASES = [
+    # comments stay comments: the argument line gets ours, nothing else moves
+    (
+        "# root on LUKS\n# nosmt\ncryptdevice=UUID=1:root root=/dev/mapper/root rw\n",
+        ArgChange(set={"iommu": "iommu=pt"}),
+        "# root on LUKS\n# nosmt\ncryptdevice=UUID=1:root root=/dev/mapper/root rw iommu=pt\n",
+    ),
+    # an argument that must go goes from the line it is on; no final newline is kept so
+    (
+        "root=/dev/sda2 intel_iommu=off\nquiet",
+        ArgChange(set={"intel_iommu": "intel_iommu=on"}),
+        "root=/dev/sda2\nquiet intel_iommu=on",
+    ),
+    # only comments: ours on a line of its own
+    ("# nothing yet\n", ArgChange(set={"iommu": "iommu=pt"}), "# nothing yet\niommu=pt\n"),
+]
+
+
+@pytest.mark.parametrize(("text", "change", "expected"), CMDLINE_CASES)
+def test_kernel_cmdline_keeps_its_lines(text: str, change: ArgChange, expected: str) -> None:
+    assert edit_lines(text, change, cmdline_arg_line, "") == expected
+    assert arguments(expected, cmdline_arg_line, is_options=False)[-1] != "#"
+
+
+def test_every_options_line_of_a_loader_entry_counts() -> None:
+    entry = "title Arch\nlinux /vmlinuz\noptions root=/dev/sda2 rw\noptions intel_iommu=off quiet\n"
+    assert arguments(entry, options_line, is_options=True) == [
+        "root=/dev/sda2",
+        "rw",
+        "intel_iommu=off",
+        "quiet",
+    ]
+    new = edit_lines(
+        entry, ArgChange(set={"intel_iommu": "intel_iommu=on"}), options_line, "options "
+    )
+    assert new == (
+        "title Arch\nlinux /vmlinuz\noptions root=/dev/sda2 rw\noptions quiet intel_iommu=on\n"
+    )

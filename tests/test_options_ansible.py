@@ -29,7 +29,7 @@ COLLECTIONS = REPO / "playbooks"
 LIBRARY = COLLECTIONS / "ansible_collections/passthrough/gpu/plugins/modules"
 ROLE = COLLECTIONS / "ansible_collections/passthrough/gpu/roles/passthrough_vm"
 # options of the role's guest entries that are not guest options of the table
-ROLE_ONLY = {"ssh_host", "state"}
+ROLE_ONLY = {"ssh_host", "state", "existing_disk"}
 # module options the role fills from role variables rather than from each guest entry
 FROM_ROLE_VARS = {"root": "passthrough_vm_root", "uri": "passthrough_vm_uri"}
 FROM_ROLE_VARS["require_handed_over"] = "passthrough_vm_require_handed_over"
@@ -137,8 +137,9 @@ def test_role_guest_options_agree_with_the_table() -> None:
     assert set(guest) == {o.name for o in OPTIONS} | ROLE_ONLY
     for opt in OPTIONS:
         assert _compared(guest[opt.name]) == _compared(ansible_option(opt)), opt.name
-    state = _module("passthrough_vm").MODULE_OPTIONS["state"]
-    assert _compared(guest["state"]) == _compared(state)
+    module = _module("passthrough_vm").MODULE_OPTIONS
+    for name in ("state", "existing_disk"):  # per guest in the role, the module's own
+        assert _compared(guest[name]) == _compared(module[name]), name
 
 
 _TEMPLATED_DEFAULT = re.compile(r"^\{\{ *\w+ *\| *default\((?P<value>.*)\) *\}\}$")

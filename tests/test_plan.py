@@ -11,12 +11,14 @@ import pytest
 
 from passthrough import fakehost
 from passthrough.cli import main
+from passthrough.execute.apply import apply
 from passthrough.host.discover import discover
 from passthrough.host.root import HostRoot
-from passthrough.plan.actions import plan_json
+from passthrough.plan.actions import Plan, plan_json
 from passthrough.plan.build import PlanOptions, make_plan
 
-from .conftest import GOLDEN, assert_golden, tree_hash
+from .bootread import grub_line
+from .conftest import GOLDEN, assert_golden, run_ok, tree_hash
 
 
 def cloud_dropin(root: Path) -> None:
@@ -230,4 +232,148 @@ def test_unparseable_grub_file_refuses(
     assert main(["apply", "--root", str(path)]) == 2
     err = capsys.readouterr().err
     assert needle in err and "/etc/default/grub" in err
+    assert tree_hash(path) == before
+
+
+# -- composing with the admin's own boot configuration ----------------------------------
+
+
+def _apply_plan(path: Path, opts: PlanOptions) -> Plan:
+    root = HostRoot(str(path))
+    plan, _ = make_plan(root, discover(str(path)), opts)
+    apply(root, plan, plan.record())
+    return plan
+
+
+def test_grub_admin_edit_after_apply_takes_effect_with_ours(tmp_path: Path) -> None:
+    path = build(tmp_path, "consumer-intel", {})
+    grub = path / "etc/default/grub"
+    grub.write_text(
+        'GRUB_CMDLINE_LINUX="vfio-pci.ids=10ec:8168"\n'  # a NIC another VM gets: kept
+        'GRUB_CMDLINE_LINUX_DEFAULT="quiet"\n'
+    )
+    plan = _apply_plan(path, PlanOptions())
+    ids = "vfio-pci.ids=10de:2684,10de:22ba,10ec:8168"
+    assert plan.kernel_args.set["vfio-pci.ids"] == ids
+    assert "keeps 10ec:8168" in plan.kernel_args.why["vfio-pci.ids"]
+    # moved into ours where the admin wrote it (one vfio-pci.ids= is read)
+    assert grub.read_text().startswith('GRUB_CMDLINE_LINUX=""\n')
+    assert grub_line(path, tmp_path) == ["quiet", "iommu=pt", ids]
+    # the admin adds an argument later: it is in the next boot's line, and so are ours
+    grub.write_text(grub.read_text().replace('"quiet"', '"quiet nomodeset"'))
+    assert grub_line(path, tmp_path) == ["quiet", "nomodeset", "iommu=pt", ids]
+    assert make_plan(HostRoot(str(path)), discover(str(path)), PlanOptions())[0].empty
+
+
+def test_grub_d_after_ours_that_appends_composes_and_one_that_replaces_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = build(tmp_path, "consumer-intel", {})
+    grub_d = path / "etc/default/grub.d"
+    grub_d.mkdir(parents=True, exist_ok=True)
+    (grub_d / "kdump-tools.cfg").write_text(
+        'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT crashkernel=512M"\n'
+    )
+    _apply_plan(path, PlanOptions())
+    line = grub_line(path, tmp_path)
+    assert line[-1] == "crashkernel=512M" and "vfio-pci.ids=10de:2684,10de:22ba" in line
+    other = build(tmp_path / "b", "consumer-intel", {})
+    (other / "etc/default/grub.d").mkdir(parents=True, exist_ok=True)
+    (other / "etc/default/grub.d/zz-harden.cfg").write_text('GRUB_CMDLINE_LINUX_DEFAULT="ro"\n')
+    before = tree_hash(other)
+    assert main(["apply", "--root", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "/etc/default/grub.d/zz-harden.cfg: sorts after" in err
+    assert tree_hash(other) == before
+
+
+def test_mkinitcpio_dropin_survives_a_user_dropin_without_final_newline(tmp_path: Path) -> None:
+    path = build(tmp_path, "root-nvme-in-group", {})
+    conf_d = path / "etc/mkinitcpio.conf.d"
+    conf_d.mkdir()
+    (conf_d / "hooks.conf").write_text("HOOKS=(base udev modconf block filesystems)")
+    _apply_plan(path, PlanOptions(gpus=("0a:00.0",), allow_boot_gpu=True))
+    ours = (conf_d / "passthrough-vfio.conf").read_text()
+    assert "`" not in ours and "$(" not in ours
+    combined = tmp_path / "combined"
+    combined.write_bytes(
+        b"".join(p.read_bytes() for p in [path / "etc/mkinitcpio.conf", *sorted(conf_d.iterdir())])
+    )
+    out = run_ok(
+        ["env", "-i", "bash", "-c", f'. "{combined}"; echo "${{HOOKS[*]}}"; echo "${{MODULES[*]}}"']
+    ).stdout.split("\n")
+    assert out[0] == "base udev modconf block filesystems"
+    assert out[1] == "vfio_pci vfio vfio_iommu_type1"
+
+
+def test_mkinitcpio_string_form_is_edited_in_place(tmp_path: Path) -> None:
+    path = build(tmp_path, "root-nvme-in-group", {})
+    conf = path / "etc/mkinitcpio.conf"
+    conf.write_text('MODULES="amdgpu"\nHOOKS=(base udev modconf)\n')
+    _apply_plan(path, PlanOptions(gpus=("0a:00.0",), allow_boot_gpu=True))
+    assert (
+        conf.read_text()
+        == 'MODULES="vfio_pci vfio vfio_iommu_type1 amdgpu"\nHOOKS=(base udev modconf)\n'
+    )
+
+
+def test_modprobe_conflicts_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = build(tmp_path, "consumer-intel", {})
+    d = path / "etc/modprobe.d"
+    (d / "nvme-vfio.conf").write_text("options vfio-pci ids=144d:a808\nblacklist vfio_pci\n")
+    data = _plan(path, PlanOptions())
+    conf = next(
+        a for a in data["actions"] if a.get("path") == "/etc/modprobe.d/passthrough-vfio.conf"
+    )
+    assert "+options vfio-pci ids=10de:2684,10de:22ba,144d:a808" in conf["diff"]
+    notes = "\n".join(data["notes"])
+    assert (
+        "/etc/modprobe.d/nvme-vfio.conf:1: its vfio-pci ids= is read before ours, ours wins"
+        in notes
+    )
+    assert (
+        "/etc/modprobe.d/nvme-vfio.conf:2: blacklist vfio_pci stops loading by alias only" in notes
+    )
+    # read after ours, without our IDs: it wins, so our IDs go into its line (journaled)
+    (d / "vfio.conf").write_text("options vfio_pci ids=10ec:8168 disable_vga=1\n")
+    data = _plan(path, PlanOptions())
+    theirs = next(a for a in data["actions"] if a.get("path") == "/etc/modprobe.d/vfio.conf")
+    assert "+options vfio_pci ids=10ec:8168,10de:2684,10de:22ba disable_vga=1" in theirs["diff"]
+    assert any(
+        "vfio.conf:1: its vfio-pci ids= is read after ours and wins" in n for n in data["notes"]
+    )
+    # what is not a PCI ID (a template's placeholder) is refused, nothing written
+    (d / "vfio.conf").write_text("# generated\noptions vfio_pci ids=%DEVICES%\n")
+    before = tree_hash(path)
+    assert main(["apply", "--root", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "/etc/modprobe.d/vfio.conf:2: vfio-pci ids= has '%DEVICES%', which is no PCI ID" in err
+    assert tree_hash(path) == before
+
+
+@pytest.mark.parametrize("release", ["../../../tmp/x", "6.1.0 -x", ""])
+def test_a_kernel_release_that_cannot_be_one_is_refused(
+    release: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = build(tmp_path, "root-nvme-in-group", {})
+    (path / "proc/sys/kernel/osrelease").write_text(release + "\n")
+    before = tree_hash(path)
+    code = main(["apply", "--root", str(path), "--gpu", "0a:00.0", "--allow-boot-gpu"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "kernel release" in err, err
+    assert tree_hash(path) == before
+
+
+def test_dracut_file_after_ours_that_replaces_force_drivers_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = build(tmp_path, "two-gpus-one-group", {})
+    (path / "etc/dracut.conf.d/90-mine.conf").write_text('force_drivers+=" nvme "\n')
+    assert _plan(path, PlanOptions(gpus=("01:00.0", "02:00.0"), allow_boot_gpu=True))["actions"]
+    (path / "etc/dracut.conf.d/zz-mine.conf").write_text('# mine\nforce_drivers="nvme"\n')
+    before = tree_hash(path)
+    args = ["--gpu", "01:00.0", "--gpu", "02:00.0", "--allow-boot-gpu"]
+    assert main(["apply", "--root", str(path), *args]) == 2
+    err = capsys.readouterr().err
+    assert "/etc/dracut.conf.d/zz-mine.conf:2: sorts after 10-passthrough-vfio.conf" in err
     assert tree_hash(path) == before

@@ -152,7 +152,7 @@ def test_selection_findings_codes(hosts: dict[str, Path]) -> None:
 
 
 def test_every_code_is_documented() -> None:
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[1] / "docs" / "discovery.md").read_text()
     for code in CODES:
         assert f"`{code}`" in readme, code
 

@@ -19,7 +19,7 @@ import gi
 gi.require_version("UMockdev", "1.0")
 from gi.repository import UMockdev  # noqa: E402
 
-from passthrough.analysis.viability import judge_all  # noqa: E402
+from passthrough.analysis.policy import judge_all  # noqa: E402
 from passthrough.execute.bind import BindFailed, BindRefused, bind_now  # noqa: E402
 from passthrough.host.discover import discover  # noqa: E402
 from passthrough.host.root import HostRoot  # noqa: E402

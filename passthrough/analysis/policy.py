@@ -1,7 +1,7 @@
 """The safety policy: the one place that decides what may be handed to a guest.
 
 Every refusal and warning is a :class:`~passthrough.model.Finding` with a stable code
-(README "Safety policy"). scan and check read a card's findings; plan, bind, render,
+(docs/discovery.md "Safety policy"). scan and check read a card's findings; plan, bind, render,
 validate and the Ansible modules ask :func:`selection_findings` about the exact set of
 functions a guest would take, so a direct selection, a group expansion and a hand-written
 domain XML meet the same refusals.
@@ -13,6 +13,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from passthrough.analysis import viability
+
+# every code is the policy's too (policy.LARGE_BAR, policy.CODES): callers name them here
+from passthrough.analysis.codes import *  # noqa: F403
 from passthrough.analysis.codes import (
     ACS_OVERRIDE,
     BMC_VGA,

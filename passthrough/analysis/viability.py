@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from passthrough.model import Gpu, GpuVerdict, Host, PciAddress, PciFunction
+from passthrough.model import Gpu, Host, PciAddress, PciFunction
 from passthrough.pciclass import (
     CLASS_WORDS,
     SUBCLASS_AUDIO_HDA,
@@ -110,10 +110,3 @@ def mmio_window_bytes(functions: Iterable[PciFunction]) -> int:
 
 def mmio_window(gpu: Gpu) -> int:
     return mmio_window_bytes(gpu.functions)
-
-
-def judge_all(host: Host) -> list[GpuVerdict]:
-    """Kept for callers of this module: the verdicts live in ``analysis.policy``."""
-    from passthrough.analysis.policy import judge_all as policy_judge_all  # policy imports us
-
-    return policy_judge_all(host)

@@ -11,6 +11,7 @@ module.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -32,7 +33,7 @@ from passthrough.errors import (
 # in the order --help lists them; each is the module passthrough/cli/<name>.py
 COMMANDS = (
     *("scan", "check", "snapshot", "sample", "plan", "apply", "undo", "status", "verify", "bind"),
-    *("render", "validate", "vm", "provision", "guest", "completion"),
+    *("render", "validate", "kubevirt", "vm", "provision", "guest", "completion"),
 )
 
 
@@ -66,7 +67,20 @@ def build_parser(asked: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def tolerant_output() -> None:
+    """A terminal or pipe whose encoding cannot hold a character (PYTHONIOENCODING=ascii,
+    LANG=C on an old system) gets an escape for it instead of a traceback halfway through
+    the output."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            # a stream already closed, or not a text wrapper: left as it is
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    tolerant_output()
     words = list(sys.argv[1:] if argv is None else argv)
     # a command as the first word (before it, only --help or --version could stand, and
     # they want the whole listing)

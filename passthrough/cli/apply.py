@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 
-from passthrough.cli.common import CHANGES, EPILOG, Subparsers, command, dump, progress
-from passthrough.cli.plan import plan_arguments, planned
+from passthrough.cli.common import (
+    CHANGES,
+    EPILOG,
+    Subparsers,
+    command,
+    confirm,
+    dump,
+    progress,
+    yes_flag,
+)
+from passthrough.cli.plan import owed, plan_arguments, planned
 from passthrough.errors import EXIT_OK
 
 
@@ -22,23 +32,26 @@ def add_parser(sub: Subparsers) -> None:
         epilog=EPILOG,
     )
     plan_arguments(p, CHANGES)
+    yes_flag(p)
 
 
 def run(args: argparse.Namespace, stack: list[str]) -> int:
     from passthrough.execute.apply import apply, apply_json, command_mode, listed
-    from passthrough.execute.status import status
+    from passthrough.plan.actions import plan_text
 
     root, plan = planned(args, stack, changing="apply")
+    if not plan.empty:
+        confirm(args, "apply", lambda: plan_text(plan, root))
     tx = apply(root, plan, plan.record(), progress=progress(args))
     # nothing to do here, but commands an earlier apply could only list are still owed
-    owed = [p.argv for p in status(root).pending] if tx is None else []
+    still = owed(root) if tx is None else []
     if args.json:
-        dump(apply_json(tx, plan, owed))
+        dump(apply_json(tx, plan, still), "apply")
         return EXIT_OK
     if tx is None:
         print("Nothing to do: the host already matches the plan.")
-        for argv in owed:
-            print("  still pending (run it inside the root): " + " ".join(argv))
+        for argv in still:
+            print("  still pending (run it inside the root): " + shlex.join(argv))
         return EXIT_OK
     print(f"Applied {len(tx.steps)} steps (transaction {tx.id}).")
     if listed(tx):
@@ -47,6 +60,6 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
             "run them inside it:"
         )
         for argv in listed(tx):
-            print("  " + " ".join(argv))
+            print("  " + shlex.join(argv))
     print("Reboot, then run `passthrough verify`." if plan.reboot else "No reboot required.")
     return EXIT_OK

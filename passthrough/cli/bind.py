@@ -10,9 +10,11 @@ from passthrough.cli.common import (
     Subparsers,
     command,
     common,
+    confirm,
     dump,
     open_root,
     progress,
+    yes_flag,
 )
 from passthrough.cli.plan import plan_flags
 from passthrough.errors import EXIT_OK
@@ -39,10 +41,11 @@ def add_parser(sub: Subparsers) -> None:
         metavar="SECONDS",
         help="wait this long for bind events",
     )
+    yes_flag(p)
 
 
 def run(args: argparse.Namespace, stack: list[str]) -> int:
-    from passthrough.analysis.viability import judge_all
+    from passthrough.analysis.policy import judge_all
     from passthrough.execute.bind import bind_now
     from passthrough.host.discover import discover
     from passthrough.host.root import HostRoot
@@ -51,11 +54,14 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
     root_path = open_root(args.root, stack, changing="bind")
     host = discover(root_path)
     sel = select(host, judge_all(host), list(args.gpu), args.include_group, args.allow_boot_gpu)
+    moving = [str(f.address) for f in sel.functions if f.driver != "vfio-pci"]
+    if moving:
+        confirm(args, "bind", lambda: "bind moves to vfio-pci now: " + ", ".join(moving))
     bound = bind_now(
         HostRoot(root_path), host, sel.functions, args.timeout, progress=progress(args)
     )
     if args.json:
-        dump({"bound": bound, "functions": [str(f.address) for f in sel.functions]})
+        dump({"bound": bound, "functions": [str(f.address) for f in sel.functions]}, "bind")
     elif bound:
         print(
             f"Bound to vfio-pci: {', '.join(bound)} "

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
 
     scan = analysed(args, stack)
     if args.json:
-        dump(check_json(scan))
+        dump(check_json(scan), "check")
     else:
         paint = Painter(wants_color(sys.stdout, args.color))
         if scan.host.machine.guest:

@@ -9,7 +9,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from passthrough.errors import EXIT_USAGE, NotAHostRoot, ReadOnlyRoot, echo
+from passthrough.errors import EXIT_USAGE, NotConfirmed, echo
+from passthrough.host.opening import open_root as open_root  # the commands take it from here
 
 EPILOG = """\
 exit codes:
@@ -19,7 +20,7 @@ exit codes:
   3    a host step failed part-way: `passthrough undo` puts back what was changed
   4    libvirt or Ansible failed underneath
   130  interrupted (Ctrl-C)
-docs: README.md (JSON schema: passthrough/schemas/scan-v1.schema.json)
+docs: README.md, docs/ (JSON schema: passthrough/schemas/scan-v1.schema.json)
 """
 
 # A command's body: the parsed flags, and a list of temporary directories main() removes.
@@ -37,6 +38,8 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("epilog", EPILOG)
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        # `--allow` must not quietly mean --allow-boot-gpu: every flag is spelled in full
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> Any:
@@ -89,35 +92,45 @@ def common(p: argparse.ArgumentParser, root: str | None = READS) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
 
 
-def open_root(path: str, stack: list[str], changing: str | None = None) -> str:
-    """A .tar.gz snapshot is unpacked to a temporary directory (removed on exit); a
-    command that changes the host (``changing`` names it) refuses one."""
-    if os.path.isfile(path) and path.endswith((".tar.gz", ".tgz", ".tar")):
-        if changing:
-            raise ReadOnlyRoot(changing, path)
-        import tempfile
-
-        from passthrough.guest.root import find_root
-        from passthrough.host.snapshot import unpack
-
-        tmp = tempfile.mkdtemp(prefix="passthrough-root-")
-        stack.append(tmp)
-        # a snapshot holds the root at its top; a copy made with tar may hold it in one folder
-        top = find_root(unpack(path, tmp))
-        if not os.path.isdir(os.path.join(top, "sys")) and not os.path.isdir(
-            os.path.join(top, "proc")
-        ):
-            raise NotAHostRoot(
-                path, "the archive holds no sys/ or proc/ (at its top or in one folder)"
-            )
-        return top
-    return path
+def yes_flag(p: argparse.ArgumentParser) -> None:
+    """--yes: for the commands that change the live host."""
+    p.add_argument(
+        "-y",
+        "--yes",
+        action="store_true",
+        help="on the live host (--root /), go ahead without asking; required when stdin is "
+        "not a terminal (scripts, CI, ssh without a tty). Other roots are never asked about",
+    )
 
 
-def dump(obj: object) -> None:
+def is_live(root: str) -> bool:
+    """Whether ``root`` is this machine's own /."""
+    return os.path.realpath(root) == "/"
+
+
+def confirm(args: argparse.Namespace, command: str, show: Callable[[], str]) -> None:
+    """A change to the live host is shown and confirmed first: on a terminal the person
+    is asked; without one, ``--yes`` must say so. Other roots (images, fixtures) are not
+    asked about: nothing there boots this machine."""
+    if getattr(args, "yes", False) or not is_live(args.root):
+        return
+    if not sys.stdin.isatty():
+        raise NotConfirmed(command, "stdin is not a terminal to ask on; add --yes to go ahead")
+    sys.stderr.write(show().rstrip("\n") + "\n")
+    sys.stderr.write(f"{command} these changes on this host? [y/N] ")
+    sys.stderr.flush()
+    answer = sys.stdin.readline().strip().lower()
+    if answer not in ("y", "yes"):
+        raise NotConfirmed(command, "not confirmed")
+
+
+def dump(obj: dict[str, Any], schema: str) -> None:
+    """``--json`` output: one object whose ``schema`` key names its JSON Schema,
+    ``passthrough.NAME/v1`` (passthrough/schemas/NAME-v1.schema.json)."""
+    out = {"schema": f"passthrough.{schema}/v1", **{k: v for k, v in obj.items() if k != "schema"}}
     # Pretty for a person at a terminal; compact (and much faster) into a pipe or file.
     indent = 2 if sys.stdout.isatty() else None
-    sys.stdout.write(json.dumps(obj, indent=indent) + "\n")
+    sys.stdout.write(json.dumps(out, indent=indent) + "\n")
 
 
 def progress(args: argparse.Namespace, prefix: str = "  · ") -> Callable[[str], None]:

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
         root, runner_for(root.is_live, args.commands), compute=not args.no_compute
     )
     if args.json:
-        dump(report.to_json())
+        dump(report.to_json(), "guest-check")
     else:
         painter = Painter(wants_color(sys.stdout, args.color))
         styles = {FAIL: "red", WARN: "yellow", "PASS": "green", "SKIP": "dim"}

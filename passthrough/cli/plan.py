@@ -65,6 +65,20 @@ def plan_arguments(p: argparse.ArgumentParser, root: str = READS) -> None:
     """The flags plan and apply share: the root, the cards, and the kernel's options."""
     common(p, root)
     plan_flags(p)
+    p.add_argument(
+        "--release",
+        action="append",
+        default=[],
+        metavar="ADDRESS",
+        help="a card an earlier apply bound that goes back to the host (repeatable); without "
+        "it a new plan keeps every card an earlier apply bound, and says so",
+    )
+    p.add_argument(
+        "--iommu-only",
+        action="store_true",
+        help="only the kernel arguments that turn the IOMMU on, no card: the first step on a "
+        "host whose IOMMU is off (its groups are known only after the reboot)",
+    )
     p.add_argument("--no-iommu-pt", action="store_true", help="do not add iommu=pt")
     p.add_argument(
         "--hugepages",
@@ -83,24 +97,83 @@ def planned(
     from passthrough.plan.build import PlanOptions, make_plan
 
     root_path = open_root(args.root, stack, changing)
+    root = HostRoot(root_path)
+    gpus, notes = selection(root, args)
     opts = PlanOptions(
-        gpus=tuple(args.gpu),
+        gpus=gpus,
         include_group=args.include_group,
         allow_boot_gpu=args.allow_boot_gpu,
         iommu_pt=not args.no_iommu_pt,
         hugepages_1g=args.hugepages,
+        iommu_only=args.iommu_only,
+        notes=notes,
     )
-    root = HostRoot(root_path)
     plan, _sel = make_plan(root, discover(root_path), opts)
     return root, plan
 
 
+def selection(root: HostRoot, args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The cards to plan, and what the plan should say about them. A host an earlier apply
+    prepared keeps those cards unless --release gives one back: a second ``plan --gpu X``
+    adds X, it never silently drops what is bound (the selection is explicit)."""
+    from passthrough.errors import PassthroughError, quote
+    from passthrough.execute.apply import last_applied
+    from passthrough.model import PciAddress
+
+    record = last_applied(root)
+    earlier = [c.address for c in record.cards] if record else []
+    release = [str(PciAddress.parse(a)) for a in args.release]
+    for addr in release:
+        if addr not in earlier:
+            raise PassthroughError(
+                f"--release {quote(addr)}: not a card an earlier apply bound "
+                f"({', '.join(earlier) or 'none'})"
+            )
+    if args.iommu_only:
+        if args.gpu or release or earlier:
+            raise PassthroughError(
+                "--iommu-only plans no card: "
+                + (
+                    "cards are bound here already (plan them, or `passthrough undo`)"
+                    if earlier
+                    else "leave out --gpu and --release"
+                )
+            )
+        return (), ()
+    kept = [a for a in earlier if a not in release]
+    if not earlier:
+        return tuple(args.gpu), ()
+    if not kept and not args.gpu:
+        raise PassthroughError(
+            "--release gives back every card an earlier apply bound: that is `passthrough undo`"
+        )
+    notes = tuple(
+        f"{a}: kept from the earlier apply (--release {a} gives it back to the host)" for a in kept
+    ) + tuple(f"{a}: released, goes back to the host after the reboot" for a in release)
+    return (*args.gpu, *kept), notes
+
+
+def owed(root: HostRoot) -> list[list[str]]:
+    """Commands an earlier apply could only list (or that failed) and that are still owed:
+    plan, apply and status name the same ones."""
+    from passthrough.execute.status import status
+
+    return [p.argv for p in status(root).pending]
+
+
 def run(args: argparse.Namespace, stack: list[str]) -> int:
+    import shlex
+
     from passthrough.plan.actions import plan_json, plan_text
 
     root, plan = planned(args, stack)
+    pending = owed(root)
     if args.json:
-        dump(plan_json(plan, root))
-    else:
-        print(plan_text(plan, root))
+        dump({**plan_json(plan, root), "pending": pending}, "plan")
+        return EXIT_OK
+    print(plan_text(plan, root))
+    if pending:
+        print("\nStill pending from an earlier apply (run it inside the root, or `apply` again):")
+        for argv in pending:
+            print("  " + shlex.join(argv))
     return EXIT_OK

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from collections.abc import Callable
 
 from passthrough.cli.common import Subparsers, command, common, dump, examples, progress
-from passthrough.errors import EXIT_OK, PassthroughError, echo, output_file
+from passthrough.errors import EXIT_OK, PassthroughError, output_file
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -17,11 +19,16 @@ def add_parser(sub: Subparsers) -> None:
         run,
         help="run the playbooks (host → vm → guest) through ansible-runner",
         description="Run playbooks/site.yml (or --playbook host.yml|vm.yml|guest.yml) against an "
-        "inventory through ansible-runner, with live progress, a per-host summary and the full "
-        "log. Exits 1 when any host failed or was unreachable; other hosts go on (--forks).",
+        "inventory through ansible-runner, with live progress, a per-host summary (reboot "
+        "required shown per host) and the full log (0600). Ansible's configuration is yours: "
+        "$ANSIBLE_CONFIG, ./ansible.cfg, ~/.ansible.cfg or /etc/ansible/ansible.cfg, as Ansible "
+        "finds it; the playbooks' own only where you have none. Exit codes: 0 every host ok; "
+        "2 bad input (missing inventory, playbook or -e file; nothing ran); 4 a host failed or "
+        "was unreachable, or Ansible failed (the other hosts go on, --forks); 130 interrupted.",
         epilog=examples(
             "passthrough provision -i inventory/example/hosts.yml --check --diff",
             "passthrough provision -i hosts.yml --playbook host.yml --limit gpu-node-01",
+            "passthrough provision -i hosts.yml -e @fleet.yml -e '{\"passthrough_reboot_ok\": true}'",
             "passthrough provision -i inventory/sample/hosts.yml --sample",
         ),
     )
@@ -31,10 +38,24 @@ def add_parser(sub: Subparsers) -> None:
     )
     p.add_argument("--limit", metavar="PATTERN")
     p.add_argument("--check", action="store_true", help="check mode: show, change nothing")
-    p.add_argument("--diff", action="store_true", help="show file diffs")
+    p.add_argument("--diff", action="store_true", help="print file and domain diffs (stdout)")
     p.add_argument("--tags", metavar="TAGS")
     p.add_argument("--forks", type=int, default=5)
-    p.add_argument("-e", "--extra-var", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument(
+        "-e",
+        "--extra-vars",
+        action="append",
+        default=[],
+        metavar="VARS",
+        help="as ansible-playbook takes them: KEY=VALUE ..., @FILE (YAML/JSON) or JSON; repeatable",
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="Ansible's verbosity (-v … -vvvv); its own output replaces the progress lines",
+    )
     p.add_argument(
         "--log",
         metavar="FILE",
@@ -48,22 +69,33 @@ def add_parser(sub: Subparsers) -> None:
     common(p, root=None)
 
 
-def _extravars(items: list[str]) -> dict[str, str]:
-    extravars: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise PassthroughError(f"-e '{echo(item)}': expected KEY=VALUE")
-        extravars[key] = value
-    return extravars
+SAMPLE_ENV = "PASSTHROUGH_SAMPLE_ROOT"
+
+
+def _needs_sample(inventory: str) -> None:
+    """inventory/sample drives a sample host built at run time; without --sample (or the
+    variable it sets) say so, before Ansible fails on an empty root."""
+    try:
+        with open(inventory, encoding="utf-8", errors="replace") as f:
+            text = f.read(1 << 20)
+    except OSError:
+        return  # a directory or a missing file: the runner's own checks name it
+    if SAMPLE_ENV in text and not os.environ.get(SAMPLE_ENV):
+        raise PassthroughError(
+            f"{inventory} drives the bundled sample host, built at run time: add --sample "
+            f"(or set {SAMPLE_ENV} to a root from `passthrough sample build hgx-h100 DIR`)"
+        )
 
 
 def run(args: argparse.Namespace, stack: list[str]) -> int:
     from passthrough.provision.runner import ProvisionFailed, run, summary_table
+    from passthrough.provision.settings import extra_vars
 
-    extravars = _extravars(args.extra_var)
+    extra = extra_vars(args.extra_vars)
     env: dict[str, str] = {}
-    if args.sample:
+    if not args.sample:
+        _needs_sample(args.inventory)
+    else:
         import tempfile
 
         from passthrough import fakehost
@@ -71,11 +103,8 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
         tmp = tempfile.mkdtemp(prefix="passthrough-sample-")
         stack.append(tmp)
         root = fakehost.build(fakehost.load("hgx-h100"), os.path.join(tmp, "hgx-h100"))
-        env["PASSTHROUGH_SAMPLE_ROOT"] = str(root)  # inventory/sample reads it (env lookup)
-    log = (args.log and output_file(args.log, "--log")) or os.path.join(
-        os.path.expanduser("~/.local/state/passthrough"),
-        time.strftime("provision-%Y%m%dT%H%M%S.log"),
-    )
+        env[SAMPLE_ENV] = str(root)  # inventory/sample reads it (env lookup)
+    log = (args.log and output_file(args.log, "--log")) or _default_log()
     result = run(
         args.inventory,
         args.playbook,
@@ -84,16 +113,36 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
         args.diff,
         args.tags,
         args.forks,
-        extravars,
         progress=progress(args, prefix=""),
         log_path=log,
         env=env,
+        extra=extra,
+        verbosity=args.verbose,
+        show=_show(args),
     )
     if args.json:
-        dump(result.to_json())
+        dump(result.to_json(), "provision")
         return EXIT_OK if result.ok else ProvisionFailed.exit_code
     print(summary_table(result))
     print(f"\n{'ok' if result.ok else 'FAILED'} in {result.seconds:.1f}s · full log: {result.log}")
     if not result.ok:
         raise result.failure()
     return EXIT_OK
+
+
+def _show(args: argparse.Namespace) -> Callable[[str], None]:
+    """Diffs on stdout, as ansible-playbook prints them; on stderr under --json."""
+
+    def show(text: str) -> None:
+        print(text, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+    return show
+
+
+def _default_log() -> str:
+    """~/.local/state/passthrough/provision-TIME.log; the folder is ours: 0700, even where an
+    older version made it 0755 (the logs may carry what a task printed)."""
+    folder = os.path.expanduser("~/.local/state/passthrough")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    os.chmod(folder, 0o700)
+    return os.path.join(folder, time.strftime("provision-%Y%m%dT%H%M%S.log"))

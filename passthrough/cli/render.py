@@ -82,7 +82,8 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
                 "warnings": list(spec.warnings),
                 "output": args.output,
                 "layout": layout,
-            }
+            },
+            "render",
         )
     elif not args.output:
         sys.stdout.write(xml)

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
             for name in fakehost.sample_names()
         ]
         if getattr(args, "json", False):
-            dump(rows)
+            dump({"samples": rows}, "sample-list")
         else:
             width = max(len(r["name"]) for r in rows)
             for r in rows:
@@ -57,7 +57,10 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
     if action == "build":
         out = fakehost.build(desc, args.dest)
         if args.json:
-            dump({"name": desc.name, "root": str(out), "pci_functions": len(desc.nodes)})
+            dump(
+                {"name": desc.name, "root": str(out), "pci_functions": len(desc.nodes)},
+                "sample-build",
+            )
         else:
             print(
                 f"built {desc.name} in {out} ({len(desc.nodes)} PCI functions); "

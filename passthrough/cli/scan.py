@@ -40,7 +40,8 @@ def add_parser(sub: Subparsers) -> None:
         "--udev",
         choices=("auto", "yes", "no"),
         default="auto",
-        help="enumerate PCI through pyudev (names from the hwdb); auto: on the live root only",
+        help="enumerate PCI through pyudev (names from the hwdb); auto: on the live root only; "
+        "yes: refused on any other root (udev knows this machine, not the root)",
     )
 
 
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
     if wanted:
         scan = only(scan, wanted)
     if args.json:
-        dump(scan_json(scan))
+        dump(scan_json(scan), "scan")
     else:
         paint = Painter(wants_color(sys.stdout, args.color))
         gpus_only = args.gpus_only or bool(wanted)

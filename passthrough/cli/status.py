@@ -28,7 +28,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
 
     report = status(HostRoot(open_root(args.root, stack)))
     if args.json:
-        dump(status_json(report))
+        dump(status_json(report), "status")
     else:
         print(status_text(report))
     return EXIT_OK

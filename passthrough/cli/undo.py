@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 
 from passthrough.cli.common import (
     CHANGES,
@@ -10,11 +11,13 @@ from passthrough.cli.common import (
     Subparsers,
     command,
     common,
+    confirm,
     dump,
     open_root,
     progress,
+    yes_flag,
 )
-from passthrough.errors import EXIT_OK
+from passthrough.errors import EXIT_OK, count
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -37,25 +40,30 @@ def add_parser(sub: Subparsers) -> None:
         action="store_true",
         help="put our backups back even over files changed since apply (those changes are lost)",
     )
+    yes_flag(p)
 
 
 def run(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.execute.status import status, status_text
     from passthrough.execute.undo import undo
     from passthrough.host.root import HostRoot
 
     root = HostRoot(open_root(args.root, stack, changing="undo"))
+    st = status(root)
+    if any(t.kind == "apply" and t.state != "undone" for t in st.transactions) or st.pending:
+        confirm(args, "undo", lambda: status_text(st))
     result = undo(root, progress=progress(args), force=args.force)
     if args.json:
-        dump(result.to_json())
+        dump(result.to_json(), "undo")
     elif result.changed or result.commands:
-        parts = [f"Restored {len(result.restored)} files"]
+        parts = [f"Restored {count(len(result.restored), 'file')}"]
         if result.unpicked:
             parts.append(f"took our lines out of {len(result.unpicked)} changed since apply")
         if result.forced:
             parts.append(f"put {len(result.forced)} back over later changes (--force)")
         print("; ".join(parts) + ". Reboot to return to the original kernel arguments and drivers.")
         for argv in result.listed:
-            print("  pending, run it inside the root: " + " ".join(argv))
+            print("  pending, run it inside the root: " + shlex.join(argv))
     else:
         print("Nothing to undo.")
     return EXIT_OK

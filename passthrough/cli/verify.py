@@ -17,7 +17,10 @@ def add_parser(sub: Subparsers) -> None:
         help="after the reboot: arguments live, IOMMU on, cards on vfio-pci",
         description="Check the running host against the last apply: kernel arguments in "
         "/proc/cmdline, IOMMU on, every function of the handed-over cards bound to vfio-pci, "
-        "nothing the host needs taken. Exits 1 when a check fails.",
+        "nothing the host needs taken; functions on vfio-pci that passthrough did not bind are "
+        "named as such. On a host passthrough never prepared (by hand, another tool): the "
+        "IOMMU and vfio arguments that are live, what is bound to vfio-pci, cards only partly "
+        "bound, and nothing the host needs taken. Exits 1 when a check fails.",
         epilog=EPILOG,
     )
     common(p)
@@ -34,7 +37,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
     results = verify(HostRoot(root_path), discover(root_path))
     report = verify_json(results)
     if args.json:
-        dump(report)
+        dump(report, "verify")
     else:
         print(render_checks(results, Painter(wants_color(sys.stdout, args.color))))
     return EXIT_OK if report["ok"] else EXIT_CHECK_FAILED

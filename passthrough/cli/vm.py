@@ -7,6 +7,7 @@ from typing import Any
 
 from passthrough.cli.common import Parser, Subparsers, command, common, dump
 from passthrough.errors import EXIT_OK, PassthroughError, output_file
+from passthrough.vm.disk import ExistingDisk, Overlay
 
 ACTIONS = (
     ("define", "define a domain from an XML file"),
@@ -42,7 +43,20 @@ def add_parser(sub: Subparsers) -> None:
             a.add_argument(
                 "--base-image",
                 metavar="PATH",
-                help="make the qcow2 overlay the XML points at on this image",
+                help="make the qcow2 overlay the XML points at on this image; a file already "
+                "there is refused (exit 2) unless --reuse-disk or --overwrite-disk says",
+            )
+            disk = a.add_mutually_exclusive_group()
+            disk.add_argument(
+                "--reuse-disk",
+                action="store_true",
+                help="with --base-image: keep a disk already at the overlay's path as it is",
+            )
+            disk.add_argument(
+                "--overwrite-disk",
+                action="store_true",
+                help="with --base-image: replace a disk already there by a new overlay "
+                "(its data is lost)",
             )
         if action == "stop":
             a.add_argument(
@@ -56,10 +70,21 @@ def _seed(args: argparse.Namespace) -> int:
 
     write_seed(output_file(args.output), args.hostname, args.user, args.ssh_key)
     if args.json:
-        dump({"seed": args.output, "user": args.user})
+        dump({"seed": args.output, "user": args.user}, "vm-seed")
     else:
         print(f"wrote {args.output} (cloud-init NoCloud: user {args.user}, host {args.hostname})")
     return EXIT_OK
+
+
+def _existing(args: argparse.Namespace) -> ExistingDisk:
+    if (args.reuse_disk or args.overwrite_disk) and not args.base_image:
+        flag = "--reuse-disk" if args.reuse_disk else "--overwrite-disk"
+        raise PassthroughError(
+            f"{flag} goes with --base-image (it says what to do with its overlay)"
+        )
+    if args.reuse_disk:
+        return ExistingDisk.REUSE
+    return ExistingDisk.OVERWRITE if args.overwrite_disk else ExistingDisk.REFUSE
 
 
 def run(args: argparse.Namespace, stack: list[str]) -> int:
@@ -74,7 +99,9 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
     uri = args.connect
     result: dict[str, Any]
     if action == "define":
-        result = lv.define_file(uri, args.target, args.base_image, start_it=args.start)
+        result = lv.define_file(
+            uri, args.target, args.base_image, start_it=args.start, existing=_existing(args)
+        )
     elif action == "start":
         lv.start(uri, args.target)
         result = lv.status(uri, args.target)
@@ -87,9 +114,11 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
     else:
         result = lv.status(uri, args.target)
     if args.json:
-        dump(result)
+        dump(result, "vm")
     else:
         print(f"{result['name']} on {uri}: {result['state']}")
         for h in result.get("hostdevs", []):
             print(f"  hostdev {h['host']} → guest {h['guest'] or '?'}")
+        if "disk" in result:
+            print("  " + Overlay(**result["disk"]).text())
     return EXIT_OK

@@ -10,8 +10,8 @@ killed, each file is entirely old or entirely new (temp file + fsync + rename); 
 
 from __future__ import annotations
 
-import fcntl
 import os
+import shlex
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -20,10 +20,8 @@ from typing import Any
 
 from passthrough.errors import EXIT_HOST_STEP, PassthroughError
 from passthrough.execute import files
-from passthrough.execute.files import read_file, remove
+from passthrough.execute.files import Attrs, read_file, remove
 from passthrough.execute.journal import (
-    BACKUPS,
-    STATE,
     Journal,
     Step,
     StepKind,
@@ -33,36 +31,43 @@ from passthrough.execute.journal import (
     TxState,
     sha256,
 )
+from passthrough.execute.state import BACKUPS, ensure_dir, own
+from passthrough.execute.state import LOCK as LOCK
+from passthrough.execute.state import Busy as Busy
+from passthrough.execute.state import locked as locked
 from passthrough.host.root import HostRoot
 from passthrough.plan.actions import Action, Plan, PlanRecord, RemoveFile, Run, WriteFile
-
-LOCK = f"{STATE}/lock"
 
 
 class ApplyError(PassthroughError):
     exit_code = EXIT_HOST_STEP
 
 
-class Busy(PassthroughError):
-    def __init__(self, path: str) -> None:
-        super().__init__(
-            f"another apply or undo is running (lock held on {path}); try again when it ends"
-        )
-
-
 @contextmanager
-def locked(root: HostRoot) -> Iterator[None]:
-    path = root.real(LOCK)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+def session(root: HostRoot) -> Iterator[Journal]:
+    """The journal, checked before anything is made (a damaged one changes nothing); then
+    our state directory, its lock, and the temporary files a killed run left, removed."""
+    Journal.load(root)
+    own(root, BACKUPS)  # a link planted there is refused before anything is made
+    with locked(root):
+        journal = Journal.load(root)
+        journal.remove_temps()
+        if journal.settle():
+            journal.save()
+        yield journal
+
+
+def why(exc: OSError) -> str:
+    return f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc.strerror or exc)
+
+
+def saved(journal: Journal) -> str | None:
+    """Save the journal; what went wrong, if it could not be saved (a full disk)."""
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise Busy(path) from None
-        yield
-    finally:
-        os.close(fd)
+        journal.save()
+    except OSError as exc:
+        return why(exc)
+    return None
 
 
 # -- running commands --------------------------------------------------------------------
@@ -118,7 +123,7 @@ def _execute(root: HostRoot, argv: tuple[str, ...], runner: Runner) -> StepState
         raise ApplyError(f"{argv[0]}: command not found") from None
     if result.returncode != 0:
         tail = (result.stderr or result.stdout or "").strip().splitlines()[-1:] or [""]
-        raise ApplyError(f"`{' '.join(argv)}` failed with exit {result.returncode}: {tail[0]}")
+        raise ApplyError(f"`{shlex.join(argv)}` failed with exit {result.returncode}: {tail[0]}")
     return StepState.DONE
 
 
@@ -127,7 +132,7 @@ def run_command(
 ) -> ApplyError | None:
     """Run (or list) one command step, recording its outcome on the step."""
     verb = "list (not run)" if command_mode(root) == "list" else "run"
-    say(f"{verb} {' '.join(step.argv)}")
+    say(f"{verb} {shlex.join(step.argv)}")
     try:
         step.state = _execute(root, tuple(step.argv), runner)
         step.error = None
@@ -143,34 +148,46 @@ def run_command(
 
 def prune_backups(journal: Journal) -> list[str]:
     """Delete every backup no live transaction needs (undone ones, generated outputs an
-    older journal kept, leftovers of a killed run). Returns what was removed."""
+    older journal kept, leftovers of a killed run). Returns what was removed. Only inside
+    our backups directory: its links are removed, never followed."""
     root = journal.root
-    keep = {root.real(b) for b in journal.referenced_backups()}
-    top = root.real(BACKUPS)
+    top = own(root, BACKUPS)
+    keep = {os.path.relpath(own(root, b), top) for b in journal.referenced_backups()}
     removed: list[str] = []
-    for dirpath, _dirs, names in os.walk(top, topdown=False):
+    if not os.path.isdir(top):
+        return removed
+    for dirpath, dirnames, names, dirfd in os.fwalk(top, topdown=False, follow_symlinks=False):
+        here = os.path.relpath(dirpath, top)
         for name in names:
-            path = os.path.join(dirpath, name)
-            if path not in keep:
-                os.unlink(path)
-                removed.append(os.path.relpath(path, root.real("")))
-        if dirpath != top and not os.listdir(dirpath):
-            os.rmdir(dirpath)
+            rel = os.path.normpath(os.path.join(here, name))
+            if rel not in keep:
+                files.fault_point("unlink", os.path.join(dirpath, name))
+                os.unlink(name, dir_fd=dirfd)
+                removed.append(f"{BACKUPS}/{rel}")
+        for name in dirnames:
+            try:
+                files.fault_point("rmdir", os.path.join(dirpath, name))
+                os.rmdir(name, dir_fd=dirfd)
+            except OSError:
+                pass  # not empty: a backup still needed
     return removed
 
 
 def _file_step(journal: Journal, tx: Transaction, n: int, action: WriteFile | RemoveFile) -> Step:
     root = journal.root
     rel = action.path
-    before = read_file(root, rel)
     path = root.real(rel)
+    before = read_file(root, rel)
+    attrs = files.attrs_of(path) if before is not None else None
     step = Step(
         n=n,
         kind=StepKind.WRITE if isinstance(action, WriteFile) else StepKind.REMOVE,
         state=StepState.BEGUN,
         path=rel,
         existed=before is not None,
-        mode=os.stat(path).st_mode & 0o7777 if before is not None else None,
+        mode=attrs.mode if attrs else None,
+        uid=attrs.uid if attrs else None,
+        gid=attrs.gid if attrs else None,
         before_sha256=sha256(before),
     )
     if isinstance(action, WriteFile):
@@ -179,11 +196,34 @@ def _file_step(journal: Journal, tx: Transaction, n: int, action: WriteFile | Re
             step.written = action.content.decode() if len(action.content) < 65536 else None
         except UnicodeDecodeError:
             step.written = None
+        made = files.missing_dirs(os.path.dirname(path))
+        step.made_dirs = [os.path.relpath(d, root.path) for d in made]
     # only the first live change of a path needs the original: later ones return to it
     if before is not None and journal.original_step(rel) is None:
         step.backup = f"{BACKUPS}/{tx.id}/{n}-{rel.replace('/', '_')}"
-        files.atomic_write(root.real(step.backup), before, 0o600)
     return step
+
+
+def _change(
+    root: HostRoot, step: Step, action: WriteFile | RemoveFile, say: Callable[[str], None]
+) -> None:
+    """One file step, journaled as begun: its backup first (0600, the original's extended
+    attributes carried), then the change itself."""
+    path = root.real(action.path)
+    if step.backup:
+        before = read_file(root, action.path)
+        if sha256(before) != step.before_sha256 or before is None:
+            raise ApplyError(f"/{action.path} changed while apply ran; nothing of it was changed")
+        ensure_dir(root, os.path.dirname(step.backup))
+        backup = Attrs(0o600, xattrs=files.xattrs_of(path))
+        files.atomic_write(own(root, step.backup), before, attrs=backup)
+    if isinstance(action, WriteFile):
+        say(f"write /{action.path}")
+        files.make_dirs([os.path.join(root.path, d) for d in step.made_dirs])
+        files.atomic_write(path, action.content, action.mode)
+    else:
+        say(f"remove /{action.path}")
+        remove(root.real(action.path, follow_final=False))
 
 
 # -- apply -------------------------------------------------------------------------------
@@ -204,6 +244,50 @@ def _pending_reruns(journal: Journal, plan: Plan) -> list[Run]:
     return out
 
 
+def _step(
+    journal: Journal,
+    tx: Transaction,
+    n: int,
+    action: Action,
+    runner: Runner,
+    say: Callable[[str], None],
+) -> str | None:
+    """Journal one step as begun, do it, record its outcome; what failed, if anything."""
+    root = journal.root
+    try:
+        if isinstance(action, WriteFile | RemoveFile):
+            step = _file_step(journal, tx, n, action)
+        else:
+            step = Step(
+                n=n,
+                kind=StepKind.RUN,
+                state=StepState.BEGUN,
+                argv=list(action.argv),
+                regenerate=action.regenerate,
+                undo_argv=list(action.undo_argv) if action.undo_argv else None,
+            )
+    except OSError as exc:
+        return why(exc)
+    tx.steps.append(step)
+    failed = saved(journal)  # recorded before anything changes: write-ahead
+    if failed is not None:
+        tx.steps.pop()
+        return failed
+    try:
+        if isinstance(action, WriteFile | RemoveFile):
+            _change(root, step, action, say)
+            step.state = StepState.DONE
+        else:
+            error = run_command(root, step, runner, say)
+            if error is not None:
+                return str(error)
+    except (OSError, ApplyError) as exc:
+        step.state = StepState.FAILED
+        step.error = why(exc) if isinstance(exc, OSError) else str(exc)
+        return step.error
+    return saved(journal)
+
+
 def apply(
     root: HostRoot,
     plan: Plan,
@@ -214,9 +298,7 @@ def apply(
     """Execute ``plan`` (and any regeneration left pending); returns the transaction, or
     None when there was nothing to do. Stops at the first failure (ApplyError)."""
     say = progress or (lambda _m: None)
-    Journal.load(root)  # a damaged journal is refused before even the lock file is made
-    with locked(root):
-        journal = Journal.load(root)
+    with session(root) as journal:
         actions: list[Action] = [*plan.actions, *_pending_reruns(journal, plan)]
         if not actions:
             return None
@@ -227,43 +309,22 @@ def apply(
             args_dropped=sorted(plan.kernel_args.drop),
         )
         for n, action in enumerate(actions):
-            if isinstance(action, WriteFile | RemoveFile):
-                step = _file_step(journal, tx, n, action)
-            else:
-                step = Step(
-                    n=n,
-                    kind=StepKind.RUN,
-                    state=StepState.BEGUN,
-                    argv=list(action.argv),
-                    regenerate=action.regenerate,
-                    undo_argv=list(action.undo_argv) if action.undo_argv else None,
-                )
-            tx.steps.append(step)
-            journal.save()  # the backup exists and the step is recorded before anything changes
-            failure: str | None = None
-            try:
-                if isinstance(action, WriteFile):
-                    say(f"write /{action.path}")
-                    files.atomic_write(root.real(action.path), action.content, action.mode)
-                    step.state = StepState.DONE
-                elif isinstance(action, RemoveFile):
-                    say(f"remove /{action.path}")
-                    remove(root.real(action.path, follow_final=False))
-                    step.state = StepState.DONE
-                else:
-                    error = run_command(root, step, runner, say)
-                    failure = str(error) if error else None
-            except OSError as exc:
-                step.state = StepState.FAILED
-                failure = f"{exc.filename or ''}: {exc.strerror}"
+            failure = _step(journal, tx, n, action, runner, say)
             if failure is not None:
                 tx.state = TxState.FAILED
-                journal.save()
-                raise ApplyError(f"{failure}; the host is partly changed: run `passthrough undo`")
-            journal.save()
+                unrecorded = saved(journal)
+                note = f" (the journal could not record it: {unrecorded})" if unrecorded else ""
+                raise ApplyError(
+                    f"{failure}; the host is partly changed{note}: run `passthrough undo`"
+                )
         tx.state = TxState.COMPLETE
         tx.finished = time.time()
-        journal.save()
+        unrecorded = saved(journal)
+        if unrecorded:
+            raise ApplyError(
+                f"every step is done but the journal could not record it ({unrecorded}): "
+                "make room, then run `passthrough apply` again"
+            )
         prune_backups(journal)
         return tx
 

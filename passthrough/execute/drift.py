@@ -62,6 +62,9 @@ def _strip_args(
     kept = [w for w in words if w not in added]
     if var == path:
         return " ".join(kept), var
+    ref = "${" + var + "}"
+    if kept[:1] == [ref]:  # our GRUB drop-in appends: the reference stays a reference
+        return f'{var}="{ref} {quote(" ".join(kept[1:]))[1:-1]}"', var
     return f"{var}={quote(' '.join(kept))}", var
 
 

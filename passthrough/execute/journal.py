@@ -19,12 +19,14 @@ from typing import Any
 
 from passthrough.errors import PassthroughError
 from passthrough.execute import files
+from passthrough.execute.journal_json import Fields, loads, record
+from passthrough.execute.state import BACKUPS as BACKUPS
+from passthrough.execute.state import JOURNAL as JOURNAL
+from passthrough.execute.state import JOURNAL_LIMIT, own
+from passthrough.execute.state import STATE as STATE
 from passthrough.host.root import HostRoot
 from passthrough.plan.actions import PlanRecord
 
-STATE = "var/lib/passthrough"
-JOURNAL = f"{STATE}/journal.json"
-BACKUPS = f"{STATE}/backups"
 SCHEMA = "passthrough.journal/v2"
 VERSION = 2
 
@@ -62,21 +64,16 @@ UNFINISHED = frozenset({StepState.BEGUN, StepState.FAILED, StepState.LISTED})
 
 class BadJournal(PassthroughError):
     def __init__(self, path: str, why: str) -> None:
-        super().__init__(f"{path}: {why}; nothing was changed")
+        super().__init__(
+            f"{path}: {why}; nothing was changed: put back a good copy of the journal, or "
+            f"move it aside and check by hand the files it names (their originals are under "
+            f"{path.rsplit('/', 1)[0]}/backups)"
+        )
+        self.path = path
 
 
 def sha256(data: bytes | None) -> str | None:
     return hashlib.sha256(data).hexdigest() if data is not None else None
-
-
-def _inside(rel: str | None) -> str | None:
-    """A path from the journal, which undo will write: relative and never climbing out
-    (a journal is a file under the root, and the root may be someone else's image)."""
-    if rel is None:
-        return None
-    if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/") or not rel:
-        raise ValueError(f"path {rel!r} is not inside the root")
-    return rel
 
 
 @dataclass
@@ -87,11 +84,14 @@ class Step:
     # file steps (write/remove)
     path: str | None = None
     existed: bool = False
-    mode: int | None = None
+    mode: int | None = None  # the original's mode, owner and group, which undo puts back
+    uid: int | None = None
+    gid: int | None = None
     before_sha256: str | None = None  # None: the file was absent
     backup: str | None = None  # only on the first live step of a path
     written_sha256: str | None = None  # None: apply removed the file
     written: str | None = None  # what apply wrote (small text files), to find our own lines
+    made_dirs: list[str] = field(default_factory=list)  # made for this file: undo removes them
     legacy: bool = False  # from a v1 journal: what was written is not known
     # command steps
     argv: list[str] = field(default_factory=list)
@@ -110,11 +110,15 @@ class Step:
                 path=self.path,
                 existed=self.existed,
                 mode=self.mode,
+                uid=self.uid,
+                gid=self.gid,
                 before_sha256=self.before_sha256,
                 backup=self.backup,
                 written_sha256=self.written_sha256,
                 written=self.written,
             )
+            if self.made_dirs:
+                out["made_dirs"] = self.made_dirs
             if self.legacy:
                 out["legacy"] = True
         else:
@@ -124,23 +128,29 @@ class Step:
         return out
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Step:
+    def from_json(cls, f: Fields) -> Step:
+        backup = f.path("backup")
+        if backup is not None and not backup.startswith(BACKUPS + "/"):
+            raise ValueError(f"backup {backup[:80]!r} is not in {BACKUPS}")
         return cls(
-            n=int(d["n"]),
-            kind=StepKind(d["kind"]),
-            state=StepState(d["state"]),
-            path=_inside(d.get("path")),
-            existed=bool(d.get("existed", False)),
-            mode=d.get("mode"),
-            before_sha256=d.get("before_sha256"),
-            backup=_inside(d.get("backup")),
-            written_sha256=d.get("written_sha256"),
-            written=d.get("written"),
-            legacy=bool(d.get("legacy", False)),
-            argv=list(d.get("argv") or []),
-            regenerate=bool(d.get("regenerate", False)),
-            undo_argv=d.get("undo_argv"),
-            error=d.get("error"),
+            n=f.integer("n"),
+            kind=StepKind(f.text("kind")),
+            state=StepState(f.text("state")),
+            path=f.path("path"),
+            existed=f.flag("existed"),
+            mode=f.opt_integer("mode", hi=0o7777),
+            uid=f.opt_integer("uid"),
+            gid=f.opt_integer("gid"),
+            before_sha256=f.sha("before_sha256"),
+            backup=backup,
+            written_sha256=f.sha("written_sha256"),
+            written=f.opt_text("written"),
+            made_dirs=f.paths("made_dirs"),
+            legacy=f.flag("legacy"),
+            argv=f.texts("argv"),
+            regenerate=f.flag("regenerate"),
+            undo_argv=f.opt_texts("undo_argv"),
+            error=f.opt_text("error"),
         )
 
 
@@ -181,82 +191,92 @@ class Transaction:
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Transaction:
+    def from_json(cls, f: Fields) -> Transaction:
         return cls(
-            id=str(d["id"]),
-            kind=TxKind(d.get("kind", "apply")),
-            state=TxState(d["state"]),
-            started=float(d.get("started", 0.0)),
-            steps=[Step.from_json(s) for s in d.get("steps", [])],
-            record=_record(d.get("record")),
-            args_set=list(d.get("args_set") or []),
-            args_dropped=list(d.get("args_dropped") or []),
-            finished=d.get("finished"),
-            undone=d.get("undone"),
-            undid=list(d.get("undid") or []),
-            restored=list(d.get("restored") or []),
+            id=f.ident("id"),
+            kind=TxKind(f.text("kind", "apply")),
+            state=TxState(f.text("state")),
+            started=f.number("started", 0.0),
+            steps=[Step.from_json(s) for s in f.objects("steps")],
+            record=_record(f.obj("record")),
+            args_set=f.texts("args_set"),
+            args_dropped=f.texts("args_dropped"),
+            finished=f.opt_number("finished"),
+            undone=f.opt_number("undone"),
+            undid=f.texts("undid"),
+            restored=f.paths("restored"),
         )
 
 
 RECORD_KEYS = ("cards", "functions", "kernel_args", "binding", "bootloader")
 
 
-def _record(d: dict[str, Any] | None) -> PlanRecord | None:
+def _record(f: Fields) -> PlanRecord | None:
     """An apply's plan record as stored (v2: under ``record``; v1: inline in the
     transaction, next to its own keys); None where there is none (undo, an empty apply)."""
-    if not d or not any(k in d for k in RECORD_KEYS):
+    if not any(k in f.d for k in RECORD_KEYS):
         return None
-    return PlanRecord.from_json(d)
+    return record(f)
 
 
-def _from_v1(root: HostRoot, d: dict[str, Any]) -> Transaction:
+def _from_v1(root: HostRoot, t: Fields) -> Transaction:
     """A transaction as journal v1 wrote it: the plan's record inline, file steps with a
     ``files`` list, and command steps carrying backups of their outputs (grub.cfg, every
     initrd) — those were generated files: they are dropped here and pruned."""
     steps: list[Step] = []
-    for s in d.get("steps", []):
-        state = StepState(s["state"])
-        if s["kind"] == "run":
+    for s in t.objects("steps"):
+        n, state = s.integer("n"), StepState(s.text("state"))
+        if s.text("kind") == "run":
             steps.append(
                 Step(
-                    n=int(s["n"]),
+                    n=n,
                     kind=StepKind.RUN,
                     state=state,
-                    argv=list(s.get("argv") or []),
-                    regenerate=bool(s.get("regenerate")),
-                    undo_argv=s.get("undo_argv"),
+                    argv=s.texts("argv"),
+                    regenerate=s.flag("regenerate"),
+                    undo_argv=s.opt_texts("undo_argv"),
                 )
             )
             continue
-        for f in s.get("files", []):
-            backup = _inside(f.get("backup"))
-            before = root.read_bytes(backup) if backup else None
+        for f in s.objects("files"):
+            backup = f.path("backup")
+            before = files.read_own(own(root, backup)) if backup else None
             steps.append(
                 Step(
-                    n=int(s["n"]),
-                    kind=StepKind(s["kind"]),
+                    n=n,
+                    kind=StepKind(s.text("kind")),
                     state=state,
-                    path=_inside(f["path"]),
-                    existed=bool(f["existed"]),
-                    mode=f.get("mode"),
+                    path=f.path("path") or "",
+                    existed=f.flag("existed"),
+                    mode=f.opt_integer("mode", hi=0o7777),
                     before_sha256=sha256(before),
                     backup=backup,
                     legacy=True,
                 )
             )
-    ka = d.get("kernel_args") or {}
+    ka = t.obj("kernel_args")
     return Transaction(
-        id=str(d["id"]),
+        id=t.ident("id"),
         kind=TxKind.APPLY,
-        state=TxState(d["state"]),
-        started=float(d.get("started", 0.0)),
+        state=TxState(t.text("state")),
+        started=t.number("started", 0.0),
         steps=steps,
-        record=_record(d),
-        args_set=list(ka.get("set") or []),
-        args_dropped=list(ka.get("remove") or []),
-        finished=d.get("finished"),
-        undone=d.get("undone"),
+        record=_record(t),
+        args_set=ka.texts("set"),
+        args_dropped=ka.texts("remove"),
+        finished=t.opt_number("finished"),
+        undone=t.opt_number("undone"),
     )
+
+
+def parse(root: HostRoot, raw: bytes) -> list[Transaction]:
+    """The transactions of a journal's bytes; ValueError naming the first problem."""
+    top = Fields(loads(raw), "the journal")
+    if top.d.get("version") == VERSION:
+        return [Transaction.from_json(t) for t in top.objects("transactions")]
+    if top.d.get("schema") == "passthrough.journal/v1":
+        return [_from_v1(root, t) for t in top.objects("transactions")]
+    raise ValueError(f"unknown journal version {str(top.d.get('version'))[:20]!r}")
 
 
 @dataclass
@@ -279,23 +299,20 @@ class Journal:
 
     @classmethod
     def load(cls, root: HostRoot) -> Journal:
-        raw = root.read_bytes(JOURNAL)
+        """The journal, every field checked (BadJournal, exit 2, before anything is done)."""
+        where = own(root, JOURNAL)
+        try:
+            raw = files.read_own(where, JOURNAL_LIMIT)
+        except OSError as exc:
+            raise BadJournal(where, f"cannot be read ({exc.strerror})") from None
         if raw is None:
             return cls(root, [])
-        where = root.abs(JOURNAL)
         try:
-            data = json.loads(raw)
-            if data.get("version") == VERSION:
-                txs = [Transaction.from_json(t) for t in data["transactions"]]
-            elif data.get("schema") == "passthrough.journal/v1":
-                txs = [_from_v1(root, t) for t in data["transactions"]]
-            else:
-                raise BadJournal(where, f"unknown journal version {data.get('version')!r}")
-        except (json.JSONDecodeError, AttributeError):
-            raise BadJournal(where, "the journal is not valid JSON") from None
-        except (KeyError, ValueError, TypeError) as exc:
-            raise BadJournal(where, f"the journal is damaged ({exc!s})") from None
-        return cls(root, txs)
+            return cls(root, parse(root, raw))
+        except ValueError as exc:  # JSON, types, ranges, enums, paths (UnicodeError too)
+            raise BadJournal(where, f"the journal is damaged ({str(exc)[:200]})") from None
+        except OSError as exc:
+            raise BadJournal(where, f"a backup it names cannot be read ({exc.strerror})") from None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -307,9 +324,8 @@ class Journal:
     def save(self) -> None:
         # files.atomic_write looked up at each call: the kill test replaces the writer to
         # stop the process at every write, journal saves included
-        files.atomic_write(
-            self.root.real(JOURNAL), (json.dumps(self.to_json(), indent=2) + "\n").encode(), 0o600
-        )
+        data = (json.dumps(self.to_json(), indent=2) + "\n").encode()
+        files.atomic_write(own(self.root, JOURNAL), data, 0o600, keep=False)
 
     def live(self) -> list[Transaction]:
         """Apply transactions not (yet entirely) undone, oldest first."""
@@ -348,3 +364,29 @@ class Journal:
             for s in tx.file_steps()
             if s.backup and s.state is not StepState.UNDONE
         }
+
+    def remove_temps(self) -> None:
+        """Temporary files a killed run left beside the files it was writing."""
+        root = self.root
+        files.remove_temp(own(root, JOURNAL))
+        for tx in self.transactions:
+            for s in tx.file_steps():
+                if s.path:
+                    files.remove_temp(root.real(s.path))
+                if s.backup:
+                    files.remove_temp(own(root, s.backup))
+
+    def settle(self) -> bool:
+        """Steps cut off (or failed) before they changed their file: nothing of theirs is
+        on the host, and none keeps the original for a later step (its backup may never
+        have been written). Marked undone; True when there was one."""
+        found = False
+        for tx in self.live():
+            for s in tx.file_steps():
+                if s.state not in (StepState.BEGUN, StepState.FAILED) or s.path is None:
+                    continue
+                if sha256(files.read_file(self.root, s.path)) == s.before_sha256:
+                    s.state = StepState.UNDONE
+                    s.error = "cut off before it changed the file"
+                    found = True
+        return found

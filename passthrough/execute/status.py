@@ -7,6 +7,7 @@ pending because it failed, was cut off, or could only be listed.
 
 from __future__ import annotations
 
+import shlex
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -21,7 +22,8 @@ class FileStatus:
     path: str
     change: str  # created, modified, removed
     # as-written, not-written (the step never wrote), changed-since, deleted-since,
-    # recreated-since, unknown, undone, superseded
+    # recreated-since, unknown, undone, superseded; cut-off (an undo's write that a kill
+    # or a full disk interrupted: the next undo finishes it)
     drift: str
 
 
@@ -58,7 +60,8 @@ class Status:
             f.path
             for t in self.transactions
             for f in t.files
-            if f.drift not in ("as-written", "not-written", "undone", "superseded", "unknown")
+            if f.drift
+            not in ("as-written", "not-written", "undone", "superseded", "unknown", "cut-off")
         ]
 
 
@@ -99,6 +102,12 @@ def status(root: HostRoot) -> Status:
             files.append(FileStatus(s.path or "", change, drift))
         if tx.kind is TxKind.UNDO:
             files = [FileStatus(p, "restored", "undone") for p in tx.restored]
+            # a write this undo journaled and never saw through: the next undo finishes it
+            files += [
+                FileStatus(s.path or "", "restoring", "cut-off")
+                for s in tx.file_steps()
+                if s.state is StepState.BEGUN and s.path not in tx.restored
+            ]
         out.append(
             TxStatus(
                 id=tx.id,
@@ -134,6 +143,8 @@ def status_text(st: Status) -> str:
     lines: list[str] = []
     for t in st.transactions:
         what = f" (undoes {', '.join(t.undid)})" if t.undid else ""
+        if t.state == "running":  # killed, or out of disk space, unless it runs right now
+            what += " — cut off unless still running: `passthrough undo` takes it from here"
         lines.append(f"{t.id}  {t.started}  {t.kind} {t.state}{what}")
         for f in t.files:
             lines.append(f"  {f.change:<9} /{f.path}  [{f.drift}]")
@@ -158,7 +169,7 @@ def status_text(st: Status) -> str:
         )
         for p in st.pending:
             why = f": {p.error}" if p.error else ""
-            lines.append(f"  {' '.join(p.argv)}  [{p.state} in {p.transaction}{why}]")
+            lines.append(f"  {shlex.join(p.argv)}  [{p.state} in {p.transaction}{why}]")
     else:
         lines.append("No command pending.")
     return "\n".join(lines)

@@ -13,7 +13,11 @@ initramfs, an admin adds a line to a file we edited. So:
   they are listed and stay pending (``passthrough status``);
 - a missing backup does not stop the rest: the others are restored, the missing one is
   named (exit 3), and running undo again finishes once it is back (or ``--force`` leaves
-  that file as it is).
+  that file as it is). A backup that does not hash to what the journal recorded is
+  treated the same way: never restored, named;
+- every write is journaled before it happens, so an undo cut off (a kill, a full disk)
+  is finished by the next one, which recognises what the cut-off one wrote;
+- directories apply made (an empty ``etc/default/grub.d``) are removed when empty.
 """
 
 from __future__ import annotations
@@ -25,17 +29,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from passthrough.errors import EXIT_HOST_STEP, PassthroughError
+from passthrough.execute import files
 from passthrough.execute.apply import (
     Runner,
     _default_runner,
-    locked,
     prune_backups,
     run_command,
+    session,
+    why,
 )
-from passthrough.execute.drift import Ambiguous, unpick
-from passthrough.execute.files import atomic_write, read_file, remove
+from passthrough.execute.files import Attrs, atomic_write, remove
 from passthrough.execute.journal import (
-    JOURNAL,
     Journal,
     Step,
     StepKind,
@@ -45,6 +49,8 @@ from passthrough.execute.journal import (
     TxState,
     sha256,
 )
+from passthrough.execute.state import STATE, own
+from passthrough.execute.undo_decide import Decision, decide_all
 from passthrough.host.root import HostRoot
 
 
@@ -63,14 +69,14 @@ class DriftRefused(PassthroughError):
 class UndoIncomplete(PassthroughError):
     exit_code = EXIT_HOST_STEP
 
-    def __init__(self, missing: list[str], failed: list[str]) -> None:
+    def __init__(self, missing: dict[str, str], failed: list[str]) -> None:
         parts = []
         if missing:
             parts.append(
-                "backup missing for "
-                + ", ".join("/" + p for p in missing)
-                + " (left as it is; the rest is restored): put the backup back and run "
-                "`passthrough undo` again, or `passthrough undo --force` to leave it"
+                "backup missing or damaged for "
+                + ", ".join(f"/{p} ({why})" for p, why in missing.items())
+                + " (left as it is; the rest is restored): put the original backup back and "
+                "run `passthrough undo` again, or `passthrough undo --force` to leave it"
             )
         if failed:
             parts.append(
@@ -80,8 +86,20 @@ class UndoIncomplete(PassthroughError):
                 "`passthrough undo` runs it again"
             )
         super().__init__("; ".join(parts))
-        self.missing = missing
+        self.missing = list(missing)
         self.failed = failed
+
+
+class UndoStopped(PassthroughError):
+    """A write failed (a full disk): what was done is journaled, the next undo finishes."""
+
+    exit_code = EXIT_HOST_STEP
+
+    def __init__(self, why: str) -> None:
+        super().__init__(
+            f"{why}; undo stopped part-way (`passthrough status` shows where): make room, "
+            "then run `passthrough undo` again"
+        )
 
 
 @dataclass
@@ -110,62 +128,6 @@ class UndoResult:
         }
 
 
-# -- deciding, per path, before anything changes ----------------------------------------
-
-
-@dataclass
-class Decision:
-    path: str
-    steps: list[Step]  # the live steps on this path, oldest first
-    action: str  # "restore", "unpick", "nothing", "drifted", "missing"
-    content: bytes | None = None  # what to write for "restore"/"unpick" (None: remove)
-    why: str = ""
-
-
-def _ours(steps: list[Step]) -> set[str | None]:
-    """The hashes the file may have if nobody touched it since apply."""
-    last = steps[-1]
-    if last.state is StepState.DONE:
-        return {last.written_sha256}
-    return {last.written_sha256, last.before_sha256}  # begun/failed: before or after
-
-
-def _decide(root: HostRoot, path: str, steps: list[Step], txs: list[Transaction]) -> Decision:
-    first, last = steps[0], steps[-1]
-    current = read_file(root, path)
-    now = sha256(current)
-    original: bytes | None = None
-    if first.existed:
-        original = read_file(root, first.backup) if first.backup else None
-        if original is None:
-            if now == first.before_sha256:
-                return Decision(path, steps, "nothing")
-            return Decision(path, steps, "missing", why=first.backup or "no backup recorded")
-    if now == first.before_sha256 and (current is not None) == first.existed:
-        return Decision(path, steps, "nothing")
-    if last.legacy or now in _ours(steps):
-        return Decision(path, steps, "restore", original)
-    if current is None:
-        return Decision(path, steps, "drifted", original, why="deleted since apply")
-    if last.kind is StepKind.REMOVE or last.written is None:
-        return Decision(path, steps, "drifted", original, why="recreated since apply")
-    args_set = [a for tx in txs for a in tx.args_set]
-    args_dropped = [a for tx in txs for a in tx.args_dropped]
-    result = unpick(path, original or b"", last.written.encode(), current, args_set, args_dropped)
-    if isinstance(result, Ambiguous):
-        return Decision(path, steps, "drifted", original, why=result.why)
-    return Decision(path, steps, "unpick", result.content)
-
-
-def _decisions(journal: Journal, targets: list[Transaction]) -> list[Decision]:
-    by_path: dict[str, list[Step]] = {}
-    for tx in targets:
-        for step in tx.file_steps():
-            if step.state is not StepState.UNDONE and step.path is not None:
-                by_path.setdefault(step.path, []).append(step)
-    return [_decide(journal.root, p, steps, targets) for p, steps in by_path.items()]
-
-
 def _commands(targets: list[Transaction]) -> list[Step]:
     """Inverse commands (newest first), then each regeneration once, in plan order."""
     inverse: list[list[str]] = []
@@ -188,12 +150,91 @@ def _commands(targets: list[Transaction]) -> list[Step]:
 # -- doing it ---------------------------------------------------------------------------
 
 
-def _put(root: HostRoot, d: Decision) -> None:
+def _attrs(root: HostRoot, d: Decision) -> Attrs | None:
+    """What the file is written with: the original's mode, owner and group (as apply
+    recorded them) and extended attributes (carried by the file, or by the backup when the
+    file is gone); None (those of the file there now) for our lines taken out of it."""
+    first = d.steps[0]
+    if d.action == "unpick" or not first.existed:
+        return None
+    current = files.attrs_of(root.real(d.path))
+    if current is not None:
+        xattrs = current.xattrs
+    else:
+        xattrs = files.xattrs_of(own(root, first.backup)) if first.backup else {}
+    mode = first.mode if first.mode is not None else (current.mode if current else 0o644)
+    return Attrs(mode, first.uid, first.gid, xattrs)
+
+
+def _put(journal: Journal, tx: Transaction, d: Decision) -> None:
+    """Journal what is about to be written (so that a cut-off undo is recognised), write it."""
+    root = journal.root
+    step = Step(
+        n=len(tx.steps),
+        kind=StepKind.REMOVE if d.content is None else StepKind.WRITE,
+        state=StepState.BEGUN,
+        path=d.path,
+        written_sha256=sha256(d.content),
+    )
+    tx.steps.append(step)
+    journal.save()
     if d.content is None:
         remove(root.real(d.path, follow_final=False))
     else:
-        first = d.steps[0]
-        atomic_write(root.real(d.path), d.content, first.mode if first.existed else None)
+        atomic_write(root.real(d.path), d.content, attrs=_attrs(root, d))
+    step.state = StepState.DONE
+
+
+def _say_force(root: HostRoot, d: Decision, say: Callable[[str], None]) -> None:
+    gone = not os.path.lexists(root.real(d.path, follow_final=False))
+    lost = "removed since apply" if gone else "edited"
+    say(f"--force: restore /{d.path} from backup; what was {lost} since apply is lost")
+
+
+def _files(
+    journal: Journal,
+    tx: Transaction,
+    decisions: list[Decision],
+    result: UndoResult,
+    say: Callable[[str], None],
+    force: bool,
+) -> dict[str, str]:
+    """Every path back (newest first, as they were made); the missing backups, by path."""
+    root = journal.root
+    missing: dict[str, str] = {}
+    for d in reversed(decisions):
+        if d.action == "missing":
+            if not force:
+                say(f"backup missing or damaged: /{d.path} left as it is ({d.why})")
+                missing[d.path] = d.why
+                continue
+            say(f"--force: /{d.path} left as it is ({d.why})")
+        elif d.action == "finished":
+            say(f"/{d.path}: already put back by an undo that was cut off")
+            result.restored.append(d.path)
+        elif d.action != "nothing":
+            if d.action == "drifted":
+                _say_force(root, d, say)
+            elif d.action == "unpick":
+                say(f"remove our lines from /{d.path} (changed since apply: the rest is kept)")
+            else:
+                say(f"restore /{d.path}")
+            _put(journal, tx, d)
+            lists = {"drifted": result.forced, "unpick": result.unpicked}
+            lists.get(d.action, result.restored).append(d.path)
+        for step in d.steps:
+            step.state = StepState.UNDONE
+        tx.restored.append(d.path)
+        journal.save()
+    return missing
+
+
+def _remove_dirs(root: HostRoot, targets: list[Transaction], say: Callable[[str], None]) -> None:
+    """The directories apply made, deepest first, where they are empty again."""
+    made = {d for tx in targets for s in tx.file_steps() for d in s.made_dirs}
+    for rel in sorted(made, key=lambda d: d.count("/"), reverse=True):
+        if not files.remove_dir(os.path.join(root.path, rel)):
+            say(f"/{rel} is kept: apply made it, but it is not empty now")
 
 
 def undo(
@@ -203,67 +244,53 @@ def undo(
     force: bool = False,
 ) -> UndoResult:
     """Undo every apply not yet undone (see the module's docstring). Raises DriftRefused
-    (nothing changed) or UndoIncomplete (the rest done, exit 3)."""
+    (nothing changed), UndoIncomplete or UndoStopped (exit 3: the next undo finishes)."""
     say = progress or (lambda _m: None)
     result = UndoResult()
-    if not root.exists(JOURNAL):
+    if not os.path.lexists(own(root, STATE)):
         return result  # never applied here: nothing to undo, and nothing to write (no lock)
-    Journal.load(root)  # a damaged journal is refused before even the lock file is made
-    with locked(root):
-        journal = Journal.load(root)
+    with session(root) as journal:
         targets = journal.live()
-        if not targets:
-            return _rerun_pending(journal, runner, say, result)
-        decisions = _decisions(journal, targets)
+        decisions = decide_all(journal, targets)
         drifted = {d.path: d.why for d in decisions if d.action == "drifted"}
         if drifted and not force:
             raise DriftRefused(drifted)
+        try:
+            if not targets:
+                return _rerun_pending(journal, runner, say, result)
+            return _undo(journal, targets, decisions, runner, say, force, result)
+        except OSError as exc:
+            raise UndoStopped(why(exc)) from None
+
+
+def _undo(
+    journal: Journal,
+    targets: list[Transaction],
+    decisions: list[Decision],
+    runner: Runner,
+    say: Callable[[str], None],
+    force: bool,
+    result: UndoResult,
+) -> UndoResult:
+    for t in targets:
+        t.state = TxState.UNDOING
+    tx = journal.begin(TxKind.UNDO, undid=[t.id for t in targets])
+    missing = _files(journal, tx, decisions, result, say, force)
+    _remove_dirs(journal.root, targets, say)
+    failed = _run_all(journal, tx, _commands(targets), runner, say, result)
+    if missing:
+        tx.state = TxState.FAILED
+    else:
         for t in targets:
-            t.state = TxState.UNDOING
-        tx = journal.begin(TxKind.UNDO, undid=[t.id for t in targets])
-        missing: list[str] = []
-        for d in reversed(decisions):  # newest paths first, as they were made
-            if d.action == "missing":
-                if not force:
-                    say(f"backup missing: /{d.path} left as it is ({d.why})")
-                    missing.append(d.path)
-                    continue
-                say(f"--force: /{d.path} left as it is (its backup {d.why} is gone)")
-            elif d.action == "drifted":
-                lost = (
-                    "removed since apply"
-                    if not os.path.lexists(root.real(d.path, follow_final=False))
-                    else "edited"
-                )
-                say(f"--force: restore /{d.path} from backup; what was {lost} since apply is lost")
-                _put(root, d)
-                result.forced.append(d.path)
-            elif d.action == "unpick":
-                say(f"remove our lines from /{d.path} (changed since apply: the rest is kept)")
-                _put(root, d)
-                result.unpicked.append(d.path)
-            elif d.action == "restore":
-                say(f"restore /{d.path}")
-                _put(root, d)
-                result.restored.append(d.path)
-            for step in d.steps:
-                step.state = StepState.UNDONE
-            tx.restored.append(d.path)
-            journal.save()
-        failed = _run_all(journal, tx, _commands(targets), runner, say, result)
-        if missing:
-            tx.state = TxState.FAILED
-        else:
-            for t in targets:
-                t.state = TxState.UNDONE
-                t.undone = time.time()
-            tx.state = TxState.FAILED if failed else TxState.COMPLETE
-        tx.finished = time.time()
-        journal.save()
-        prune_backups(journal)
-        if missing or failed:
-            raise UndoIncomplete(missing, failed)
-        return result
+            t.state = TxState.UNDONE
+            t.undone = time.time()
+        tx.state = TxState.FAILED if failed else TxState.COMPLETE
+    tx.finished = time.time()
+    journal.save()
+    prune_backups(journal)
+    if missing or failed:
+        raise UndoIncomplete(missing, failed)
+    return result
 
 
 def _run_all(
@@ -306,5 +333,5 @@ def _rerun_pending(
     tx.finished = time.time()
     journal.save()
     if failed:
-        raise UndoIncomplete([], failed)
+        raise UndoIncomplete({}, failed)
     return result

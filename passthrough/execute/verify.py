@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from passthrough.errors import PassthroughError
+from passthrough.analysis.viability import find_gpus
 from passthrough.execute.apply import last_applied
 from passthrough.host.root import HostRoot
 from passthrough.model import CheckResult, Host, Level
@@ -10,24 +10,78 @@ from passthrough.plan import vfio
 from passthrough.plan.actions import Binding, PlanRecord
 from passthrough.plan.kargs import key_of
 
-
-class NothingApplied(PassthroughError):
-    def __init__(self, root: str) -> None:
-        super().__init__(
-            f"nothing has been applied to {root} (no complete transaction in the journal)"
-        )
+# the kernel arguments that say how the IOMMU and vfio-pci are set up
+IOMMU_KEYS = ("intel_iommu", "amd_iommu", "iommu", "vfio-pci.ids", "vfio_iommu_type1")
 
 
 def verify(root: HostRoot, host: Host) -> list[CheckResult]:
+    """The host against the newest complete apply's plan; on a host passthrough never
+    prepared (by hand, another tool), against what a passthrough host needs."""
     record = last_applied(root)  # the plan of the newest complete apply
     if record is None:
-        raise NothingApplied(root.path)
+        return by_hand(host)
+    ours = set(record.functions)
     return [
         _kernel_args(host, record),
         _iommu(host),
         *(_bound(host, record, addr) for addr in record.functions),
+        *(
+            CheckResult(
+                f"vfio {f.address}", Level.PASS, f"{f.id} bound to vfio-pci (not by passthrough)"
+            )
+            for f in host.functions
+            if f.driver == "vfio-pci" and str(f.address) not in ours
+        ),
         _host_devices(host),
     ]
+
+
+def by_hand(host: Host) -> list[CheckResult]:
+    """verify on a host passthrough did not prepare: what is live, whoever set it up."""
+    live = [a for a in host.kernel.cmdline if key_of(a) in IOMMU_KEYS]
+    bound = [f for f in host.functions if f.driver == "vfio-pci"]
+    results = [
+        CheckResult(
+            "origin",
+            Level.SKIP,
+            "no passthrough apply in the journal (prepared by hand or by another tool): "
+            "checking what the host has",
+        ),
+        CheckResult(
+            "kernel-args",
+            Level.PASS,
+            "IOMMU and vfio arguments live: " + (" ".join(live) or "none (kernel defaults)"),
+        ),
+        _iommu(host),
+    ]
+    if not bound:
+        results.append(
+            CheckResult(
+                "vfio",
+                Level.FAIL,
+                "no function is bound to vfio-pci",
+                "passthrough plan && passthrough apply (at boot), or passthrough bind (now)",
+            )
+        )
+    results += [
+        CheckResult(f"vfio {f.address}", Level.PASS, f"{f.id} bound to vfio-pci") for f in bound
+    ]
+    for gpu in find_gpus(host):
+        drivers = {str(f.address): f.driver or "no driver" for f in gpu.functions}
+        on_vfio = [a for a, d in drivers.items() if d == "vfio-pci"]
+        if on_vfio and len(on_vfio) < len(drivers):
+            others = ", ".join(f"{a} on {d}" for a, d in drivers.items() if d != "vfio-pci")
+            results.append(
+                CheckResult(
+                    f"card {gpu.address}",
+                    Level.WARN,
+                    f"only part of the card is on vfio-pci: {others}",
+                    "every function of a card goes to the same guest: bind them all "
+                    f"(passthrough plan --gpu {gpu.address})",
+                )
+            )
+    results.append(_host_devices(host))
+    return results
 
 
 def _kernel_args(host: Host, record: PlanRecord) -> CheckResult:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from passthrough.errors import NotAHostRoot
+from passthrough.errors import NotAHostRoot, PassthroughError, echo
 from passthrough.host import facts
 from passthrough.host.critical import read_critical
 from passthrough.host.packages import read_packages, read_tool_versions
@@ -90,8 +90,15 @@ def pci_source_for(root: str, use_udev: str = "auto") -> PciSource | None:
     """pyudev's enumeration on the live root (names from the hwdb), or None for the root's
     sysfs files: a fixture, a snapshot, or a live machine without pyudev (a GPU guest
     with no pip) — unless ``use_udev="yes"`` insists on it."""
-    if use_udev == "no" or (use_udev == "auto" and os.path.abspath(root) != "/"):
+    live = os.path.realpath(root) == "/"
+    if use_udev == "no" or (use_udev == "auto" and not live):
         return None
+    if not live and "UMOCKDEV_DIR" not in os.environ:
+        # udev knows this machine's devices, not the root's: the report would mix the two
+        raise PassthroughError(
+            f"--udev yes with --root {echo(root)}: udev enumerates this machine's devices, not "
+            "the root's (only with --root /, or under umockdev-run with the root's record)"
+        )
     try:
         import pyudev  # noqa: F401
     except ImportError:

@@ -330,8 +330,11 @@ def unpack(archive: str, dest: str) -> str:
     return dest
 
 
-def capture(root_path: str, out_path: str) -> tuple[Host, dict[str, int]]:
-    """Discover ``root_path`` through a recorder and write what was read to ``out_path``."""
+def capture(
+    root_path: str, out_path: str, also: Callable[[HostRoot, Host], None] | None = None
+) -> tuple[Host, dict[str, int]]:
+    """Discover ``root_path`` through a recorder and write what was read to ``out_path``;
+    ``also`` reads more through the same recorder first (what ``plan`` reads, for one)."""
     from passthrough.host.discover import discover, pci_source_for, root_pci_source
 
     recorder: list[RecordingRoot] = []
@@ -346,10 +349,10 @@ def capture(root_path: str, out_path: str) -> tuple[Host, dict[str, int]]:
     if source is not None:
         # pyudev read the PCI tree behind the recorder's back: read it again through it.
         root_pci_source(recorder[0])
-    from passthrough.host.recorded import record_guest_check, record_plan
+    from passthrough.host.recorded import record_guest_check
 
     if host.machine.guest:
         record_guest_check(recorder[0])
-    else:
-        record_plan(recorder[0], host)
+    elif also is not None:
+        also(recorder[0], host)
     return host, write_snapshot(recorder[0], host, out_path)

@@ -8,6 +8,7 @@ from typing import TextIO
 
 from passthrough.analysis.checks import guest_without_iommu
 from passthrough.analysis.scan import Scan
+from passthrough.errors import count
 from passthrough.model import CheckResult, GpuVerdict, Level, PciAddress, PciFunction, Severity
 from passthrough.pciclass import CLASS_WORDS
 from passthrough.units import format_size
@@ -64,7 +65,7 @@ def render_checks(checks: list[CheckResult], paint: Painter) -> str:
     passes = len(checks) - fails - warns - skips
     lines.append("")
     lines.append(
-        f"{passes} passed, {warns} warnings, {fails} failed"
+        f"{passes} passed, {count(warns, 'warning')}, {fails} failed"
         + (f", {skips} not applicable" if skips else "")
     )
     return "\n".join(lines)
@@ -169,7 +170,7 @@ def render_gpus(scan: Scan, paint: Painter) -> str:
             f"      group {groups} · numa {numa} · driver {p.driver or '-'} · ids {','.join(v.gpu.vfio_ids)}"
             + (f" · {bars}" if bars else "")
         )
-        # refusals first, then warnings; the code is what README "Safety policy" lists
+        # refusals first, then warnings; the code is what docs/discovery.md "Safety policy" lists
         for f in v.findings:
             mark = paint("✘", "red") if f.severity is Severity.ERROR else paint("!", "yellow")
             lines.append(f"      {mark} {f.message} {paint(f'[{f.code}]', 'dim')}")

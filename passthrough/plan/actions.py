@@ -7,6 +7,7 @@ and ``passthrough apply``; re-planning an applied host gives a plan without acti
 from __future__ import annotations
 
 import difflib
+import shlex
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -21,6 +22,8 @@ class WriteFile:
     path: str  # relative to the root
     content: bytes
     why: str
+    # The mode of a file apply creates (its owner: whoever runs apply). A file apply
+    # rewrites keeps its own mode, owner, group and extended attributes, whatever this says.
     mode: int = 0o644
 
 
@@ -206,7 +209,7 @@ def plan_text(plan: Plan, root: HostRoot) -> str:
             lines.append(f"# {verb} /{a.path} — {a.why}")
             lines.append(file_diff(root, a).rstrip("\n"))
         else:
-            lines.append(f"# run: {' '.join(a.argv)} — {a.why}")
+            lines.append(f"# run: {shlex.join(a.argv)} — {a.why}")
     for note in plan.notes:
         lines.append("")
         lines.append(f"note: {note}")

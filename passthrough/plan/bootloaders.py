@@ -7,108 +7,21 @@ Each knows where its configured arguments live (``configured``) and how to chang
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import ClassVar
 
-from passthrough.errors import PassthroughError
 from passthrough.host.root import HostRoot
 from passthrough.model import BootloaderKind, Host
 from passthrough.plan.actions import Action, Run, WriteFile
-from passthrough.plan.kargs import ArgChange, UnsafeCmdline, edit, key_of, utf8_text
-from passthrough.plan.shellvars import quote, read_assignments
-
-HEADER = (
-    "# Written by passthrough (GPU passthrough kernel arguments); `passthrough undo` removes it.\n"
+from passthrough.plan.bootloader_base import (
+    Bootloader,
+    UnknownBootloader,
+    checked_entry,
+    checked_release,
 )
+from passthrough.plan.grub import Grub
+from passthrough.plan.kargs import ArgChange, UnsafeCmdline, key_of, utf8_text
+from passthrough.plan.linefiles import arguments, cmdline_arg_line, edit_lines, options_line
 
-
-class UnknownBootloader(PassthroughError):
-    def __init__(self, args: Sequence[str]) -> None:
-        super().__init__(
-            "cannot tell which bootloader this host uses, so kernel arguments are not changed; "
-            f"add them with your bootloader's tool: {' '.join(args)}"
-        )
-
-
-class Bootloader:
-    name: ClassVar[BootloaderKind] = BootloaderKind.UNKNOWN
-
-    def __init__(self, root: HostRoot, host: Host) -> None:
-        self.root = root
-        self.host = host
-
-    def configured(self) -> list[str]:
-        raise NotImplementedError
-
-    def actions(self, change: ArgChange) -> list[Action]:
-        raise NotImplementedError
-
-
-class Grub(Bootloader):
-    """Debian/Ubuntu GRUB: a drop-in in /etc/default/grub.d (sourced last), then update-grub."""
-
-    name = BootloaderKind.GRUB
-    DROPIN = "etc/default/grub.d/99-passthrough.cfg"
-    VARS = ("GRUB_CMDLINE_LINUX", "GRUB_CMDLINE_LINUX_DEFAULT")
-
-    def _files(self) -> list[str]:
-        files = ["etc/default/grub"]
-        files += [
-            f"etc/default/grub.d/{n}"
-            for n in self.root.listdir("etc/default/grub.d")
-            if n.endswith(".cfg")
-        ]
-        return files
-
-    def _values(self, skip_ours: bool) -> dict[str, str]:
-        known = {v: "" for v in self.VARS}
-        main = self.root.read_bytes("etc/default/grub")
-        if main is None:
-            raise UnsafeCmdline("/etc/default/grub", "missing, although GRUB was detected")
-        for rel in self._files():
-            if skip_ours and rel == self.DROPIN:
-                continue
-            text = utf8_text(self.root.read_bytes(rel), "/" + rel)
-            if text is None:
-                continue
-            found = read_assignments(text, "/" + rel, set(self.VARS), known)
-            if rel > self.DROPIN and found:
-                raise UnsafeCmdline(
-                    "/" + rel, f"sorts after {self.DROPIN} and sets the command line itself"
-                )
-        return known
-
-    def configured(self) -> list[str]:
-        values = self._values(skip_ours=False)
-        return values["GRUB_CMDLINE_LINUX"].split() + values["GRUB_CMDLINE_LINUX_DEFAULT"].split()
-
-    def actions(self, change: ArgChange) -> list[Action]:
-        base = self._values(skip_ours=True)
-        current = self._values(skip_ours=False)
-        new_linux = edit(current["GRUB_CMDLINE_LINUX"].split(), ArgChange(drop=change.drop))
-        # keys being set move to _DEFAULT (it comes last on the kernel line)
-        new_linux = [a for a in new_linux if key_of(a) not in change.set]
-        new_default = edit(current["GRUB_CMDLINE_LINUX_DEFAULT"].split(), change)
-        lines = [HEADER]
-        for var, value in (
-            ("GRUB_CMDLINE_LINUX", new_linux),
-            ("GRUB_CMDLINE_LINUX_DEFAULT", new_default),
-        ):
-            if " ".join(value) != base[var]:
-                lines.append(f"{var}={quote(' '.join(value))}\n")
-        tool = "update-grub" if self._has("update-grub") else "grub-mkconfig"
-        argv = (
-            ("update-grub",)
-            if tool == "update-grub"
-            else ("grub-mkconfig", "-o", "/boot/grub/grub.cfg")
-        )
-        return [
-            WriteFile(self.DROPIN, "".join(lines).encode(), "kernel arguments for the next boot"),
-            Run(argv, "regenerate grub.cfg", touches=("boot/grub/grub.cfg",), regenerate=True),
-        ]
-
-    def _has(self, tool: str) -> bool:
-        return any(self.root.exists(f"{d}/{tool}") for d in ("usr/sbin", "sbin", "usr/bin"))
+__all__ = ["Bootloader", "Grub", "UnknownBootloader", "for_host"]
 
 
 class Grubby(Bootloader):
@@ -123,17 +36,20 @@ class Grubby(Bootloader):
     )
 
     def configured(self) -> list[str]:
-        entries = sorted(e for e in self.root.listdir("boot/loader/entries") if e.endswith(".conf"))
-        release = self.host.kernel.release or ""
+        entries = sorted(
+            checked_entry(e)
+            for e in self.root.listdir("boot/loader/entries")
+            if e.endswith(".conf")
+        )
+        release = checked_release(self.host.kernel.release) or ""
         chosen = next(
             (e for e in entries if release and release in e), entries[0] if entries else None
         )
         if chosen is None:
             raise UnsafeCmdline("/boot/loader/entries", "no BLS entry found")
-        for line in (self.root.read(f"boot/loader/entries/{chosen}") or "").splitlines():
-            if line.startswith("options "):
-                return line[len("options ") :].split()
-        return []
+        rel = f"boot/loader/entries/{chosen}"
+        text = utf8_text(self.root.read_bytes(rel), "/" + rel) or ""
+        return arguments(text, options_line, is_options=True)
 
     def actions(self, change: ArgChange) -> list[Action]:
         argv = ["grubby", "--update-kernel=ALL"]
@@ -169,28 +85,24 @@ class KernelCmdlineFile(Bootloader):
     def configured(self) -> list[str]:
         text = self._read(self.PATH)
         if text is not None:
-            return text.split()
+            return arguments(text, cmdline_arg_line, is_options=False)
         entry = self._entry()
-        return self._options(entry) if entry else []
+        if entry is None:
+            return []
+        return arguments(self._read(entry) or "", options_line, is_options=True)
 
     def _entry(self) -> str | None:
         for base in ("boot/loader/entries", "efi/loader/entries", "boot/efi/loader/entries"):
-            for name in self.root.listdir(base):
+            for name in sorted(self.root.listdir(base)):
                 if name.endswith(".conf"):
-                    return f"{base}/{name}"
+                    return f"{base}/{checked_entry(name)}"
         return None
 
     def _read(self, rel: str) -> str | None:
         return utf8_text(self.root.read_bytes(rel), "/" + rel)
 
-    def _options(self, rel: str) -> list[str]:
-        for line in (self._read(rel) or "").splitlines():
-            if line.startswith("options"):
-                return line.split()[1:]
-        return []
-
     def regenerate(self) -> Run:
-        release = self.host.kernel.release or "$(uname -r)"
+        release = checked_release(self.host.kernel.release) or "$(uname -r)"
         return Run(
             ("kernel-install", "add", release, f"/usr/lib/modules/{release}/vmlinuz"),
             "install the kernel with the new command line",
@@ -201,7 +113,7 @@ class KernelCmdlineFile(Bootloader):
     def actions(self, change: ArgChange) -> list[Action]:
         text = self._read(self.PATH)
         if text is not None:
-            new = " ".join(edit(text.split(), change)) + "\n"
+            new = edit_lines(text, change, cmdline_arg_line, "")
             return [
                 WriteFile(self.PATH, new.encode(), "kernel arguments for the next boot"),
                 self.regenerate(),
@@ -209,17 +121,8 @@ class KernelCmdlineFile(Bootloader):
         entry = self._entry()
         if entry is None:
             raise UnsafeCmdline("/etc/kernel/cmdline", "missing, and no loader entry found")
-        data = self._read(entry) or ""
-        out = []
-        for line in data.splitlines():
-            if line.startswith("options"):
-                line = "options " + " ".join(edit(line.split()[1:], change))
-            out.append(line)
-        return [
-            WriteFile(
-                entry, ("\n".join(out) + "\n").encode(), "kernel arguments in the loader entry"
-            )
-        ]
+        new = edit_lines(self._read(entry) or "", change, options_line, "options ")
+        return [WriteFile(entry, new.encode(), "kernel arguments in the loader entry")]
 
 
 class Proxmox(KernelCmdlineFile):

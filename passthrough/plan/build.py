@@ -8,7 +8,7 @@ from passthrough.analysis.scan import analyse
 from passthrough.errors import PassthroughError
 from passthrough.host.root import HostRoot
 from passthrough.model import BootloaderKind, Host
-from passthrough.plan import vfio
+from passthrough.plan import modprobe_conflicts, vfio
 from passthrough.plan.actions import Action, Binding, Plan, PlannedCard, RemoveFile, WriteFile
 from passthrough.plan.bootloaders import UnknownBootloader, for_host
 from passthrough.plan.kargs import ArgChange, KargOptions, desired, needed
@@ -22,6 +22,8 @@ class PlanOptions:
     allow_boot_gpu: bool = False
     iommu_pt: bool = True
     hugepages_1g: int = 0
+    iommu_only: bool = False  # only the kernel arguments that turn the IOMMU on: no card
+    notes: tuple[str, ...] = ()  # what the caller decided about the selection, told in the plan
 
 
 # what the host keeps for itself beyond boot-time 1 GiB huge pages (which it can never use)
@@ -63,29 +65,20 @@ def _write_if_changed(root: HostRoot, action: WriteFile) -> list[Action]:
     return [] if current == action.content else [action]
 
 
-def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Selection]:
-    hugepages_note = check_hugepages(opts.hugepages_1g, host)
-    scan = analyse(host)
-    sel = select(host, scan.verdicts, list(opts.gpus), opts.include_group, opts.allow_boot_gpu)
-    loader = for_host(root, host)
-    kopts = KargOptions(
-        iommu_pt=opts.iommu_pt,
-        vfio_ids=() if sel.ids_ambiguous else tuple(sel.vfio_ids),
-        boot_gpu=sel.boot_gpu,
-        hugepages_1g=opts.hugepages_1g,
-    )
-    configured = loader.configured() if loader else list(host.kernel.cmdline)
-    target = desired(host, kopts, configured)
-    notes = list(sel.notes)
-    if hugepages_note:
-        notes.append(hugepages_note)
+def _binding_actions(root: HostRoot, host: Host, sel: Selection, notes: list[str]) -> list[Action]:
+    """vfio-pci at boot for the selection: modprobe.d, the udev rule, the initramfs. Files
+    first, commands after them (the initramfs reads modprobe.d)."""
     actions: list[Action] = []
-    # Files first, commands after them (the initramfs reads modprobe.d).
     deps = vfio.softdeps(root, host, sel.functions)
-    conf = vfio.modprobe_conf([] if sel.ids_ambiguous else sel.vfio_ids, deps)
+    ids, conflicts, theirs = modprobe_conflicts.review(
+        root, [] if sel.ids_ambiguous else list(sel.vfio_ids), sel.ids_ambiguous
+    )
+    notes += conflicts
+    conf = vfio.modprobe_conf(ids, deps)
     actions += _write_if_changed(
         root, WriteFile(vfio.MODPROBE, conf.encode(), "vfio-pci options and softdeps")
     )
+    actions += theirs
     if sel.ids_ambiguous:
         actions += _write_if_changed(
             root,
@@ -106,6 +99,29 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
     # the image carries modprobe.d and the udev rule as well: any change above rebuilds it
     if rebuild is not None and actions:
         actions.append(rebuild)
+    return actions
+
+
+def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Selection]:
+    hugepages_note = check_hugepages(opts.hugepages_1g, host)
+    if opts.iommu_only:
+        sel = Selection([], [], [], False, False, ["IOMMU only: no card is bound"])
+    else:
+        verdicts = analyse(host).verdicts
+        sel = select(host, verdicts, list(opts.gpus), opts.include_group, opts.allow_boot_gpu)
+    loader = for_host(root, host)
+    kopts = KargOptions(
+        iommu_pt=opts.iommu_pt,
+        vfio_ids=() if sel.ids_ambiguous else tuple(sel.vfio_ids),
+        boot_gpu=sel.boot_gpu,
+        hugepages_1g=opts.hugepages_1g,
+    )
+    configured = loader.configured() if loader else list(host.kernel.cmdline)
+    target = desired(host, kopts, configured)
+    notes = [*opts.notes, *sel.notes]
+    if hugepages_note:
+        notes.append(hugepages_note)
+    actions = [] if opts.iommu_only else _binding_actions(root, host, sel, notes)
     change = ArgChange()
     if loader is None:
         missing = needed(list(host.kernel.cmdline), target)

@@ -100,7 +100,9 @@ def needed(args: Sequence[str], change: ArgChange) -> ArgChange:
     present: dict[str, list[str]] = {}
     for arg in args:
         present.setdefault(key_of(arg), []).append(arg)
-    to_set = {k: v for k, v in change.set.items() if present.get(k) != [v]}
+    # satisfied only when every occurrence has our value (some keys take the first, most
+    # the last: default_hugepagesz ignores a second one)
+    to_set = {k: v for k, v in change.set.items() if set(present.get(k, [])) != {v}}
     to_drop = frozenset(k for k in change.drop if k in present)
     return ArgChange(
         set=to_set,
@@ -151,6 +153,17 @@ class _Args:
         return None
 
 
+def _other_ids(configured: Sequence[str], ours: Sequence[str]) -> list[str]:
+    """IDs in the configuration's ``vfio-pci.ids=`` that are not ours, in order."""
+    out: list[str] = []
+    for arg in configured:
+        if key_of(arg) == "vfio-pci.ids":
+            for item in arg.partition("=")[2].split(","):
+                if item and item not in ours and item not in out:
+                    out.append(item)
+    return out
+
+
 def desired(host: Host, opts: KargOptions, configured: Sequence[str] = ()) -> ArgChange:
     """Arguments this host needs for passthrough, with a reason for each. Values in the
     bootloader's configuration (``configured``) count before the running command line."""
@@ -190,8 +203,14 @@ def desired(host: Host, opts: KargOptions, configured: Sequence[str] = ()) -> Ar
         to_set["iommu"] = "iommu=pt"
         why["iommu"] = "identity-maps host devices (usually faster for the host)"
     if opts.vfio_ids:
-        to_set["vfio-pci.ids"] = "vfio-pci.ids=" + ",".join(opts.vfio_ids)
-        why["vfio-pci.ids"] = "binds the cards' functions to vfio-pci at boot"
+        others = _other_ids(configured, opts.vfio_ids)
+        to_set["vfio-pci.ids"] = "vfio-pci.ids=" + ",".join([*opts.vfio_ids, *others])
+        why["vfio-pci.ids"] = "binds the cards' functions to vfio-pci at boot" + (
+            f"; keeps {','.join(others)} (another device's, already configured: one "
+            "vfio-pci.ids= is read, so both sets go in ours)"
+            if others
+            else ""
+        )
     elif k.arg("vfio-pci.ids") is not None or k.arg("vfio_pci.ids") is not None:
         drop.add("vfio-pci.ids")
         why["vfio-pci.ids"] = "stale: the cards are bound per device (driver_override) instead"

@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from passthrough.analysis import codes, policy
+from passthrough.analysis import policy
 from passthrough.errors import PassthroughError, quote
 from passthrough.model import (
     NVIDIA,
@@ -104,9 +104,9 @@ def select(
                 )
     findings = policy.selection_findings(host, taken, allow_boot_gpu)
     # The plan turns the IOMMU on: groups are told after the reboot, not a refusal here.
-    refusals = [f for f in policy.errors(findings) if f.code != codes.NO_IOMMU]
+    refusals = [f for f in policy.errors(findings) if f.code != policy.NO_IOMMU]
     if refusals:
-        grouped = {f.code for f in refusals} <= {codes.GROUP_SHARED, codes.GROUP_OTHER_GPU}
+        grouped = {f.code for f in refusals} <= {policy.GROUP_SHARED, policy.GROUP_OTHER_GPU}
         hint = (
             "; select every GPU of the group (--gpu), or --include-group hands the whole group "
             "over knowingly"
@@ -114,7 +114,7 @@ def select(
             else ""
         )
         raise SelectionRefused(refusals, hint)
-    if any(f.code == codes.NO_IOMMU for f in findings):
+    if any(f.code == policy.NO_IOMMU for f in findings):
         notes += [
             f"{v.gpu.address}: IOMMU groups are unknown until the IOMMU is on; run "
             "`passthrough scan` after the reboot"

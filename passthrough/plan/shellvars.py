@@ -1,125 +1,280 @@
-"""Reading the shell assignments of /etc/default/grub (and its grub.d drop-ins) safely.
+"""Reading shell-sourced configuration (/etc/default/grub and its grub.d drop-ins) as the
+shell does, for the few variables the planner cares about.
 
-grub-mkconfig *sources* these files, so they are shell. We understand the subset that
-real files use — ``NAME=value``, single and double quotes, backslash escapes, comments and
-``$NAME`` / ``${NAME}`` references to the variables being read — and refuse anything else
-(command substitution, other variables, CRLF) with the file and line, rather than guess.
+grub-mkconfig *sources* these files. We evaluate exactly what the shell would for our
+variables — ``NAME=value`` with quotes, escapes and ``$NAME``/``${NAME}`` references to
+them, ``export``, ``.``/``source`` of an absolute path (read from the same root) — and
+refuse, with the file and line, anything whose effect on them we cannot prove: an
+assignment inside ``if``/``case``/a loop/a function, ``eval``, a relative ``source``,
+command substitution in their value, any other line that names them. Lines that only set
+other variables (``GRUB_DISTRIBUTOR=`lsb_release …```) cannot change ours and are skipped.
+
+Every character of a value carries where it was written (file and line), so an argument
+we must remove is removed where the admin wrote it.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 
 from passthrough.plan.kargs import UnsafeCmdline
 
-ASSIGN = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 REF = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+OPENERS = {"if", "case", "for", "while", "until", "select", "{"}
+CLOSERS = {"fi", "esac", "done", "}"}
+MAX_SOURCE_DEPTH = 8
+MAX_LINES = 20000
 
 
 @dataclass(frozen=True)
-class Assignment:
-    name: str
-    value: str
+class Origin:
+    """Where a piece of a value was written: a file and its lines (first, last)."""
+
     path: str
-    line: int
+    first: int
+    last: int
 
 
-def _expand(text: str, known: dict[str, str], where: str) -> str:
-    def sub(m: re.Match[str]) -> str:
+Tagged = list[tuple[str, Origin | None]]  # a value, one origin per character
+
+
+@dataclass
+class ShellVars:
+    """The variables ``names`` as the shell has them after sourcing files in order."""
+
+    names: frozenset[str]
+    values: dict[str, Tagged] = field(default_factory=dict)
+
+    def value(self, name: str) -> str:
+        return "".join(c for c, _ in self.values.get(name, []))
+
+    def words(self, name: str) -> list[tuple[str, Origin | None]]:
+        """The value split as the kernel line is: each word and where it was written
+        (None when its characters came from more than one place)."""
+        out: list[tuple[str, Origin | None]] = []
+        word: Tagged = []
+        for c, o in [*self.values.get(name, []), (" ", None)]:
+            if c in " \t\n":
+                if word:
+                    origins = {x for _, x in word}
+                    out.append(
+                        ("".join(x for x, _ in word), origins.pop() if len(origins) == 1 else None)
+                    )
+                word = []
+            else:
+                word.append((c, o))
+        return out
+
+
+def logical_lines(text: str, path: str) -> list[tuple[int, int, str]]:
+    """(first line, last line, code) for each command line as the shell splits them:
+    backslash-newline joins, quotes and ``$(…)`` (quotes nest inside it) span lines,
+    comments are dropped."""
+    out: list[tuple[int, int, str]] = []
+    buf: list[str] = []
+    stack: list[str] = []  # open contexts: ' " ` and ( for $( or a nested (
+    line = start = 1
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        nxt = text[i + 1] if i + 1 < n else ""
+        top = stack[-1] if stack else ""
+        i += 1
+        if c == "\n":
+            line += 1
+            if not stack:
+                out.append((start, line - 1, "".join(buf)))
+                buf, start = [], line
+                continue
+        elif top == "'":
+            if c == "'":
+                stack.pop()
+        elif c == "\\":
+            if nxt == "\n":  # a continuation, also inside double quotes
+                line += 1
+            else:
+                buf.append(c + nxt)
+            i += 1
+            continue
+        elif c == "$" and nxt == "(" and top in ("", "(", '"'):
+            stack.append("(")
+            buf.append("$(")
+            i += 1
+            continue
+        elif top in ('"', "`"):
+            if c == top:
+                stack.pop()
+        elif c in "'\"`":
+            stack.append(c)
+        elif c == "(" and top == "(":
+            stack.append("(")
+        elif c == ")" and top == "(":
+            stack.pop()
+        elif c == "#" and (not buf or buf[-1][-1:] in " \t;&|("):
+            while i < n and text[i] != "\n":
+                i += 1
+            continue
+        buf.append(c)
+    if stack:
+        raise UnsafeCmdline(f"{path}:{start}", f"unterminated {stack[-1]}")
+    if buf:
+        out.append((start, line, "".join(buf)))
+    return out
+
+
+def _expand(text: str, state: ShellVars, where: str, here: Origin) -> Tagged:
+    def check(plain: str) -> None:
+        if "`" in plain or "$(" in plain:
+            raise UnsafeCmdline(where, "uses command substitution")
+        if "$" in REF.sub("", plain):
+            raise UnsafeCmdline(where, "has a $ the planner cannot evaluate")
+
+    check(text)
+    out: Tagged = []
+    pos = 0
+    for m in REF.finditer(text):
+        out += [(c, here) for c in text[pos : m.start()]]
         name = m[1] or m[2]
-        if name not in known:
+        if name not in state.names:
             raise UnsafeCmdline(where, f"refers to ${name}, which the planner cannot evaluate")
-        return known[name]
-
-    if "`" in text or "$(" in text:
-        raise UnsafeCmdline(where, "uses command substitution")
-    if "$" in REF.sub("", text):
-        raise UnsafeCmdline(where, "has a $ the planner cannot evaluate")
-    return REF.sub(sub, text)
+        out += state.values.get(name, [])
+        pos = m.end()
+    out += [(c, here) for c in text[pos:]]
+    return out
 
 
-def parse_value(raw: str, known: dict[str, str], where: str) -> str:
-    """The value of a shell assignment's right-hand side (one word, quotes removed)."""
-    out: list[str] = []
-    i = 0
-    n = len(raw)
+def evaluate(raw: str, state: ShellVars, where: str, here: Origin) -> Tagged:
+    """The value of an assignment's right-hand side (one word, quotes removed)."""
+    out: Tagged = []
+    i, n = 0, len(raw)
     while i < n:
         c = raw[i]
         if c == "'":
             end = raw.find("'", i + 1)
             if end < 0:
                 raise UnsafeCmdline(where, "unterminated single quote")
-            out.append(raw[i + 1 : end])
+            out += [(x, here) for x in raw[i + 1 : end]]
             i = end + 1
         elif c == '"':
             j = i + 1
             plain: list[str] = []
             while j < n and raw[j] != '"':
                 if raw[j] == "\\" and j + 1 < n and raw[j + 1] in '"\\$`':
-                    out.append(_expand("".join(plain), known, where))
+                    out += _expand("".join(plain), state, where, here)
                     plain = []
-                    out.append(raw[j + 1])  # escaped: literal, never expanded
+                    out.append((raw[j + 1], here))  # escaped: literal, never expanded
                     j += 2
                     continue
                 plain.append(raw[j])
                 j += 1
             if j >= n:
                 raise UnsafeCmdline(where, "unterminated double quote")
-            out.append(_expand("".join(plain), known, where))
+            out += _expand("".join(plain), state, where, here)
             i = j + 1
         elif c == "\\" and i + 1 < n:
-            out.append(raw[i + 1])
+            out.append((raw[i + 1], here))
             i += 2
         elif c in " \t":
-            rest = raw[i:].strip()
-            if rest and not rest.startswith("#"):
+            if raw[i:].strip():
                 raise UnsafeCmdline(where, "has an unquoted space in the value")
             break
-        elif c == "#" and not out:
-            break
+        elif c == "`":
+            raise UnsafeCmdline(where, "uses command substitution")
         elif c in ";&|<>()":
             raise UnsafeCmdline(where, f"has shell syntax {c!r} the planner does not evaluate")
         else:
             j = i
-            while j < n and raw[j] not in " \t'\"\\;&|<>()":
+            while j < n and raw[j] not in " \t'\"\\;&|<>()`":
                 j += 1
-            out.append(_expand(raw[i:j], known, where))
+            out += _expand(raw[i:j], state, where, here)
             i = j
-    return "".join(out)
+    return out
 
 
-def read_assignments(
-    text: str, path: str, names: set[str], known: dict[str, str]
-) -> list[Assignment]:
-    """Assignments to ``names`` in file order, evaluating references as the shell would;
-    ``known`` is updated as the shell's variables would be."""
+def parse_value(raw: str, known: dict[str, str], where: str) -> str:
+    """The value of a shell assignment's right-hand side, ``known`` giving the variables
+    it may refer to."""
+    state = ShellVars(frozenset(known), {k: [(c, None) for c in v] for k, v in known.items()})
+    return "".join(c for c, _ in evaluate(raw, state, where, Origin(where, 0, 0)))
+
+
+Reader = Callable[[str], str | None]  # an absolute path → its text (None: no such file)
+
+
+def source(
+    text: str, path: str, state: ShellVars, read: Reader | None = None, depth: int = 0
+) -> None:
+    """Update ``state`` as sourcing ``text`` (the file ``path``) would, or refuse."""
     if "\r" in text:
         raise UnsafeCmdline(
             path,
             "has CRLF line endings (grub-mkconfig would read them too): convert it with dos2unix",
         )
-    found: list[Assignment] = []
-    lines = text.split("\n")
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        number = i + 1
-        while line.endswith("\\") and i + 1 < len(lines):  # continuation lines
-            i += 1
-            line = line[:-1] + lines[i]
-        i += 1
-        m = ASSIGN.match(line)
-        if m is None or m[1] not in names:
-            if any(re.search(rf"\b{n}\b", line.split("#", 1)[0]) for n in names):
-                raise UnsafeCmdline(
-                    f"{path}:{number}", "sets the command line in a way the planner does not parse"
-                )
+    lines = logical_lines(text, path)
+    if len(lines) > MAX_LINES:
+        raise UnsafeCmdline(path, f"has more than {MAX_LINES} lines")
+    mention = re.compile(r"\b(" + "|".join(map(re.escape, sorted(state.names))) + r")\b")
+    nesting = 0
+    for first, last, code in lines:
+        code = code.strip()
+        where = f"{path}:{first}"
+        if not code:
             continue
-        value = parse_value(m[2], known, f"{path}:{number}")
-        known[m[1]] = value
-        found.append(Assignment(m[1], value, path, number))
-    return found
+        words = re.split(r"[\s;]+", code)
+        m = ASSIGN.match(code)
+        if m is not None and m[1] in state.names:
+            if nesting:
+                raise UnsafeCmdline(
+                    where,
+                    f"sets {m[1]} inside a conditional, loop or function block: which value "
+                    "the shell ends with is only known when it runs",
+                )
+            state.values[m[1]] = evaluate(m[2], state, where, Origin(path, first, last))
+            continue
+        if words[0] in (".", "source"):
+            _source_line(words, state, where, read, depth, nesting)
+            continue
+        if words[0] == "eval":
+            raise UnsafeCmdline(where, "uses eval, which can set any variable")
+        if m is None:
+            nesting += sum(w in OPENERS for w in words) - sum(w in CLOSERS for w in words)
+            nesting = max(nesting, 0)
+        if m is None and words[0] == "export" and all("=" not in w for w in words[1:]):
+            continue  # marking a variable for export changes no value
+        if mention.search(code):
+            raise UnsafeCmdline(where, "sets the command line in a way the planner does not parse")
+
+
+def _source_line(
+    words: list[str], state: ShellVars, where: str, read: Reader | None, depth: int, nesting: int
+) -> None:
+    if len(words) != 2:
+        raise UnsafeCmdline(where, "has a source line the planner does not parse")
+    target = parse_value(words[1], {}, where)
+    if nesting:
+        raise UnsafeCmdline(where, f"sources {target} inside a block: whether it runs is unknown")
+    if not target.startswith("/"):
+        raise UnsafeCmdline(
+            where,
+            f"sources {target} by a relative name, looked up in a PATH the planner cannot know",
+        )
+    if depth >= MAX_SOURCE_DEPTH:
+        raise UnsafeCmdline(where, f"sources files more than {MAX_SOURCE_DEPTH} deep")
+    text = read(target) if read is not None else None
+    if text is None:
+        raise UnsafeCmdline(where, f"sources {target}, which this root does not have")
+    source(text, target, state, read, depth + 1)
+
+
+def read_assignments(text: str, path: str, names: Collection[str], known: dict[str, str]) -> None:
+    """Source ``text`` for ``names`` (no ``source`` lines); ``known`` is updated as the
+    shell's variables would be."""
+    state = ShellVars(frozenset(names), {k: [(c, None) for c in known.get(k, "")] for k in names})
+    source(text, path, state)
+    known.update({k: state.value(k) for k in names})
 
 
 def quote(value: str) -> str:

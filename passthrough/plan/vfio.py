@@ -22,7 +22,8 @@ DRACUT = "etc/dracut.conf.d/10-passthrough-vfio.conf"
 MKINITCPIO_DROPIN = "etc/mkinitcpio.conf.d/passthrough-vfio.conf"
 INITRAMFS_TOOLS = "etc/initramfs-tools/modules"
 MARK = "# passthrough: load vfio-pci early (removed by `passthrough undo`)"
-HEADER = "# Written by passthrough: binds the selected GPUs to vfio-pci. `passthrough undo` removes it.\n"
+# Our files' comments quote nothing a shell would run: mkinitcpio and dracut source them.
+HEADER = "# Written by passthrough: binds the selected GPUs to vfio-pci. 'passthrough undo' removes it.\n"
 VFIO_SELF = {"vfio_pci", "vfio_pci_core", "vfio"}
 # Modules that sit on top of a matching driver without PCI aliases of their own.
 COMPANIONS = {"nvidia": ("nvidia_drm", "nvidia_modeset"), "nouveau": ()}
@@ -140,7 +141,7 @@ def initramfs_actions(root: HostRoot, host: Host) -> InitramfsEdits:
     if kind is InitramfsKind.INITRAMFS_TOOLS:
         return _initramfs_tools(root, mods)
     if kind is InitramfsKind.DRACUT:
-        return _dracut(mods)
+        return _dracut(root, mods)
     if kind is InitramfsKind.MKINITCPIO:
         return _mkinitcpio(root, mods)
     return [], None, ["no initramfs tool recognised: vfio-pci binds once the root filesystem is up"]
@@ -178,7 +179,8 @@ def _initramfs_tools(root: HostRoot, mods: list[str]) -> InitramfsEdits:
     )
 
 
-def _dracut(mods: list[str]) -> InitramfsEdits:
+def _dracut(root: HostRoot, mods: list[str]) -> InitramfsEdits:
+    later_override(root, DRACUT, "force_drivers")
     body = HEADER + f'force_drivers+=" {" ".join(mods)} "\n' + f'install_items+=" /{MODPROBE} "\n'
     return (
         [
@@ -196,6 +198,37 @@ def _dracut(mods: list[str]) -> InitramfsEdits:
     )
 
 
+MKINITCPIO = "etc/mkinitcpio.conf"
+MKINITCPIO_D = "etc/mkinitcpio.conf.d"
+# the last MODULES assignment in either form mkinitcpio accepts: an array or a string
+MODULES_LINE = re.compile(r"^[ \t]*MODULES=(?:\(([^)]*)\)|\"([^\"$`\\]*)\")", re.MULTILINE)
+
+
+def mkinitcpio_dropin(mods: list[str]) -> str:
+    """Appends to MODULES as the shell has it when sourced. The unquoted expansion splits a
+    string (``MODULES="a b"``) and an array alike, so the admin may use either form, now or
+    later. It starts with a newline: mkinitcpio concatenates its files before sourcing them,
+    and a file before ours may lack a final newline."""
+    return "\n" + HEADER + f"MODULES=(${{MODULES[@]}} {' '.join(mods)})\n"
+
+
+def later_override(root: HostRoot, ours: str, var: str) -> None:
+    """Refuse a file sourced after ``ours`` (same folder, ``*.conf``) that assigns ``var``
+    outright: it would drop what ours appends."""
+    folder, name = ours.rsplit("/", 1)
+    for other in sorted(root.listdir(folder)):
+        if not other.endswith(".conf") or other <= name:
+            continue
+        rel = f"{folder}/{other}"
+        text = utf8_text(root.read_bytes(rel), "/" + rel) or ""
+        for n, line in enumerate(text.split("\n"), 1):
+            if re.match(rf"\s*{var}=", line):
+                raise UnsafeCmdline(
+                    f"/{rel}:{n}",
+                    f"sorts after {name} and sets {var}, so what ours adds would be dropped",
+                )
+
+
 def _mkinitcpio(root: HostRoot, mods: list[str]) -> InitramfsEdits:
     notes: list[str] = []
     writes: list[WriteFile] = []
@@ -205,25 +238,28 @@ def _mkinitcpio(root: HostRoot, mods: list[str]) -> InitramfsEdits:
         touches=("boot/initramfs-*.img",),
         regenerate=True,
     )
-    conf = utf8_text(root.read_bytes("etc/mkinitcpio.conf"), "/etc/mkinitcpio.conf") or ""
+    conf = utf8_text(root.read_bytes(MKINITCPIO), "/" + MKINITCPIO) or ""
     if "modconf" not in conf:
         notes.append(
             "mkinitcpio.conf has no modconf hook: modprobe.d softdeps will not reach the initramfs"
         )
-    if root.isdir("etc/mkinitcpio.conf.d"):
-        body = HEADER + f"MODULES+=({' '.join(mods)})\n"
+    if root.isdir(MKINITCPIO_D):
+        later_override(root, MKINITCPIO_DROPIN, "MODULES")
+        body = mkinitcpio_dropin(mods)
         writes.append(WriteFile(MKINITCPIO_DROPIN, body.encode(), "vfio modules in the initramfs"))
         return writes, regen, notes
-    m = re.search(r"^MODULES=\(([^)]*)\)", conf, re.MULTILINE)
-    if m is None:
+    found = list(MODULES_LINE.finditer(conf))
+    if not found:
         raise UnsafeCmdline(
-            "/etc/mkinitcpio.conf", "has no MODULES=(...) line the planner can edit"
+            "/" + MKINITCPIO, 'has no MODULES=(...) or MODULES="..." line the planner can edit'
         )
-    present = m[1].split()
+    m = found[-1]  # the shell keeps the last assignment
+    group = 1 if m[1] is not None else 2
+    present = m[group].split()
     missing = [x for x in mods if x not in present]
     if missing:
-        new = conf[: m.start()] + "MODULES=(" + " ".join(missing + present) + ")" + conf[m.end() :]
-        writes.append(
-            WriteFile("etc/mkinitcpio.conf", new.encode(), "vfio modules first in the initramfs")
-        )
+        start, end = m.span(group)
+        inner = " ".join(missing) + (" " + m[group].lstrip() if m[group].strip() else "")
+        new = conf[:start] + inner + conf[end:]
+        writes.append(WriteFile(MKINITCPIO, new.encode(), "vfio modules first in the initramfs"))
     return writes, regen, notes

@@ -5,6 +5,7 @@ raise when a playbook fails, so ``status`` and ``rc`` are checked here."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -15,9 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from passthrough.errors import EXIT_BACKEND, Interrupted, PassthroughError
-
-# Ansible's default collections_path, after the playbooks' own
-COLLECTIONS_PATH = ("~/.ansible/collections", "/usr/share/ansible/collections")
+from passthrough.provision.settings import flags, user_config
 
 
 class ProvisionFailed(PassthroughError):
@@ -33,6 +32,7 @@ class HostResult:
     unreachable: int = 0
     skipped: int = 0
     reason: str | None = None
+    reboot: bool = False  # a task reported reboot_required (the host module)
 
     @property
     def status(self) -> str:
@@ -82,6 +82,7 @@ class RunResult:
                     "failed": h.failed,
                     "unreachable": h.unreachable,
                     "reason": h.reason,
+                    "reboot_required": h.reboot,
                 }
                 for h in self.hosts.values()
             },
@@ -143,8 +144,12 @@ def _preflight(inventory: str, playbook: str) -> tuple[Path, str]:
 class _Events:
     """ansible-runner's events as they come: progress lines, each host's first failure, the log."""
 
-    def __init__(self, say: Callable[[str], None]) -> None:
+    def __init__(
+        self, say: Callable[[str], None], show: Callable[[str], None] | None, verbose: bool
+    ) -> None:
         self.say = say
+        self.show = show  # where diffs go (--diff), as ansible-playbook prints them
+        self.verbose = verbose  # -v: Ansible's own output, live, instead of progress lines
         self.hosts: dict[str, HostResult] = {}
         self.lines: list[str] = []
 
@@ -158,6 +163,15 @@ class _Events:
         if stdout:
             self.lines.append(stdout)
         name = data.get("host")
+        res = data.get("res") or {}
+        if name and isinstance(res, dict) and res.get("reboot_required") is True:
+            self.host(name).reboot = True
+        if self.verbose:
+            if stdout:
+                self.say(stdout)
+            return True
+        if self.show and stdout and kind == "runner_on_file_diff":
+            self.show(stdout)  # the default callback's rendering of a task's diff
         say = self.say
         if kind == "playbook_on_play_start":
             say(f"PLAY {data.get('play', '')}")
@@ -169,7 +183,7 @@ class _Events:
         elif kind == "runner_on_unreachable" and name:
             self.host(name).reason = self.host(name).reason or f"unreachable: {_reason(event)}"
             say(f"    ✘ {name}: unreachable")
-        elif kind == "runner_on_ok" and name and (data.get("res") or {}).get("changed"):
+        elif kind == "runner_on_ok" and name and isinstance(res, dict) and res.get("changed"):
             say(f"    ~ {name}: changed")
         return True
 
@@ -186,19 +200,6 @@ class _Events:
                 setattr(self.host(name), attr, int(count))
 
 
-def _cmdline(forks: int, limit: str | None, check: bool, diff: bool, tags: str | None) -> str:
-    cmdline = ["--forks", str(forks)]
-    if limit:
-        cmdline += ["--limit", limit]
-    if check:
-        cmdline.append("--check")
-    if diff:
-        cmdline.append("--diff")
-    if tags:
-        cmdline += ["--tags", tags]
-    return " ".join(cmdline)
-
-
 def run(
     inventory: str,
     playbook: str = "site.yml",
@@ -211,13 +212,18 @@ def run(
     progress: Callable[[str], None] | None = None,
     log_path: str | None = None,
     env: dict[str, str] | None = None,
+    extra: list[str] | None = None,
+    verbosity: int = 0,
+    show: Callable[[str], None] | None = None,
 ) -> RunResult:
+    """Run ``playbook``. ``extra``: ansible-playbook arguments as a list (``-e`` forms, from
+    settings.extra_vars); ``show``: where diffs are printed under ``diff``."""
     try:
         import ansible_runner
     except ImportError as exc:  # pragma: no cover - a dependency
         raise ProvisionFailed(f"ansible-runner cannot be imported ({exc})") from None
     books, inv = _preflight(inventory, playbook)
-    events = _Events(progress or (lambda _m: None))
+    events = _Events(progress or (lambda _m: None), show if diff else None, verbosity > 0)
     private = tempfile.mkdtemp(prefix="passthrough-runner-")
     started = time.monotonic()
     try:
@@ -226,13 +232,21 @@ def run(
             project_dir=str(books),
             playbook=playbook,
             inventory=inv,
-            cmdline=_cmdline(forks, limit, check, diff, tags),
+            # limit, tags, forks and verbosity: ansible-runner's keywords, each its own argv
+            # item; the rest as one string only because that is what ansible-runner takes:
+            # it shlex.splits it, which shlex.join inverts exactly (nothing is injected)
+            cmdline=shlex.join(flags(check, diff, extra or [])),
+            limit=limit,
+            tags=tags,
+            forks=forks,
+            verbosity=verbosity,
             extravars=extravars or {},
             envvars={
-                "ANSIBLE_CONFIG": str(books / "ansible.cfg"),
-                # the passthrough.gpu collection next to the playbooks, then where Ansible
-                # looks by default (kubernetes.core installed with ansible-galaxy, say)
-                "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join([str(books), *COLLECTIONS_PATH]),
+                # the user's ansible.cfg where they have one (Ansible's own search, from where
+                # they stand: ansible-runner runs in the playbooks folder); else the playbooks'.
+                # The passthrough.gpu collection is found beside the playbooks
+                # (playbooks/collections/), whatever the configuration says.
+                "ANSIBLE_CONFIG": user_config() or str(books / "ansible.cfg"),
                 "ANSIBLE_NOCOLOR": "1",
                 "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
                 **(env or {}),  # e.g. PASSTHROUGH_SAMPLE_ROOT for the sample inventory
@@ -248,16 +262,25 @@ def run(
     events.tally(stats)
     result = RunResult(status=status, rc=rc, hosts=events.hosts, seconds=time.monotonic() - started)
     if log_path:
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(log_path).write_text("\n".join(events.lines) + "\n")
+        write_private(Path(log_path), "\n".join(events.lines) + "\n")
         result.log = log_path
     if status == "canceled":  # ansible-runner took the Ctrl-C itself
         raise Interrupted()
     return result
 
 
+def write_private(path: Path, text: str) -> None:
+    """The run log may carry secrets a task printed: 0600, in a folder created 0700 (an existing
+    folder is the user's and keeps its mode); never through a link."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, 0o600)
+        f.write(text)
+
+
 def summary_table(result: RunResult) -> str:
-    rows = [("host", "status", "ok", "changed", "failed", "unreachable", "reason")]
+    rows = [("host", "status", "ok", "changed", "failed", "unreachable", "reboot", "reason")]
     for h in sorted(result.hosts.values(), key=lambda h: h.name):
         rows.append(
             (
@@ -267,13 +290,14 @@ def summary_table(result: RunResult) -> str:
                 str(h.changed),
                 str(h.failed),
                 str(h.unreachable),
+                "required" if h.reboot else "-",
                 h.reason or "",
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(6)]
+    widths = [max(len(r[i]) for r in rows) for i in range(7)]
     out = []
     for r in rows:
         out.append(
-            "  ".join(r[i].ljust(widths[i]) for i in range(6)) + ("  " + r[6] if r[6] else "")
+            "  ".join(r[i].ljust(widths[i]) for i in range(7)) + ("  " + r[7] if r[7] else "")
         )
     return "\n".join(out)

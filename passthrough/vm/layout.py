@@ -2,7 +2,7 @@
 address bits, and the elements that carry them — decided before any domain exists.
 
 The firmware model is OVMF's (edk2 ``OvmfPkg/Library/PlatformInitLib/MemDetect.c``); the
-README section "Large BARs" lists each fact and where it was checked. A layout that cannot
+docs/large-bars.md lists each fact and where it was checked. A layout that cannot
 work is refused here with the numbers (exit 2), never rendered.
 """
 

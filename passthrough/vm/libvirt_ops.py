@@ -7,10 +7,14 @@ handler is silenced so it does not print to stderr behind our back.
 from __future__ import annotations
 
 import os
-import subprocess
 from typing import Any
 
 from passthrough.errors import EXIT_BACKEND, EXIT_USAGE, PassthroughError, echo, quote
+from passthrough.vm.disk import ExistingDisk
+from passthrough.vm.disk import prepare as disk_prepare
+
+# how `vm define` says what to do with a disk already there (the VM module says its own)
+CLI_CHOOSE = "--reuse-disk keeps it as it is, --overwrite-disk replaces it"
 
 STATES = {
     0: "no state",
@@ -62,11 +66,19 @@ def _lookup(conn: Any, name: str) -> Any:
 
 
 def define(
-    uri: str, xml: str, name: str, overlay: tuple[str, str] | None = None, start_it: bool = False
+    uri: str,
+    xml: str,
+    name: str,
+    overlay: tuple[str, str] | None = None,
+    start_it: bool = False,
+    existing: ExistingDisk = ExistingDisk.REFUSE,
+    choose: str = CLI_CHOOSE,
 ) -> dict[str, Any]:
     """Define ``xml`` (and start it, on the same connection: the test driver keeps its
     state per connection); refuses a name that already exists. ``overlay`` = (base, path)
-    makes a qcow2 overlay on the base image first. Returns the domain's status."""
+    makes a qcow2 overlay on the base image (a disk already at ``path`` is handled as
+    ``existing`` says; see :mod:`passthrough.vm.disk`). Returns the domain's status, with
+    ``disk`` saying what was done at the overlay's path."""
     libvirt = _libvirt()
     conn = connect(uri)
     try:
@@ -77,22 +89,17 @@ def define(
             )
         except libvirt.libvirtError:
             pass
-        if overlay is not None:
-            base, path = overlay
-            r = subprocess.run(
-                ["qemu-img", "create", "-f", "qcow2", "-F", "qcow2", "-b", base, path],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if r.returncode != 0:
-                raise LibvirtError(
-                    f"qemu-img could not create the overlay {path}: {r.stderr.strip()}"
-                )
+        disk = disk_prepare(*overlay, existing, choose) if overlay is not None else None
         try:
-            dom = conn.defineXML(xml)
-        except libvirt.libvirtError as exc:
-            raise LibvirtError(f"{uri} refused the domain: {exc.get_error_message()}") from None
+            try:
+                dom = conn.defineXML(xml)
+            except libvirt.libvirtError as exc:
+                raise LibvirtError(f"{uri} refused the domain: {exc.get_error_message()}") from None
+            if disk is not None:
+                disk.place()
+        finally:
+            if disk is not None:
+                disk.discard()  # nothing once placed; a refused domain leaves no new image
         if start_it:
             try:
                 dom.create()
@@ -100,13 +107,20 @@ def define(
                 raise LibvirtError(
                     f"{name} was defined but did not start: {exc.get_error_message()}"
                 ) from None
-        return _status(dom, uri)
+        result = _status(dom, uri)
+        if disk is not None:
+            result["disk"] = disk.to_json()
+        return result
     finally:
         conn.close()
 
 
 def define_file(
-    uri: str, path: str, base_image: str | None = None, start_it: bool = False
+    uri: str,
+    path: str,
+    base_image: str | None = None,
+    start_it: bool = False,
+    existing: ExistingDisk = ExistingDisk.REFUSE,
 ) -> dict[str, Any]:
     """Define the domain XML in ``path``; with ``base_image``, first make the qcow2 overlay
     its first disk points at on that image."""
@@ -128,7 +142,8 @@ def define_file(
         if not os.path.exists(base_image):
             raise PassthroughError(f"--base-image {base_image}: does not exist")
         overlay = (base_image, str(disk.get("file")))
-    return define(uri, data.decode(), doc.findtext("name") or "", overlay, start_it=start_it)
+    name = doc.findtext("name") or ""
+    return define(uri, data.decode(), name, overlay, start_it=start_it, existing=existing)
 
 
 def start(uri: str, name: str) -> None:

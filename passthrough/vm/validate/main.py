@@ -201,6 +201,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _open_root(path: str, stack: list[str]) -> str:
-    from passthrough.cli.common import open_root  # only with --host-root
+    from passthrough.host.opening import open_root  # only with --host-root
 
     return open_root(path, stack)

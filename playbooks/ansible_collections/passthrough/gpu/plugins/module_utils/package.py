@@ -17,11 +17,24 @@ from typing import Any
 def package_errors(module: Any) -> Iterator[None]:
     """Run the block; end the task with one line where the passthrough package (or a library
     it needs, such as libvirt-python) cannot be imported on the target, or where it refuses
-    (a PassthroughError: a safety-policy refusal carries its codes, README "Safety policy").
+    (a PassthroughError: a safety-policy refusal carries its codes, docs/discovery.md "Safety policy").
     Anything else is a bug and shows as Ansible shows an exception."""
     try:
         yield
     except ImportError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top and top != "passthrough":
+            # a binding the distro provides (seen through the venv's system site packages)
+            from ansible_collections.passthrough.gpu.plugins.module_utils.runtime_packages import (
+                family,
+                package,
+            )
+
+            fam = family()
+            module.fail_json(
+                msg=f"install {package(top, fam)} on this host ({fam or 'unknown'} family): "
+                f"passthrough imports {top} ({exc})"
+            )
         module.fail_json(
             msg=f"the passthrough Python package is not installed on the target ({exc})"
         )

@@ -46,6 +46,14 @@ options:
     type: str
     choices: [present, absent]
     default: present
+  preflight:
+    description:
+      - Readiness check ids (see C(passthrough check)) that must pass before anything is
+        planned; one that fails stops the task with its summary and fix. Read, planned and
+        reported in this one call.
+    type: list
+    elements: str
+    default: []
 author: passthrough developers (!UNKNOWN)
 """
 
@@ -75,7 +83,7 @@ plan:
   returned: when state is present
   type: dict
 codes:
-  description: "on a safety-policy refusal, its codes (README \"Safety policy\")"
+  description: "on a safety-policy refusal, its codes (docs/discovery.md \"Safety policy\")"
   returned: failure
   type: list
   elements: str
@@ -83,6 +91,25 @@ codes:
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 (Ansible wants DOCUMENTATION first)
 from ansible_collections.passthrough.gpu.plugins.module_utils.package import package_errors  # noqa: E402
+
+
+def _preflight(module: AnsibleModule, host: object, required: list[str]) -> None:
+    """Stop when a required readiness check fails, naming each with its summary and fix."""
+    if not required:
+        return
+    from passthrough.analysis.scan import analyse
+    from passthrough.model import Level
+    from passthrough.output.json import scan_json
+
+    checks = scan_json(analyse(host))["checks"]  # type: ignore[arg-type]
+    blocking = [c for c in checks if c["level"] == Level.FAIL.value and c["id"] in required]
+    if blocking:
+        fixes = "; ".join(c["fix"] for c in blocking if c.get("fix"))
+        module.fail_json(
+            msg=f"preflight: {', '.join(c['id'] for c in blocking)} failed: "
+            f"{'; '.join(c['summary'] for c in blocking)}" + (f" (fix: {fixes})" if fixes else ""),
+            checks=checks,
+        )
 
 
 def main() -> None:
@@ -95,13 +122,11 @@ def main() -> None:
             "iommu_pt": {"type": "bool", "default": True},
             "hugepages": {"type": "int", "default": 0},
             "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
+            "preflight": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
     with package_errors(module):
-        from passthrough.execute.apply import apply
-        from passthrough.execute.journal import Journal
-        from passthrough.execute.undo import undo
         from passthrough.host.discover import discover
         from passthrough.host.root import HostRoot
         from passthrough.plan.actions import RemoveFile, WriteFile, plan_json
@@ -110,6 +135,9 @@ def main() -> None:
         p = module.params
         root = HostRoot(p["root"])
         if p["state"] == "absent":
+            from passthrough.execute.journal import Journal
+            from passthrough.execute.undo import undo
+
             pending = Journal.load(root).live()
             if module.check_mode or not pending:
                 module.exit_json(changed=bool(pending), reboot_required=bool(pending))
@@ -126,6 +154,8 @@ def main() -> None:
             hugepages_1g=p["hugepages"],
         )
         plan, _sel = make_plan(root, host, opts)
+        if not plan.empty:  # the checks guard a change; with nothing to change, none is due
+            _preflight(module, host, p["preflight"])
         diff = []
         for action in plan.actions:
             if isinstance(action, WriteFile | RemoveFile):
@@ -148,6 +178,8 @@ def main() -> None:
         }
         if module.check_mode or plan.empty:
             module.exit_json(**result)
+        from passthrough.execute.apply import apply  # only where there is something to do
+
         tx = apply(root, plan, plan.record())
         steps = tx.steps if tx else []
         result["transaction"] = tx.id if tx else None

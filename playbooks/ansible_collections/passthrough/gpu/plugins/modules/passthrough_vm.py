@@ -111,6 +111,16 @@ options:
     description: Refuse cards the host has not handed to vfio-pci (bound now or by its last apply)
     type: bool
     default: true
+  existing_disk:
+    description:
+      - "With I(base_image), what to do when a file is already at the overlay's path (it may be
+        a guest's disk holding its data, for example after C(state=absent)): C(refuse) fails
+        with nothing changed, C(reuse) keeps it as it is, C(overwrite) replaces it with a new
+        overlay (its data is lost). The result's C(disk.action) says which happened (created,
+        reused or overwritten)."
+    type: str
+    default: refuse
+    choices: [refuse, reuse, overwrite]
   planned_functions:
     description:
       - PCI functions the host plan of this run hands to vfio-pci (the passthrough_host result's
@@ -157,8 +167,12 @@ warnings_list:
   returned: unless state is absent
   type: list
   elements: str
+disk:
+  description: "with base_image, the overlay: path, base and action (created, reused, overwritten)"
+  returned: when a new domain was defined on a base image
+  type: dict
 codes:
-  description: "on a safety-policy refusal, its codes (README \"Safety policy\")"
+  description: "on a safety-policy refusal, its codes (docs/discovery.md \"Safety policy\")"
   returned: failure
   type: list
   elements: str
@@ -179,6 +193,11 @@ MODULE_OPTIONS: dict[str, dict[str, object]] = {
     "state": {"type": "str", "default": "running", "choices": ["running", "defined", "absent"]},
     "require_handed_over": {"type": "bool", "default": True},
     "planned_functions": {"type": "list", "elements": "str", "default": []},
+    "existing_disk": {
+        "type": "str",
+        "default": "refuse",
+        "choices": ["refuse", "reuse", "overwrite"],
+    },
 }
 
 
@@ -249,6 +268,7 @@ def _run(module: AnsibleModule, conn: Any) -> None:
     )
 
     from passthrough.vm import libvirt_ops as lv
+    from passthrough.vm.disk import ExistingDisk
 
     p = module.params
     dom = lookup(conn, p["name"])
@@ -277,7 +297,15 @@ def _run(module: AnsibleModule, conn: Any) -> None:
         module.exit_json(changed=changed, xml=xml, warnings_list=warnings, diff=diff, status=status)
     if dom is None:
         overlay = (spec.base_image, spec.overlay) if spec.base_image and spec.overlay else None
-        status = lv.define(p["uri"], xml, p["name"], overlay, start_it=p["state"] == "running")
+        status = lv.define(
+            p["uri"],
+            xml,
+            p["name"],
+            overlay,
+            start_it=p["state"] == "running",
+            existing=ExistingDisk(p["existing_disk"]),
+            choose="existing_disk: reuse keeps it as it is, overwrite replaces it",
+        )
     else:
         if differs:
             try:
@@ -290,7 +318,10 @@ def _run(module: AnsibleModule, conn: Any) -> None:
         if starting:
             lv.start(p["uri"], p["name"])
         status = lv.status(p["uri"], p["name"])
-    module.exit_json(changed=True, xml=xml, status=status, diff=diff, warnings_list=warnings)
+    disk = {"disk": status.pop("disk")} if "disk" in status else {}
+    module.exit_json(
+        changed=True, xml=xml, status=status, diff=diff, warnings_list=warnings, **disk
+    )
 
 
 def main() -> None:

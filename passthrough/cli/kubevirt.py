@@ -1,0 +1,174 @@
+"""``passthrough kubevirt``: the same cards, options and policy as ``render``, for a cluster —
+manifests (KubeVirt device-plugin route or NVIDIA's DRA driver), their validation, and the
+node preflight that decides the passthrough label."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from passthrough.cli.common import Parser, Subparsers, command, common, dump, examples, open_root
+from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK, output_file
+
+
+def add_parser(sub: Subparsers) -> None:
+    from passthrough.kube.build import PROVIDERS, ROUTES
+    from passthrough.vm.options import add_flags
+
+    p = command(
+        sub,
+        "kubevirt",
+        run,
+        help="KubeVirt/DRA manifests, their validation, and the node preflight",
+        description="The cluster path for the same host facts as `render`: a KubeVirt CR patch "
+        "(permittedHostDevices for every function of each card) and a VirtualMachine, or with "
+        "--route dra a ResourceClaimTemplate on vfio.gpu.nvidia.com; `validate` checks such "
+        "manifests against each other and the host; `preflight` says whether a node may be "
+        "labelled for passthrough VMs.",
+        epilog=examples(
+            "passthrough kubevirt render --name gpu-vm --gpu 01:00.0 -o gpu-vm.yaml",
+            "passthrough kubevirt render --name h100 --route dra --per-card --memory 64G",
+            "passthrough kubevirt validate gpu-vm.yaml --root /",
+            "passthrough kubevirt preflight --json",
+        ),
+    )
+    actions = p.add_subparsers(dest="kubevirt_command", metavar="ACTION", parser_class=Parser)
+    render = actions.add_parser("render", help="KubeVirt CR patch, VirtualMachine(s), claims")
+    common(render)
+    render.add_argument("--spec", metavar="FILE.yaml", help="VM options as YAML (flags win)")
+    add_flags(render)
+    render.add_argument(
+        "--route",
+        choices=ROUTES,
+        default="device-plugin",
+        help="how the GPUs reach the VM (default: device-plugin)",
+    )
+    render.add_argument(
+        "--provider",
+        choices=PROVIDERS,
+        default="nvidia",
+        help="device-plugin route: who publishes the PCI resources (nvidia: GPU Operator / kubevirt-gpu-device-plugin; kubevirt: KubeVirt's own)",
+    )
+    render.add_argument(
+        "--per-card", action="store_true", help="one VM per card instead of one VM with all of them"
+    )
+    render.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    validate = actions.add_parser(
+        "validate", help="check manifests against each other (and a host with --root)"
+    )
+    validate.add_argument("files", nargs="+", metavar="FILE.yaml")
+    common(
+        validate,
+        root="host root whose cards the VMs take (companion functions checked); default: none",
+    )
+    validate.set_defaults(root=None)
+    pre = actions.add_parser("preflight", help="may this node be labelled for passthrough VMs?")
+    common(pre)
+    pre.add_argument(
+        "--gpu",
+        action="append",
+        default=[],
+        metavar="ADDR",
+        help="a card (repeatable); default: every NVIDIA GPU",
+    )
+    pre.add_argument(
+        "--memory", default="8G", help="guest memory the large-BAR fit assumes (default: 8G)"
+    )
+
+
+def run(args: argparse.Namespace, stack: list[str]) -> int:
+    action = args.kubevirt_command
+    if action == "render":
+        return _render(args, stack)
+    if action == "validate":
+        return _validate(args, stack)
+    if action == "preflight":
+        return _preflight(args, stack)
+    from passthrough.errors import EXIT_USAGE
+
+    sys.stderr.write(
+        "passthrough: error: kubevirt needs an action: render, validate or preflight\n"
+    )
+    return EXIT_USAGE
+
+
+def _render(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.cli.render import vm_options
+    from passthrough.host.discover import discover
+    from passthrough.kube.build import build_manifests
+    from passthrough.kube.io import dump_stream
+
+    if args.output:
+        output_file(args.output)
+    out = build_manifests(
+        discover(open_root(args.root, stack)),
+        vm_options(args),
+        args.route,
+        args.provider,
+        args.per_card,
+    )
+    text = dump_stream(out.documents, out.header(args.route))
+    for w in out.warnings:
+        sys.stderr.write(f"passthrough: warning: {w}\n")
+    if not args.json:
+        for line in out.decisions:
+            sys.stderr.write(f"passthrough: layout: {line}\n")
+    if args.output:
+        from passthrough.execute.files import atomic_write
+
+        atomic_write(os.path.abspath(args.output), text.encode())
+    if args.json:
+        dump({**out.as_json(), "output": args.output}, "kubevirt-render")
+    elif args.output:
+        print(f"wrote {args.output} ({len(out.documents)} objects)")
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+def _validate(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.kube.check import check_manifests
+    from passthrough.kube.io import load_stream
+    from passthrough.model import Severity
+
+    docs = [d for path in args.files for d in load_stream(path)]
+    host = None
+    if args.root is not None:
+        from passthrough.host.discover import discover
+
+        host = discover(open_root(args.root, stack))
+    findings = check_manifests(docs, host)
+    failed = any(f.severity is Severity.ERROR for f in findings)
+    if args.json:
+        dump(
+            {
+                "ok": not failed,
+                "documents": len(docs),
+                "findings": [
+                    {"code": f.code, "severity": f.severity.value, "message": f.message}
+                    for f in findings
+                ],
+            },
+            "kubevirt-validate",
+        )
+    else:
+        for f in findings:
+            print(f"{f.severity.value.upper()}: {f.message} [{f.code}]")
+        print(f"{len(docs)} objects, {len(findings)} findings" + (": FAILED" if failed else ": ok"))
+    return EXIT_CHECK_FAILED if failed else EXIT_OK
+
+
+def _preflight(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.host.discover import discover
+    from passthrough.kube.preflight import preflight
+    from passthrough.output.text import Painter, render_checks, wants_color, write
+    from passthrough.vm.options import size_mib
+
+    memory = size_mib(args.memory, "--memory")
+    report = preflight(discover(open_root(args.root, stack)), tuple(args.gpu), memory)
+    if args.json:
+        dump(report.as_json(), "kubevirt-preflight")
+    else:
+        write(render_checks(report.checks, Painter(wants_color(sys.stdout, args.color))) + "\n")
+    return EXIT_OK if report.ok else EXIT_CHECK_FAILED

@@ -1,0 +1,99 @@
+"""Our own state directory, ``ROOT/var/lib/passthrough``: the journal, the lock, backups.
+
+Everything in it is ours and nothing of ours is elsewhere. ``var/lib`` is resolved inside
+the root like any path; from ``var/lib/passthrough`` down no component may be a link or
+anything else we did not make (a link there would carry a write, a prune or a restore out
+of it): such a directory is refused before anything changes. The directory is 0700 and
+its files 0600 whatever the umask: backups hold the originals of configuration files, and
+the journal names commands that a later apply runs again as root.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from passthrough.errors import PassthroughError
+from passthrough.execute import files
+from passthrough.host.root import HostRoot
+
+STATE = "var/lib/passthrough"
+JOURNAL = f"{STATE}/journal.json"
+BACKUPS = f"{STATE}/backups"
+LOCK = f"{STATE}/lock"
+PRIVATE = 0o700  # the state directory and every directory in it
+JOURNAL_LIMIT = 64 << 20  # far more than any journal we write
+
+
+class UnsafeState(PassthroughError):
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(
+            f"{path}: {why}, in our state directory (it must hold only real files and "
+            "directories): move it aside and run the command again; nothing was changed"
+        )
+        self.path = path
+
+
+class Busy(PassthroughError):
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"another apply or undo is running (lock held on {path}); try again when it ends"
+        )
+
+
+def own(root: HostRoot, rel: str) -> str:
+    """The absolute path of ``rel`` (``STATE`` or below it), after checking that no
+    existing component from ``STATE`` down is a link (and all but the last directories)."""
+    if rel != STATE and not rel.startswith(STATE + "/"):
+        raise ValueError(f"{rel} is not in our state directory")
+    here = root.real(os.path.dirname(STATE))
+    parts = rel.split("/")[2:]
+    for i, part in enumerate(parts):
+        here = os.path.join(here, part)
+        try:
+            st = os.lstat(here)
+        except (FileNotFoundError, NotADirectoryError):
+            break
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafeState(here, "a symbolic link")
+        if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
+            raise UnsafeState(here, "not a directory")
+    return os.path.join(root.real(os.path.dirname(STATE)), *parts)
+
+
+def ensure_dir(root: HostRoot, rel: str) -> str:
+    """Our directory ``rel`` (``STATE`` or below), made 0700 (parents of ``STATE`` 0755)
+    whatever the umask, and brought back to 0700 if an older version left it wider."""
+    path = own(root, rel)
+    todo = files.missing_dirs(path)
+    state = own(root, STATE)
+    files.make_dirs([d for d in todo if len(d) < len(state)], 0o755)
+    files.make_dirs([d for d in todo if len(d) >= len(state)], PRIVATE)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeState(path, "not a directory")
+    if st.st_mode & 0o7777 != PRIVATE:
+        files.fault_point("chmod", path)
+        os.chmod(path, PRIVATE)
+    return path
+
+
+@contextmanager
+def locked(root: HostRoot) -> Iterator[None]:
+    """The state directory made (see :func:`ensure_dir`) and its lock held."""
+    ensure_dir(root, STATE)
+    path = own(root, LOCK)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Busy(path) from None
+        if os.fstat(fd).st_mode & 0o7777 != 0o600:
+            os.fchmod(fd, 0o600)
+        yield
+    finally:
+        os.close(fd)

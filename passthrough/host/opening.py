@@ -1,0 +1,34 @@
+"""Opening a ``--root`` argument: a directory as it is, a snapshot archive unpacked to a
+temporary directory first. Here, below the CLI, so the validator's ``--host-root`` and the
+commands share it without an upward import."""
+
+from __future__ import annotations
+
+import os
+
+from passthrough.errors import NotAHostRoot, ReadOnlyRoot
+
+
+def open_root(path: str, stack: list[str], changing: str | None = None) -> str:
+    """A .tar.gz snapshot is unpacked to a temporary directory (removed on exit); a
+    command that changes the host (``changing`` names it) refuses one."""
+    if os.path.isfile(path) and path.endswith((".tar.gz", ".tgz", ".tar")):
+        if changing:
+            raise ReadOnlyRoot(changing, path)
+        import tempfile
+
+        from passthrough.guest.root import find_root
+        from passthrough.host.snapshot import unpack
+
+        tmp = tempfile.mkdtemp(prefix="passthrough-root-")
+        stack.append(tmp)
+        # a snapshot holds the root at its top; a copy made with tar may hold it in one folder
+        top = find_root(unpack(path, tmp))
+        if not os.path.isdir(os.path.join(top, "sys")) and not os.path.isdir(
+            os.path.join(top, "proc")
+        ):
+            raise NotAHostRoot(
+                path, "the archive holds no sys/ or proc/ (at its top or in one folder)"
+            )
+        return top
+    return path

@@ -1,0 +1,3 @@
+"""The cluster path: the same host facts, options and policy as ``render``, written as
+KubeVirt and Kubernetes objects (device-plugin route and DRA route), checked offline, and a
+preflight a node must pass before it is labelled for GPU passthrough."""

@@ -1,0 +1,189 @@
+"""The cluster manifests for a host: cards chosen, checked and laid out exactly as ``render``
+does it (vm/spec.py's build_spec), then written as KubeVirt and Kubernetes objects.
+
+Two routes: ``device-plugin`` (every function through ``permittedHostDevices``, provided by
+NVIDIA's plugin or KubeVirt's own) and ``dra`` (each GPU from NVIDIA's DRA driver on
+``vfio.gpu.nvidia.com``, companion functions still through ``permittedHostDevices``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from passthrough.analysis import policy
+from passthrough.kube.layout import plan_kubevirt
+from passthrough.kube.objects import (
+    VmCard,
+    claim_template,
+    kubevirt_patch,
+    permitted_host_devices,
+    virtual_machine,
+)
+from passthrough.model import Finding, Host, PciFunction, Severity
+from passthrough.pciclass import SUBCLASS_3D
+from passthrough.vm.options import BadVmSpec
+from passthrough.vm.spec import VmOptions, VmSpec, build_spec
+from passthrough.vm.versions import Versions
+
+ROUTES = ("device-plugin", "dra")
+PROVIDERS = ("nvidia", "kubevirt")  # who publishes the PCI resources on the device-plugin route
+
+# feature gates by where they are set
+KUBEVIRT_GATES = "KubeVirt CR spec.configuration.developerConfiguration.featureGates"
+DRA_GATES = "NVIDIA DRA driver (Helm featureGates.<name>=true)"
+
+
+@dataclass
+class Manifests:
+    documents: list[dict[str, Any]] = field(default_factory=list)
+    feature_gates: dict[str, list[str]] = field(default_factory=dict)
+    decisions: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    node_labels: dict[str, str] = field(default_factory=dict)
+
+    def gate(self, where: str, name: str) -> None:
+        names = self.feature_gates.setdefault(where, [])
+        if name not in names:
+            names.append(name)
+
+    def header(self, route: str) -> list[str]:
+        """The comment lines above the YAML stream: what to set besides applying it."""
+        lines = [
+            f"passthrough kubevirt render --route {route}: merge the KubeVirt patch, apply the rest"
+        ]
+        lines += [
+            f"feature gates, {where}: {', '.join(names)}"
+            for where, names in self.feature_gates.items()
+        ]
+        lines += [f"node label: {k}={v}" for k, v in self.node_labels.items()]
+        return lines
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "documents": self.documents,
+            "feature_gates": self.feature_gates,
+            "node_labels": self.node_labels,
+            "decisions": self.decisions,
+            "warnings": self.warnings,
+        }
+
+
+def refuse_laptop(host: Host, functions: list[PciFunction]) -> None:
+    """A muxless laptop GPU may need its vBIOS from ACPI, given to QEMU as a ROM file;
+    KubeVirt's hostDevices and gpus have no ROM field, so the cluster path cannot give it."""
+    if not host.dmi.is_portable:
+        return
+    found = [
+        Finding(
+            policy.LAPTOP_3D,
+            Severity.ERROR,
+            f"{fn.address} is a laptop 3D controller (Optimus): its driver may need the vBIOS "
+            "from ACPI as a ROM file, and KubeVirt's gpus/hostDevices have no ROM field "
+            "(`passthrough render --rom FILE` gives one to a libvirt guest)",
+            (fn.address,),
+        )
+        for fn in functions
+        if fn.subclass == SUBCLASS_3D
+    ]
+    if found:
+        raise policy.Refused(found)
+
+
+# a VM's name is a DNS label in Kubernetes (it becomes the guest's hostname)
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# VM options the libvirt path has and KubeVirt's API has no field for: refused, never dropped
+_LIBVIRT_ONLY = (
+    ("rom", "on", "a ROM file or ROM BAR setting"),
+    ("disk", None, "a host disk path (the VM boots from the PVC <name>-root)"),
+    ("base_image", None, "a host base image (the VM boots from the PVC <name>-root)"),
+    ("bridge", None, "a host bridge (the VM uses the pod network)"),
+    ("network", "default", "a libvirt network (the VM uses the pod network)"),
+    ("seed", None, "a cloud-init seed ISO on the host"),
+    ("virt_type", "kvm", "software emulation"),
+)
+
+
+def check_kube_options(opts: VmOptions, per_card: bool) -> None:
+    """What the cluster path cannot express is refused with the field named (exit 2)."""
+    for name, default, what in _LIBVIRT_ONLY:
+        if getattr(opts, name) != default:
+            raise BadVmSpec(name, f"KubeVirt has no field for {what}; leave it out for kubevirt")
+    longest = f"{opts.name}-{len(opts.gpus) or 99}" if per_card else opts.name
+    if not DNS_LABEL.match(longest):
+        raise BadVmSpec(
+            "name",
+            f"{opts.name!r}: a KubeVirt VM's name is a DNS label (lower-case letters, digits and "
+            f"'-', at most 63{' with the -N of --per-card' if per_card else ''})",
+        )
+
+
+def _cards(host: Host, spec: VmSpec) -> list[VmCard]:
+    by_addr = {f.address: f for f in host.functions}
+    return [
+        VmCard(i, tuple(by_addr[g.host] for g in card.functions))
+        for i, card in enumerate(spec.cards, start=1)
+    ]
+
+
+def _specs(host: Host, opts: VmOptions, per_card: bool, versions: Versions | None) -> list[VmSpec]:
+    """One spec with every chosen card, or (per_card) one per card, each as render makes it."""
+    whole = build_spec(host, opts, versions)
+    if not per_card:
+        return [whole]
+    return [
+        build_spec(
+            host,
+            dataclasses.replace(opts, name=f"{opts.name}-{i}", gpus=(str(card.functions[0].host),)),
+            versions,
+        )
+        for i, card in enumerate(whole.cards, start=1)
+    ]
+
+
+def build_manifests(
+    host: Host,
+    opts: VmOptions,
+    route: str = "device-plugin",
+    provider: str = "nvidia",
+    per_card: bool = False,
+    versions: Versions | None = None,
+) -> Manifests:
+    check_kube_options(opts, per_card)
+    out = Manifests()
+    specs = _specs(host, opts, per_card, versions)
+    dra = route == "dra"
+    everything: list[PciFunction] = []
+    vms: list[dict[str, Any]] = []
+    for spec in specs:
+        cards = _cards(host, spec)
+        functions = [f for c in cards for f in c.functions]
+        refuse_laptop(host, functions)
+        layout = plan_kubevirt([c.functions for c in cards], host, spec.memory_mib)
+        out.decisions += [f"{spec.name}: {d}" for d in layout.decisions]
+        out.warnings += [w for w in spec.warnings if w not in out.warnings]
+        everything += [f for f in functions if f not in everything]
+        if dra:
+            vms.append(claim_template(f"{spec.name}-gpus", cards))
+        vms.append(virtual_machine(spec, cards, dra))
+        _gates(out, spec, dra)
+    permitted = permitted_host_devices(everything, provider == "nvidia", dra)
+    if permitted:
+        out.documents.append(kubevirt_patch(permitted))
+        out.gate(KUBEVIRT_GATES, "HostDevices")
+    out.documents += vms
+    if not dra and provider == "nvidia":
+        # the GPU Operator's sandbox workloads: vfio-manager and the KubeVirt GPU plugin
+        out.node_labels["nvidia.com/gpu.workload.config"] = "vm-passthrough"
+    return out
+
+
+def _gates(out: Manifests, spec: VmSpec, dra: bool) -> None:
+    if dra:
+        out.gate(KUBEVIRT_GATES, "GPUsWithDRA")
+        out.gate(DRA_GATES, "PassthroughSupport")
+        out.gate(DRA_GATES, "DeviceMetadata")
+    if spec.vcpu_pins and spec.hugepages:
+        out.gate(KUBEVIRT_GATES, "NUMA")

@@ -1,0 +1,48 @@
+"""Manifests in and out: a YAML stream with a comment header; files read with a bound."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from passthrough.errors import PassthroughError, echo
+
+MAX_BYTES = 8 << 20  # a manifest file larger than this is not one we wrote or could check
+MAX_DOCUMENTS = 1000
+
+
+class BadManifest(PassthroughError):
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"{echo(path)}: {why}")
+
+
+def dump_stream(documents: list[dict[str, Any]], header: list[str]) -> str:
+    head = "".join(f"# {line}\n" for line in header)
+    body = yaml.safe_dump_all(documents, sort_keys=False, explicit_start=True, width=100)
+    return head + body
+
+
+def load_stream(path: str) -> list[dict[str, Any]]:
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+    except OSError as exc:
+        raise BadManifest(path, exc.strerror or str(exc)) from exc
+    if not p.is_file():
+        raise BadManifest(path, "not a regular file")
+    if size > MAX_BYTES:
+        raise BadManifest(path, f"{size} bytes, more than the {MAX_BYTES} read")
+    try:
+        docs = [d for d in yaml.safe_load_all(p.read_text(encoding="utf-8")) if d is not None]
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f"line {where.line + 1}: " if where is not None else ""
+        raise BadManifest(path, f"{line}not YAML ({type(exc).__name__})") from exc
+    if len(docs) > MAX_DOCUMENTS:
+        raise BadManifest(path, f"more than {MAX_DOCUMENTS} documents")
+    for i, d in enumerate(docs, start=1):
+        if not isinstance(d, dict) or not isinstance(d.get("kind"), str):
+            raise BadManifest(path, f"document {i} is not a Kubernetes object (no kind)")
+    return docs

@@ -1,0 +1,148 @@
+"""``passthrough kubevirt preflight``: what a node must show before it is labelled for GPU
+passthrough VMs — every function of each card on vfio-pci (or on no driver yet), the cards'
+IOMMU groups viable under the same policy as plan and render, the large-BAR fit of a
+KubeVirt guest, and then the mode label to set. A check-style report: codes, levels, fixes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from passthrough.analysis import policy
+from passthrough.errors import PassthroughError
+from passthrough.kube.build import refuse_laptop
+from passthrough.kube.layout import plan_kubevirt
+from passthrough.model import NVIDIA, CheckResult, GpuVerdict, Host, Level, PciAddress
+from passthrough.output.json import checks_json
+
+BOUND = "kube-vfio-bound"
+MODE_LABEL = "kube-mode-label"
+WORKLOAD_LABEL = "nvidia.com/gpu.workload.config"
+VFIO_DRIVERS = frozenset({"vfio-pci", "nvgrace_gpu_vfio_pci", "nvgrace-gpu-vfio-pci"})
+
+
+@dataclass
+class Preflight:
+    checks: list[CheckResult] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not any(c.level is Level.FAIL for c in self.checks)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "schema": "passthrough.kubevirt-preflight/v1",
+            "ok": self.ok,
+            "labels": self.labels,
+            "checks": checks_json(self.checks),
+        }
+
+
+def _chosen(host: Host, gpus: tuple[str, ...]) -> list[GpuVerdict]:
+    verdicts = policy.judge_all(host)
+    if not gpus:
+        return [v for v in verdicts if v.gpu.primary.vendor_id == NVIDIA]
+    wanted = {PciAddress.parse(g) for g in gpus}
+    chosen = [v for v in verdicts if wanted & {f.address for f in v.gpu.functions}]
+    if len(chosen) < len(wanted):
+        raise PassthroughError(
+            "kubevirt preflight: --gpu names no GPU on this host (see `passthrough scan`)"
+        )
+    return chosen
+
+
+def _bound(v: GpuVerdict) -> CheckResult:
+    held = [
+        f for f in v.gpu.functions if not f.is_bridge_like and f.driver not in VFIO_DRIVERS | {None}
+    ]
+    where = v.gpu.primary.address
+    if held:
+        return CheckResult(
+            BOUND,
+            Level.FAIL,
+            f"{where}: " + ", ".join(f"{f.address} on {f.driver}" for f in held),
+            "bind every function of the card to vfio-pci (`passthrough plan` then `apply`, or "
+            "the GPU Operator's vfio-manager on a node labelled vm-passthrough)",
+        )
+    loose = [f for f in v.gpu.functions if not f.is_bridge_like and f.driver is None]
+    summary = f"{where}: all {len([f for f in v.gpu.functions if not f.is_bridge_like])} functions on vfio-pci"
+    if loose:
+        summary = (
+            f"{where}: "
+            + ", ".join(str(f.address) for f in loose)
+            + " on no driver (ready to bind)"
+        )
+    return CheckResult(BOUND, Level.PASS, summary)
+
+
+def _policy(host: Host, v: GpuVerdict) -> list[CheckResult]:
+    where = v.gpu.primary.address
+    errors = policy.errors(v.findings)
+    if not errors:
+        return [
+            CheckResult(
+                "group-viable",
+                Level.PASS,
+                f"{where}: IOMMU group {', '.join(map(str, v.gpu.groups))} holds only the card",
+            )
+        ]
+    return [
+        CheckResult(f.code, Level.FAIL, f"{where}: {f.message}", policy.CODES.get(f.code))
+        for f in errors
+    ]
+
+
+def _fits(host: Host, v: GpuVerdict, memory_mib: int) -> CheckResult:
+    where = v.gpu.primary.address
+    fns = [f for f in v.gpu.functions if not f.is_bridge_like]
+    try:
+        refuse_laptop(host, fns)
+        layout = plan_kubevirt([fns], host, memory_mib)
+    except PassthroughError as exc:
+        code = getattr(exc, "code", None) or (
+            exc.codes[0] if isinstance(exc, policy.Refused) else policy.LARGE_BAR
+        )
+        return CheckResult(
+            code,
+            Level.FAIL,
+            f"{where}: {exc}",
+            "a libvirt guest (`passthrough render`) can still take it",
+        )
+    return CheckResult(policy.LARGE_BAR, Level.PASS, f"{where}: {layout.decisions[-1]}")
+
+
+def preflight(host: Host, gpus: tuple[str, ...] = (), memory_mib: int = 8192) -> Preflight:
+    report = Preflight()
+    if not host.groups:
+        report.checks.append(
+            CheckResult(
+                policy.NO_IOMMU,
+                Level.FAIL,
+                "no IOMMU groups: the IOMMU is off or absent",
+                "`passthrough plan` turns it on",
+            )
+        )
+    chosen = _chosen(host, gpus)
+    if not chosen:
+        report.checks.append(CheckResult(BOUND, Level.FAIL, "no NVIDIA GPU on this node", None))
+    for v in chosen:
+        report.checks.append(_bound(v))
+        report.checks += _policy(host, v)
+        report.checks.append(_fits(host, v, memory_mib))
+    if report.ok:
+        report.labels[WORKLOAD_LABEL] = "vm-passthrough"
+        report.checks.append(
+            CheckResult(MODE_LABEL, Level.PASS, f"label the node {WORKLOAD_LABEL}=vm-passthrough")
+        )
+    else:
+        report.checks.append(
+            CheckResult(
+                MODE_LABEL,
+                Level.FAIL,
+                f"not labelled {WORKLOAD_LABEL}=vm-passthrough until the checks above pass",
+                None,
+            )
+        )
+    return report

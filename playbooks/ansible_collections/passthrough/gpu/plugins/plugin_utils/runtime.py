@@ -1,0 +1,222 @@
+# Apache-2.0 (see the passthrough project's LICENSE)
+"""Controller side of the runtime on the hosts: which passthrough the controller runs (its
+identity: version and a hash of its content), its wheel (built from the checkout the
+collection sits in, or packed from the installed distribution), and the action that makes
+sure a host has exactly that before one of this collection's modules runs there.
+
+The no-op path costs one module call: a ``cat`` of the venv's identity file (no Python
+started on the host), then the module itself under the venv's interpreter."""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import hashlib
+import importlib.metadata
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from ansible.errors import AnsibleError
+from ansible.plugins.action import ActionBase
+
+HERE = Path(__file__).resolve()
+# plugins/plugin_utils/runtime.py → the collection → ansible_collections → its parent
+PARENT = HERE.parents[5]
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "passthrough/wheels"
+DEFAULT_VENV = "/opt/passthrough/venv"
+MARKER = "passthrough-runtime"
+# what the VM module imports from the system (the distro's bindings)
+REQUIRES = {"passthrough_vm": ["jinja2", "lxml", "libvirt", "yaml"]}
+
+
+def _checkout() -> Path | None:
+    """The passthrough checkout this collection sits in (playbooks/ansible_collections/…)."""
+    repo = PARENT.parent
+    if (repo / "pyproject.toml").is_file() and (repo / "passthrough/__init__.py").is_file():
+        return repo
+    return None
+
+
+def _installed() -> importlib.metadata.Distribution | None:
+    """The installed passthrough distribution the collection came in (passthrough/data/…), or
+    the one the controller's Python imports."""
+    try:
+        return importlib.metadata.distribution("passthrough")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _version(repo: Path) -> str:
+    for line in (repo / "passthrough/__init__.py").read_text().splitlines():
+        if line.startswith("__version__"):
+            return line.split("=", 1)[1].strip().strip("\"'")
+    raise AnsibleError(f"no __version__ in {repo}/passthrough/__init__.py")
+
+
+def identity() -> str:
+    """``VERSION+sha256`` of what goes onto the hosts: a checkout's package and templates, or
+    an installed distribution's RECORD (which lists every file with its hash)."""
+    repo = _checkout()
+    digest = hashlib.sha256()
+    if repo is not None:
+        for tree in ("passthrough", "templates"):
+            for path in sorted((repo / tree).rglob("*")):
+                if path.is_file() and "__pycache__" not in path.parts:
+                    digest.update(str(path.relative_to(repo)).encode() + b"\0")
+                    digest.update(path.read_bytes())
+        return f"{_version(repo)}+{digest.hexdigest()[:16]}"
+    dist = _installed()
+    if dist is None:
+        raise AnsibleError(
+            "no passthrough on the controller: set passthrough_runtime_wheel or "
+            "passthrough_runtime_index_url"
+        )
+    digest.update((dist.read_text("RECORD") or "").encode())
+    return f"{dist.version}+{digest.hexdigest()[:16]}"
+
+
+def _pack(dist: importlib.metadata.Distribution, out: Path) -> Path:
+    """A wheel of an installed pure-Python distribution, from its RECORD."""
+    base = Path(str(dist.locate_file("")))
+    name = f"passthrough-{dist.version}-py3-none-any.whl"
+    records: list[str] = []
+    with zipfile.ZipFile(out / name, "w", zipfile.ZIP_DEFLATED) as zf:
+        for f in dist.files or []:
+            rel = str(f)
+            if rel.startswith("..") or "__pycache__" in rel or rel.endswith("/RECORD"):
+                continue
+            data = (base / rel).read_bytes()
+            zf.writestr(rel, data)
+            sha = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            records.append(f"{rel},sha256={sha},{len(data)}")
+        info = next(str(f).split("/")[0] for f in dist.files or [] if ".dist-info/" in str(f))
+        records.append(f"{info}/RECORD,,")
+        zf.writestr(f"{info}/RECORD", "\n".join(records) + "\n")
+    return out / name
+
+
+def wheel(ident: str) -> Path:
+    """The controller's wheel for ``ident``, built once and cached (a lock keeps the forks from
+    building it side by side)."""
+    folder = CACHE / ident
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = sorted(folder.glob("passthrough-*.whl"))
+        if found:
+            return found[0]
+        repo = _checkout()
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            if repo is None:
+                dist = _installed()
+                assert dist is not None  # identity() raised otherwise
+                built = _pack(dist, Path(tmp))
+            else:
+                built = _build(repo, Path(tmp))
+            return built.rename(folder / built.name)
+
+
+def _build(repo: Path, out: Path) -> Path:
+    base = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out)]
+    errors = []
+    # without build isolation when setuptools is at hand (no index needed), else with it
+    for extra in (["--no-build-isolation"], []):
+        r = subprocess.run([*base, *extra, str(repo)], capture_output=True, text=True, check=False)
+        found = list(out.glob("passthrough-*.whl"))
+        if r.returncode == 0 and found:
+            return found[0]
+        errors.append((r.stderr or r.stdout).strip().splitlines()[-1:])
+    raise AnsibleError(
+        f"could not build the passthrough wheel from {repo} ({errors}); "
+        "set passthrough_runtime_wheel to a wheel"
+    )
+
+
+class RuntimeAction(ActionBase):  # type: ignore[misc] # Ansible is untyped
+    """Runs the task's module under the host's passthrough venv, installing it first when the
+    host does not hold the controller's identity. ``passthrough_runtime: none`` runs the module
+    with the host's interpreter as it is (the library put there by you)."""
+
+    def _var(self, task_vars: dict[str, Any], name: str, default: Any) -> Any:
+        value = task_vars.get(name, default)
+        return self._templar.template(value) if isinstance(value, str) else value
+
+    def run(
+        self, tmp: str | None = None, task_vars: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        task_vars = task_vars or {}
+        result: dict[str, Any] = super().run(tmp, task_vars)
+        mode = self._var(task_vars, "passthrough_runtime", "venv")
+        if mode == "none":
+            result.update(self._execute_module(task_vars=task_vars))
+            return result
+        if mode != "venv":
+            return {**result, "failed": True, "msg": f"passthrough_runtime: {mode!r}: venv or none"}
+        venv = str(self._var(task_vars, "passthrough_runtime_venv", DEFAULT_VENV))
+        ident = str(self._var(task_vars, "passthrough_runtime_identity", "") or identity())
+        requires = REQUIRES.get(self._task.action.rsplit(".", 1)[-1], [])
+        have, lacking = self._probe(venv, requires)
+        installed = None
+        if have != ident or lacking:
+            installed = self._install(task_vars, venv, ident)
+            if installed.get("failed"):
+                return {**result, **installed, "msg": f"runtime: {installed.get('msg')}"}
+        module_vars = {**task_vars, "ansible_python_interpreter": f"{venv}/bin/python"}
+        result.update(self._execute_module(task_vars=module_vars))
+        if installed is not None:
+            result["changed"] = True
+            result["runtime_installed"] = ident
+        return result
+
+    def _probe(self, venv: str, requires: list[str]) -> tuple[str, list[str]]:
+        """(the identity the host's venv holds, the modules of ``requires`` it cannot import):
+        one shell command, and Python started only where a module needs the distro's."""
+        command = f"cat {shlex.quote(venv + '/' + MARKER)} 2>/dev/null; echo"
+        if requires:
+            check = "import importlib.util as u; print(*[m for m in %r if not u.find_spec(m)])"
+            python = shlex.quote(venv + "/bin/python")
+            command += f"; {python} -c {shlex.quote(check % requires)} 2>/dev/null || echo venv"
+        lines = self._low_level_execute_command(command, sudoable=True).get("stdout", "")
+        have, _, rest = lines.partition("\n")
+        return have.strip(), rest.split()
+
+    def _install(self, task_vars: dict[str, Any], venv: str, ident: str) -> dict[str, Any]:
+        """passthrough_runtime on the host, with the wheel copied over (or the index named)."""
+        index = self._var(task_vars, "passthrough_runtime_index_url", "")
+        args: dict[str, Any] = {
+            "venv": venv,
+            "identity": ident,
+            "requires": REQUIRES.get(self._task.action.rsplit(".", 1)[-1], []),
+            "install_packages": bool(
+                self._var(task_vars, "passthrough_runtime_install_packages", False)
+            ),
+        }
+        tmp = None
+        if index:
+            args.update(index_url=index, version=ident.split("+", 1)[0])
+        else:
+            given = self._var(task_vars, "passthrough_runtime_wheel", "")
+            local = Path(given) if given else wheel(ident)
+            if not local.is_file():
+                return {"failed": True, "msg": f"passthrough_runtime_wheel {local}: no such file"}
+            tmp = self._make_tmp_path()
+            remote = self._connection._shell.join_path(tmp, local.name)
+            self._transfer_file(str(local), remote)
+            self._fixup_perms2((tmp, remote))
+            args["wheel"] = remote
+        try:
+            done: dict[str, Any] = self._execute_module(
+                module_name="passthrough.gpu.passthrough_runtime",
+                module_args=args,
+                task_vars=task_vars,
+            )
+        finally:
+            if tmp is not None:
+                self._remove_tmp_path(tmp)
+        return done

@@ -1,0 +1,76 @@
+"""The boot tools' own reading of their configuration, for tests.
+
+Files that others wrote may run commands when sourced (``lsb_release``, ``lspci``): they
+are sourced with ``env -i`` in a temporary directory, with stand-ins first on PATH.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .conftest import run_ok
+
+STANDINS = {
+    "lsb_release": "#!/bin/sh\necho Debian\n",
+    "lspci": "#!/bin/sh\necho '01:00.0 VGA compatible controller: NVIDIA Corporation'\n",
+}
+
+
+def _bash(script: str, tmp: Path) -> str:
+    bindir = tmp / "standins"
+    bindir.mkdir(exist_ok=True)
+    for name, body in STANDINS.items():
+        (bindir / name).write_text(body)
+        (bindir / name).chmod(0o755)
+    work = tmp / "cwd"
+    work.mkdir(exist_ok=True)
+    env = ["env", "-i", f"PATH={bindir}:/usr/bin:/bin", "bash", "-c"]
+    return run_ok([*env, f'cd "{work}"\n{script}'], timeout=30).stdout
+
+
+def grub_line(root: Path, tmp: Path) -> list[str]:
+    """GRUB_CMDLINE_LINUX then _DEFAULT as grub-mkconfig ends with them."""
+    script = (
+        f'. "{root}/etc/default/grub"\n'
+        f'for f in "{root}"/etc/default/grub.d/*.cfg; do [ -e "$f" ] && . "$f"; done\n'
+        'printf "%s %s" "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT"\n'
+    )
+    return _bash(script, tmp).split()
+
+
+def mkinitcpio_modules(root: Path, tmp: Path) -> list[str]:
+    parts = [root / "etc/mkinitcpio.conf", *sorted((root / "etc/mkinitcpio.conf.d").glob("*.conf"))]
+    combined = tmp / "mkinitcpio.combined"
+    combined.write_bytes(b"".join(p.read_bytes() for p in parts))
+    script = (
+        f'. "{combined}"\nset -f\n'
+        "[[ ${MODULES@a} != *a* ]] && MODULES=($MODULES)\n"  # mkinitcpio's arrayize_config
+        'printf "%s\\n" "${MODULES[@]}"\n'
+    )
+    return _bash(script, tmp).split()
+
+
+def cmdline_args(root: Path) -> list[str]:
+    text = (root / "etc/kernel/cmdline").read_text()
+    return [
+        w for line in text.split("\n") if not line.strip().startswith("#") for w in line.split()
+    ]
+
+
+def dracut_drivers(root: Path, tmp: Path) -> list[str]:
+    script = (
+        f'for f in "{root}"/etc/dracut.conf.d/*.conf; do . "$f"; done\n'
+        'printf "%s" "$force_drivers"\n'
+    )
+    return _bash(script, tmp).split()
+
+
+def modprobe_ids(root: Path) -> list[str]:
+    out = run_ok(["modprobe", "-c", "-C", str(root / "etc/modprobe.d")]).stdout
+    ids: list[str] = []
+    for line in out.splitlines():
+        m = re.match(r"options vfio_pci (?:.* )?ids=(\S+)", line)
+        if m:
+            ids = m[1].split(",")  # the module keeps the last value
+    return ids

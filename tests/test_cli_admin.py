@@ -1,0 +1,127 @@
+"""The CLI on a host an admin runs it on (issue 22 item 5): plan and apply tell the same
+story, an IOMMU-only plan, earlier cards kept, verify on any host."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from passthrough.cli import main
+
+from .conftest import bind_to_vfio, tree_hash
+
+
+@pytest.fixture
+def host(hosts: dict[str, Path], tmp_path: Path) -> Path:
+    """A copy of consumer-intel (Debian 12, GRUB, initramfs-tools): not a full OS tree,
+    so apply lists its commands instead of running them."""
+    root = tmp_path / "host"
+    shutil.copytree(hosts["consumer-intel"], root, symlinks=True)
+    return root
+
+
+def test_plan_and_apply_name_the_same_pending_commands(
+    host: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["apply", "--root", str(host), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["commands_not_run"]
+    assert listed, "a sample root lists its commands"
+    assert main(["apply", "--root", str(host), "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["changed"] is False and again["pending"] == listed
+    assert main(["plan", "--root", str(host), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["actions"] == [] and plan["pending"] == listed
+    assert main(["plan", "--root", str(host)]) == 0
+    text = capsys.readouterr().out
+    assert "Nothing to do" in text and "Still pending from an earlier apply" in text
+    assert "update-initramfs -u -k all" in text
+
+
+def test_verify_on_a_host_prepared_by_hand(
+    hosts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # acs-override-proxmox: its GPU was put on vfio-pci by hand (no journal of ours)
+    assert main(["verify", "--root", str(hosts["acs-override-proxmox"]), "--json"]) == 0
+    checks = {c["id"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["origin"]["level"] == "SKIP"
+    assert "prepared by hand or by another tool" in checks["origin"]["summary"]
+    bound = [i for i, c in checks.items() if i.startswith("vfio ") and c["level"] == "PASS"]
+    assert bound, checks
+    assert checks["host-devices"]["level"] == "PASS"
+
+
+def test_verify_names_what_did_not_come_from_us(
+    host: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["apply", "--root", str(host)]) == 0
+    capsys.readouterr()
+    # after the reboot: the card on vfio-pci, and a USB controller the admin bound by hand
+    for fn in ("0000:01:00.0", "0000:01:00.1", "0000:00:14.0"):
+        bind_to_vfio(host, fn)
+    main(["verify", "--root", str(host), "--json"])
+    checks = {c["id"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["vfio 0000:01:00.0"]["summary"] == "10de:2684 bound to vfio-pci"
+    assert checks["vfio 0000:00:14.0"]["summary"].endswith("bound to vfio-pci (not by passthrough)")
+    assert "origin" not in checks
+
+
+def _plan(root: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> dict[str, object]:
+    assert main(["plan", "--root", str(root), "--json", *flags]) == 0
+    out: dict[str, object] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def _cards(plan: dict[str, object]) -> list[str]:
+    return [c["address"] for c in plan["cards"]]  # type: ignore[attr-defined,index]
+
+
+def test_a_second_plan_keeps_the_cards_an_earlier_apply_bound(
+    hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "hgx"
+    shutil.copytree(hosts["hgx-h100"], root, symlinks=True)
+    assert main(["apply", "--root", str(root), "--gpu", "18:00.0"]) == 0
+    capsys.readouterr()
+    plan = _plan(root, capsys, "--gpu", "0000:19:00.0")
+    assert _cards(plan) == ["0000:19:00.0", "0000:18:00.0"]
+    assert any("0000:18:00.0: kept from the earlier apply" in n for n in plan["notes"])  # type: ignore[attr-defined]
+    # a plain plan after an apply means the same cards again, not every viable one
+    assert _cards(_plan(root, capsys)) == ["0000:18:00.0"]
+    plan = _plan(root, capsys, "--gpu", "19:00.0", "--release", "18:00.0")
+    assert _cards(plan) == ["0000:19:00.0"]
+    assert any("released" in n for n in plan["notes"])  # type: ignore[attr-defined]
+    before = tree_hash(root)
+    assert main(["plan", "--root", str(root), "--release", "18:00.0"]) == 2
+    assert "that is `passthrough undo`" in capsys.readouterr().err
+    assert main(["plan", "--root", str(root), "--release", "1b:00.0"]) == 2
+    assert "not a card an earlier apply bound (0000:18:00.0)" in capsys.readouterr().err
+    assert tree_hash(root) == before
+
+
+def test_an_iommu_only_plan_on_a_host_whose_iommu_is_off(
+    hosts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = hosts["iommu-off"]
+    plan = _plan(root, capsys, "--iommu-only")
+    assert _cards(plan) == [] and plan["functions"] == []
+    written = [a["path"] for a in plan["actions"] if a["kind"] == "write"]  # type: ignore[attr-defined,index]
+    # the bootloader's file only: nothing for vfio-pci, no initramfs
+    assert written and all(p.startswith("/etc/default/grub") for p in written), written
+    assert plan["kernel_args"]["set"] == ["intel_iommu=on", "iommu=pt"]  # type: ignore[index]
+    assert plan["notes"] == ["IOMMU only: no card is bound"]
+    assert main(["plan", "--root", str(root), "--iommu-only", "--gpu", "01:00.0"]) == 2
+    assert "leave out --gpu" in capsys.readouterr().err
+
+
+def test_udev_yes_on_another_root_refuses_rather_than_mix_machines(
+    hosts: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("UMOCKDEV_DIR", raising=False)
+    assert main(["scan", "--root", str(hosts["consumer-intel"]), "--udev", "yes"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "udev enumerates this machine's devices" in err
+    assert main(["scan", "--root", str(hosts["consumer-intel"]), "--json"]) == 0  # auto: sysfs
