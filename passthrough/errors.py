@@ -65,10 +65,10 @@ class Interrupted(PassthroughError):
 
 
 class InvalidPciAddress(PassthroughError):
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, expected: str | None = None) -> None:
         super().__init__(
-            f"malformed PCI address {quote(text)}: expected [DOMAIN:]BUS:DEVICE.FUNCTION in hex, "
-            "e.g. 0000:01:00.0"
+            f"malformed PCI address {quote(text)}: "
+            + (expected or "expected [DOMAIN:]BUS:DEVICE.FUNCTION in hex, e.g. 0000:01:00.0")
         )
         self.text = text
 

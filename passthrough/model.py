@@ -5,85 +5,17 @@ Discovery produces these; analysis, planning and rendering only read them.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from enum import StrEnum
-from functools import total_ordering
 
-from passthrough.errors import InvalidPciAddress
 from passthrough.guest.virt import NOT_A_VM, VirtualMachine
+from passthrough.pciaddr import PciAddress as PciAddress  # the one type, re-exported
 from passthrough.pciclass import (
     CLASS_DISPLAY,
     SUBCLASS_HOST_BRIDGE,
     SUBCLASS_PCI_BRIDGE,
     SUBCLASS_PCI_BRIDGE_SEMI,
 )
-
-_PCI_RE = re.compile(
-    r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):"
-    r"(?P<device>[0-9a-fA-F]{1,2})\.(?P<function>[0-7])$"
-)
-
-
-@total_ordering
-@dataclass(frozen=True, slots=True)
-class PciAddress:
-    """domain:bus:device.function, parsed once and formatted in one place."""
-
-    domain: int
-    bus: int
-    device: int
-    function: int
-
-    def __post_init__(self) -> None:
-        if not (
-            0 <= self.domain <= 0xFFFFFFFF
-            and 0 <= self.bus <= 0xFF
-            and 0 <= self.device <= 0x1F
-            and 0 <= self.function <= 7
-        ):
-            raise InvalidPciAddress(
-                f"{self.domain:x}:{self.bus:x}:{self.device:x}.{self.function:x}"
-            )
-
-    @classmethod
-    def parse(cls, text: str) -> PciAddress:
-        m = _PCI_RE.match(text.strip())
-        if m is None:
-            raise InvalidPciAddress(text)
-        try:
-            return cls(
-                int(m["domain"] or "0", 16),
-                int(m["bus"], 16),
-                int(m["device"], 16),
-                int(m["function"], 16),
-            )
-        except InvalidPciAddress:
-            raise InvalidPciAddress(text) from None
-
-    @classmethod
-    def looks_like(cls, text: str) -> bool:
-        """True for a full sysfs-style name such as ``0000:01:00.0``."""
-        m = _PCI_RE.match(text)
-        return m is not None and m["domain"] is not None
-
-    @property
-    def slot(self) -> tuple[int, int, int]:
-        """The card a function belongs to: domain, bus and device."""
-        return (self.domain, self.bus, self.device)
-
-    def __str__(self) -> str:
-        return f"{self.domain:04x}:{self.bus:02x}:{self.device:02x}.{self.function:x}"
-
-    def __lt__(self, other: object) -> bool:
-        if not isinstance(other, PciAddress):
-            return NotImplemented
-        return (self.domain, self.bus, self.device, self.function) < (
-            other.domain,
-            other.bus,
-            other.device,
-            other.function,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +220,10 @@ class Host:
     numa_cpus: dict[int, tuple[int, ...]] = field(default_factory=dict, hash=False)  # node → CPUs
     memory_mib: int | None = None  # MemTotal of /proc/meminfo; None: not known (a bare tree)
     machine: VirtualMachine = NOT_A_VM  # whether this root is itself a virtual machine
+    # installed libvirt/QEMU/OVMF packages (dpkg: name → version), and where dpkg does not
+    # say, what the live host's tools said (libvirt/qemu → version); see host/packages.py
+    packages: dict[str, str] = field(default_factory=dict, hash=False)
+    tool_versions: dict[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def group_index(self) -> dict[int, IommuGroup]:

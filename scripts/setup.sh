@@ -46,6 +46,25 @@ if [ "${#missing[@]}" -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+if [ "$mode" = test ]; then
+    # libvirt's own test domains (tests/qemuxml*data of Debian 12's libvirt source package),
+    # read by tests/test_libvirt_corpus.py from the test cache, outside the repository.
+    corpus="${PASSTHROUGH_TEST_CACHE:-/var/cache/passthrough-test}/libvirt-src"
+    if ! ls -d "$corpus"/libvirt-*/tests/qemuxml2xmloutdata >/dev/null 2>&1; then
+        echo "==> fetching libvirt's test domains (apt-get source libvirt, bookworm) into $corpus"
+        debsrc=/etc/apt/sources.list.d/passthrough-deb-src.sources
+        if [ ! -f "$debsrc" ]; then
+            printf '%s\n' "Types: deb-src" "URIs: http://deb.debian.org/debian" "Suites: bookworm" \
+                "Components: main" "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" |
+                $SUDO tee "$debsrc" >/dev/null
+        fi
+        $SUDO apt-get update -qq
+        $SUDO mkdir -p "$corpus"
+        (cd "$corpus" && $SUDO apt-get source -qq --download-only libvirt/bookworm)
+        $SUDO tar -xJf "$corpus"/libvirt_*.orig.tar.xz -C "$corpus" --wildcards '*/tests/qemuxml*data/*'
+    fi
+fi
+
 if [ ! -x .venv/bin/python ]; then
     echo "==> creating .venv"
     python3 -m venv .venv

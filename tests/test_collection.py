@@ -275,3 +275,19 @@ def test_galaxy_install_brings_the_declared_dependencies(tmp_path: Path) -> None
         env=env,
     )
     assert doc.returncode == 0 and str(target) in doc.stdout, doc.stdout + doc.stderr
+
+
+def test_domain_comparison_reads_pci_addresses_as_libvirt_does(
+    domain_utils: object, tmp_path: Path
+) -> None:
+    """A hostdev address written in decimal (bus='24', as libvirt reads it: base 0) is the
+    rendering's bus='0x18'; a real other bus (bus='0x24') is a difference."""
+    d: object = domain_utils
+    two = _rendered(tmp_path, gpus=("0000:18:00.0", "0000:19:00.0"), vcpus=4)
+    assert "bus='0x18'" in two
+    decimal = two.replace("bus='0x18'", "bus='24'")
+    before, after = d.compare(decimal, two)  # type: ignore[attr-defined]
+    assert before == after
+    other = two.replace("bus='0x18'", "bus='0x24'")
+    before, after = d.compare(other, two)  # type: ignore[attr-defined]
+    assert before != after and 'bus="0x24"' in before

@@ -13,9 +13,11 @@ import re
 from pathlib import Path
 
 import pytest
+from lxml import etree
 
 from passthrough import fakehost
 from passthrough.analysis import policy
+from passthrough.analysis.codes import CODES
 from passthrough.cli import main
 from passthrough.host.discover import discover
 from passthrough.host.root import HostRoot
@@ -151,7 +153,7 @@ def test_selection_findings_codes(hosts: dict[str, Path]) -> None:
 
 def test_every_code_is_documented() -> None:
     readme = (Path(__file__).parents[1] / "docs" / "discovery.md").read_text()
-    for code in policy.CODES:
+    for code in CODES:
         assert f"`{code}`" in readme, code
 
 
@@ -222,12 +224,30 @@ def test_render_refuses_what_harms_the_host(
     assert not out.exists()
 
 
-def test_render_of_a_shared_group_card_warns_with_its_code(
-    hosts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+def test_render_refuses_a_shared_group_card_as_validate_does(
+    hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = ["render", "--root", str(hosts["epyc-v100"]), "--name", "sp", "--gpu", "03:00.0"]
-    assert main(args) == 0
+    """One verdict: epyc-v100's two V100s share IOMMU group 20. One card alone is refused by
+    render (exit 2, with the code) as validate --host-root rejects it; both together are
+    rendered, and validate accepts what render wrote."""
+    root = str(hosts["epyc-v100"])
+    args = ["render", "--root", root, "--name", "sp", "--gpu", "03:00.0"]
+    assert main(args) == 2
     assert "[group-other-gpu]" in capsys.readouterr().err
+    out = tmp_path / "both.xml"
+    assert main([*args, "--gpu", "04:00.0", "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["validate", "--json", "--host-root", root, str(out)]) == 0
+    capsys.readouterr()
+    # the same domain without the second card: validate rejects it with render's code
+    doc = etree.fromstring(out.read_bytes())
+    (second,) = doc.xpath("devices/hostdev[source/address/@bus='0x04']")
+    second.getparent().remove(second)
+    one = tmp_path / "one.xml"
+    one.write_bytes(etree.tostring(doc))
+    assert main(["validate", "--json", "--host-root", root, "--select", "host", str(one)]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert "group-other-gpu" in {f["code"] for f in report["files"][0]["findings"]}
 
 
 # -- done when: nothing outside the card (or its group, with --include-group) is bound ------

@@ -13,6 +13,32 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from passthrough.analysis import viability
+
+# every code is the policy's too (policy.LARGE_BAR, policy.CODES): callers name them here
+from passthrough.analysis.codes import *  # noqa: F403
+from passthrough.analysis.codes import (
+    ACS_OVERRIDE,
+    BMC_VGA,
+    BOOT_GPU,
+    BRIDGE_SELECTED,
+    GROUP_OTHER_GPU,
+    GROUP_SHARED,
+    HOST_HARM,
+    INTEL_IGPU,
+    LAPTOP_3D,
+    LARGE_BAR,
+    NO_IOMMU,
+    NO_IOMMU_GROUP,
+    NO_RESET,
+    NVSWITCH,
+    ONLY_GPU,
+    ROOT_DISK,
+    ROUTE_NIC,
+    SRIOV_VF,
+    UNKNOWN_DEVICE,
+    VFIO_BOUND,
+    VFIO_PARTLY,
+)
 from passthrough.analysis.viability import (
     describe,
     find_gpus,
@@ -37,54 +63,6 @@ from passthrough.units import format_size
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 INTEL = 0x8086
-
-# -- codes: short and stable; tools and tests match on them --------------------------------
-BMC_VGA = "bmc-vga"
-NO_IOMMU = "no-iommu"
-NO_IOMMU_GROUP = "no-iommu-group"
-GROUP_SHARED = "group-shared"
-GROUP_OTHER_GPU = "group-other-gpu"
-ROOT_DISK = "root-disk-in-group"
-ROUTE_NIC = "route-nic-in-group"
-BRIDGE_SELECTED = "bridge-selected"
-UNKNOWN_DEVICE = "unknown-device"
-BOOT_GPU = "boot-gpu"
-ONLY_GPU = "only-gpu"
-ACS_OVERRIDE = "acs-override"
-NO_RESET = "no-reset"
-LARGE_BAR = "large-bar"
-INTEL_IGPU = "intel-igpu"
-NVSWITCH = "nvswitch"
-LAPTOP_3D = "laptop-3d"
-SRIOV_VF = "sriov-vf"
-VFIO_BOUND = "vfio-bound"
-VFIO_PARTLY = "vfio-partly"
-
-CODES: dict[str, str] = {
-    BMC_VGA: "the BMC's VGA (ASPEED, Matrox) is the host console: never handed over",
-    NO_IOMMU: "no IOMMU groups: the IOMMU is off or absent (plan turns it on; re-check after)",
-    NO_IOMMU_GROUP: "a function has no IOMMU group while others do: it cannot be isolated",
-    GROUP_SHARED: "the IOMMU group holds a device outside the card: the guest would take it too",
-    GROUP_OTHER_GPU: "the IOMMU group holds another GPU: both cards would go to one guest",
-    ROOT_DISK: "the root disk's controller is in the group: the host would lose its root fs",
-    ROUTE_NIC: "the default route's NIC is in the group: the host would lose the network",
-    BRIDGE_SELECTED: "a PCI bridge or root port was selected: bridges stay with the host",
-    UNKNOWN_DEVICE: "the address names no PCI function on this host",
-    BOOT_GPU: "the boot VGA: needs --allow-boot-gpu and the console moved off it",
-    ONLY_GPU: "the host's only display controller: the host keeps no local display",
-    ACS_OVERRIDE: "pcie_acs_override is in effect: the groups are synthetic, isolation is not real",
-    NO_RESET: "no reset method: the card may not survive a guest reboot",
-    LARGE_BAR: "a BAR of 32 GiB or more: the guest needs a larger 64-bit MMIO window",
-    INTEL_IGPU: "an Intel integrated GPU: GVT-d needs legacy IGD setup (not targeted)",
-    NVSWITCH: "an NVSwitch system: NVLink needs the whole fabric or Fabric Manager on the host",
-    LAPTOP_3D: "a laptop 3D controller (Optimus): no display outputs, may need the ACPI vBIOS",
-    SRIOV_VF: "an SR-IOV virtual function",
-    VFIO_BOUND: "already bound to vfio-pci (INFO)",
-    VFIO_PARTLY: "only some functions are bound to vfio-pci",
-}
-
-# Refused whatever the flags: handing these over harms the host itself.
-HOST_HARM = frozenset({BMC_VGA, ROOT_DISK, ROUTE_NIC, BRIDGE_SELECTED, UNKNOWN_DEVICE})
 
 
 class Refused(PassthroughError):
@@ -295,14 +273,38 @@ def selection_findings(
 
 def card_findings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostIndex) -> list[Finding]:
     """Everything scan says about one card: refusals first, then warnings."""
-    primary = gpu.primary
     found = selection_findings(host, (f.address for f in gpu.functions), True, index)
     if any(f.code == BMC_VGA for f in found):
         return [f for f in found if f.severity is ERROR]
+    found.sort(key=lambda f: f.severity is not ERROR)  # stable: refusals first
+    return found + card_warnings(host, gpu, all_gpus, index)
+
+
+def verdict_findings(
+    host: Host, addresses: Iterable[PciAddress], allow_boot_gpu: bool = True
+) -> list[Finding]:
+    """The one verdict on what a guest takes, for render and validate alike: the policy on
+    the exact selection (:func:`selection_findings`) and, for every card it touches, the
+    warnings scan gives that card (:func:`card_warnings`)."""
+    index = HostIndex.of(host)
+    taken = set(addresses)
+    found = selection_findings(host, taken, allow_boot_gpu, index)
+    gpus = find_gpus(host)
+    for gpu in gpus:
+        if any(f.address in taken for f in gpu.functions):
+            found += card_warnings(host, gpu, gpus, index)
+    return found
+
+
+def card_warnings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostIndex) -> list[Finding]:
+    """What scan tells about a card beyond the refusals: display, reset, BARs, fabric."""
+    primary = gpu.primary
+    found: list[Finding] = []
+    if primary.vendor_id in BMC_VGA_VENDORS and primary.is_display:
+        return found  # never a candidate: the refusal says all
     if host.machine.guest and not host.groups:
         # a guest's own GPU cannot be passed on: what passing it on would need is no advice
         return found
-    found.sort(key=lambda f: f.severity is not ERROR)  # stable: refusals first
 
     def warn(code: str, message: str, severity: Severity = WARNING) -> None:
         found.append(Finding(code, severity, message, (primary.address,)))

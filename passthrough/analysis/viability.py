@@ -44,11 +44,27 @@ def card_switch(primary: PciFunction, by_addr: dict[PciAddress, PciFunction]) ->
     return top
 
 
+def _own_card(f: PciFunction, primary: PciFunction) -> bool:
+    """Whether ``f``, on ``primary``'s slot, belongs to primary's card. The hardware says
+    which functions stand alone: an SR-IOV virtual function (its ``physfn`` link) is a
+    device of its own, handed to a guest alone, as is the physical function beside it; a
+    display function the IOMMU isolates from the primary (another group) can go to another
+    guest, so it is a GPU of its own."""
+    if f is primary:
+        return True
+    if f.physfn is not None or primary.physfn is not None:
+        return False
+    if f.is_display and f.iommu_group != primary.iommu_group:
+        return False
+    return _companion(f, primary)
+
+
 def find_gpus(host: Host) -> list[Gpu]:
     """Every display controller with the functions that belong to its card: on its slot,
-    of its vendor and of a companion class; or behind the card's own switch, of its vendor
-    and class, in its IOMMU group. A slot shared with other vendors' devices (an APU's
-    security processor and USB controllers) does not make them part of the card."""
+    of its vendor and of a companion class (see :func:`_own_card`); or behind the card's own
+    switch, of its vendor and class, in its IOMMU group. A slot shared with other vendors'
+    devices (an APU's security processor and USB controllers) does not make them part of
+    the card; SR-IOV virtual functions are GPUs of their own, with their PF named."""
     by_addr = {f.address: f for f in host.functions}
     by_slot: dict[tuple[int, int, int], list[PciFunction]] = {}
     for f in host.functions:
@@ -61,15 +77,16 @@ def find_gpus(host: Host) -> list[Gpu]:
         members = {
             f.address: f
             for f in by_slot[primary.address.slot]
-            if f is primary or (f.address not in claimed and _companion(f, primary))
+            if f.address not in claimed and _own_card(f, primary)
         }
-        switch = card_switch(primary, by_addr)
+        switch = card_switch(primary, by_addr) if primary.physfn is None else None
         if switch is not None:
             for f in host.functions:
                 if (
                     switch in f.parents
                     and not f.is_display
                     and f.address not in claimed
+                    and f.physfn is None
                     and f.iommu_group == primary.iommu_group
                     and _companion(f, primary)
                 ):

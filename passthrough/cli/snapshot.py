@@ -28,8 +28,9 @@ def add_parser(sub: Subparsers) -> None:
 
 def run(args: argparse.Namespace, stack: list[str]) -> int:
     from passthrough.host.snapshot import capture
+    from passthrough.plan.record import record_plan
 
-    host, stats = capture(open_root(args.root, stack), output_file(args.output))
+    host, stats = capture(open_root(args.root, stack), output_file(args.output), record_plan)
     if args.json:
         dump({"output": args.output, **stats}, "snapshot")
     else:

@@ -116,6 +116,8 @@ SCHEMA = Keys(
         ),
         "nic": Keys({"pci": STR, "iface": STR, "bridge": STR}, required=("pci",)),
         "numa": INT,
+        # installed Debian packages (name → version) for var/lib/dpkg/status
+        "packages": MapOf(STR, STR),
         "pci": ListOf(PCI_ITEM),
     }
 )
@@ -219,6 +221,7 @@ class Description:
         self.root_disk: dict[str, Any] | None = data.get("root_disk")
         self.nic: dict[str, Any] | None = data.get("nic")
         self.numa_default: int = data.get("numa", -1)
+        self.packages: dict[str, str] = data.get("packages", {})
         self.nodes: list[Node] = []
         self.top: list[Node] = []
         for item in data.get("pci", []):

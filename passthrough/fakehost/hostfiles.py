@@ -55,6 +55,22 @@ def write_host_files(desc: Description, w: Writer, by_addr: dict[PciAddress, Nod
     _firmware_files(desc, w)
     _names(desc, w)
     _storage_and_net(desc, w, by_addr)
+    if desc.packages:
+        _dpkg_status(desc.packages, w)
+
+
+def _dpkg_status(packages: dict[str, str], w: Writer) -> None:
+    """The installed packages as dpkg lists them, among others a real database holds (one
+    unrelated, one removed with its configuration left)."""
+    blocks = [
+        "Package: bash\nStatus: install ok installed\nPriority: required\nVersion: 5.2.15-2+b7\n",
+        "Package: ovmf-legacy\nStatus: deinstall ok config-files\nVersion: 2020.11-2\n",
+    ]
+    blocks += [
+        f"Package: {name}\nStatus: install ok installed\nArchitecture: amd64\nVersion: {version}\n"
+        for name, version in sorted(packages.items())
+    ]
+    w.file("var/lib/dpkg/status", "\n".join(blocks))
 
 
 def _cpu_and_proc(desc: Description, w: Writer) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from passthrough.errors import NotAHostRoot, PassthroughError, echo
 from passthrough.host import facts
 from passthrough.host.critical import read_critical
+from passthrough.host.packages import read_packages, read_tool_versions
 from passthrough.host.pci import Namer, read_functions, with_names
 from passthrough.host.pciids import find_pci_ids, lookup
 from passthrough.host.root import HostRoot
@@ -63,6 +64,7 @@ def discover(
         raise NotAHostRoot(root_path, "does not look like a host root (no sys/bus/pci, no proc)")
     functions = (pci_source or root_pci_source)(root)
     kernel = facts.read_kernel(root)
+    packages = read_packages(root)
     return Host(
         root=root.path,
         cpu=facts.read_cpu(root),
@@ -79,6 +81,8 @@ def discover(
         numa_cpus=facts.read_numa(root),
         memory_mib=facts.read_memory_mib(root),
         machine=facts.read_machine(root, functions),
+        packages=packages,
+        tool_versions=read_tool_versions(root, packages),
     )
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from passthrough.errors import SnapshotError, echo, quote
 from passthrough.guest.root import SNAPSHOT_META
+from passthrough.host.packages import DPKG_STATUS, dpkg_subset
 from passthrough.host.pciids import PCI_IDS_PATHS, render_subset
 from passthrough.host.root import HostRoot
 from passthrough.model import Host
@@ -140,6 +141,10 @@ def write_snapshot(root: RecordingRoot, host: Host, out_path: str) -> dict[str, 
         seen.files.pop(rel, None)
         seen.markers.discard(rel)
     files = dict(seen.files)
+    if DPKG_STATUS in files:
+        # discovery wants a few packages' versions: the snapshot holds those, not the list
+        # of everything installed (as pci.ids holds only the names the scan used)
+        files[DPKG_STATUS] = dpkg_subset(host.packages).encode()
     if names:
         files["usr/share/misc/pci.ids"] = render_subset(names).encode()
     meta = {
@@ -147,8 +152,10 @@ def write_snapshot(root: RecordingRoot, host: Host, out_path: str) -> dict[str, 
         "captured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "source_root": host.root,
         "problems": list(host.problems),
-        # inside a VM it also holds what `guest check` reads (see _record_guest_check)
+        # inside a VM it also holds what `guest check` reads (see host/recorded.py)
         "guest_check": host.machine.guest,
+        # what virsh/qemu --version said on the live host where dpkg did not say
+        "tool_versions": host.tool_versions,
     }
     files[SNAPSHOT_META] = (json.dumps(meta, indent=2) + "\n").encode()
     links = {k: v for k, v in seen.links.items() if k not in files}
@@ -323,8 +330,11 @@ def unpack(archive: str, dest: str) -> str:
     return dest
 
 
-def capture(root_path: str, out_path: str) -> tuple[Host, dict[str, int]]:
-    """Discover ``root_path`` through a recorder and write what was read to ``out_path``."""
+def capture(
+    root_path: str, out_path: str, also: Callable[[HostRoot, Host], None] | None = None
+) -> tuple[Host, dict[str, int]]:
+    """Discover ``root_path`` through a recorder and write what was read to ``out_path``;
+    ``also`` reads more through the same recorder first (what ``plan`` reads, for one)."""
     from passthrough.host.discover import discover, pci_source_for, root_pci_source
 
     recorder: list[RecordingRoot] = []
@@ -339,42 +349,10 @@ def capture(root_path: str, out_path: str) -> tuple[Host, dict[str, int]]:
     if source is not None:
         # pyudev read the PCI tree behind the recorder's back: read it again through it.
         root_pci_source(recorder[0])
+    from passthrough.host.recorded import record_guest_check
+
     if host.machine.guest:
-        _record_guest_check(recorder[0])
+        record_guest_check(recorder[0])
+    elif also is not None:
+        also(recorder[0], host)
     return host, write_snapshot(recorder[0], host, out_path)
-
-
-def _record_guest_check(recorder: RecordingRoot) -> None:
-    """Inside a virtual machine, also what ``passthrough guest check`` reads (subsystem IDs,
-    the driver's /proc files, /dev/nvidia*, runtime and Kubernetes configuration), so that
-    ``guest check --root`` on the snapshot judges the hardware as it does on the guest. The
-    checks run through the recorder with no command and no compute: only files are read."""
-    from passthrough.guest.check import run_guest_checks
-    from passthrough.guest.root import GuestRoot
-
-    class Recorded(GuestRoot):
-        """The guest check's reader, reading through the recorder (contained, recorded)."""
-
-        def __init__(self) -> None:
-            super().__init__(recorder.path)
-            self.is_live = False  # a capture: nothing is run or probed
-
-        def exists(self, rel: str) -> bool:
-            return recorder.exists(rel)
-
-        def isdir(self, rel: str) -> bool:
-            return recorder.isdir(rel)
-
-        def listdir(self, rel: str) -> list[str]:
-            return recorder.listdir(rel)
-
-        def read(self, rel: str) -> str | None:
-            return recorder.read(rel)
-
-        def link_name(self, rel: str) -> str | None:
-            return recorder.link_name(rel)
-
-        def real(self, rel: str, follow_final: bool = True) -> str:
-            return recorder.real(rel, follow_final)
-
-    run_guest_checks(Recorded(), lambda _argv: None, compute=False)

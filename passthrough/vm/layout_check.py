@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from passthrough.model import Finding, Host, PciAddress, PciFunction, Severity
+from passthrough.model import Finding, Host, PciFunction, Severity
+from passthrough.pciaddr import libvirt_address
 from passthrough.units import GIB, KIB, MIB, TIB, format_size
 from passthrough.vm.layout import (
     DEVICE_ROOM,
@@ -18,12 +19,12 @@ from passthrough.vm.layout import (
     pack,
     pow2_ceil,
 )
-from passthrough.vm.versions import Versions, read_versions
+from passthrough.vm.versions import Versions, host_versions
 
 
-def _int(text: str | None, base: int = 10) -> int | None:
+def _int(text: str | None) -> int | None:
     try:
-        return int(text or "", base)
+        return int(text or "")
     except ValueError:
         return None
 
@@ -80,34 +81,19 @@ def _guest_bits(doc: Any, host: Host, versions: Versions) -> tuple[int, str]:
     return QEMU_DEFAULT_PHYS_BITS, "unreadable <maxphysaddr>: QEMU's default"
 
 
-# What layout_findings can say (validate's rule catalogue lists them under "host").
-LAYOUT_CODES: dict[str, str] = {
-    "mmio-window-too-small": "the guest firmware's 64-bit window cannot hold the hostdevs' BARs",
-    "mmio-window-above-limit": "the window needed does not fit below the guest's address limit",
-    "guest-bits-above-iommu": "guest physical address bits beyond what the host IOMMU maps: "
-    "QEMU's DMA mappings fail",
-}
-
-
 def layout_findings(domain: Any, host: Host, versions: Versions | None = None) -> list[Finding]:
     """Check a domain (an lxml or ElementTree ``<domain>`` element) against this host: can
     the window OVMF will build hold its hostdevs' BARs, below the guest's address limit and
     within what the host IOMMU maps? Codes: ``mmio-window-too-small``,
     ``mmio-window-above-limit``, ``guest-bits-above-iommu``."""
     if versions is None:
-        versions = read_versions(host.root)
+        versions = host_versions(host)
     by_bus: dict[int, list[PciFunction]] = {}
     for hd in domain.findall("devices/hostdev[@type='pci']"):
-        src = hd.find("source/address")
-        if src is None:
-            continue
-        parts = [_int(src.get(k), 16) for k in ("domain", "bus", "slot", "function")]
-        if any(p is None for p in parts):
-            continue
-        d, b, s, f = (int(p or 0) for p in parts)
-        fn = host.function(PciAddress(d, b, s, f))
-        guest = hd.find("address")
-        bus = _int(guest.get("bus"), 16) if guest is not None else None
+        src = libvirt_address(hd.find("source/address"))
+        fn = host.function(src) if src is not None else None
+        guest = libvirt_address(hd.find("address"))
+        bus = guest.bus if guest is not None and not guest.is_unassigned else None
         if fn is not None:
             by_bus.setdefault(bus if bus is not None else -1 - len(by_bus), []).append(fn)
     out: list[Finding] = []

@@ -203,7 +203,7 @@ def status(uri: str, name: str) -> dict[str, Any]:
 def _status(dom: Any, uri: str) -> dict[str, Any]:
     from lxml import etree
 
-    from passthrough.vm.validate.domain import fmt, pci_address
+    from passthrough.vm.validate.domain import pci_address
 
     state, _reason = dom.state()
     doc = etree.fromstring(dom.XMLDesc(0).encode())
@@ -214,7 +214,7 @@ def _status(dom: Any, uri: str) -> dict[str, Any]:
             continue
         guest = pci_address(h.find("address"))
         # the guest side without its PCI domain (always 0 in a guest): 01:00.0
-        hostdevs.append({"host": fmt(host), "guest": fmt(guest)[5:] if guest else None})
+        hostdevs.append({"host": str(host), "guest": str(guest)[5:] if guest else None})
     return {
         "name": dom.name(),
         "uri": uri,

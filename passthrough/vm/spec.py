@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from passthrough.analysis import policy
-from passthrough.model import GpuVerdict, Host, PciAddress, PciFunction
+from passthrough.model import GpuVerdict, Host, PciAddress, PciFunction, Severity
 from passthrough.vm.layout import Layout, plan_layout
 from passthrough.vm.options import (
     DEFAULT_VENDOR_ID,
@@ -20,7 +20,7 @@ from passthrough.vm.options import (
     check_against_host,
     check_options,
 )
-from passthrough.vm.versions import Versions, read_versions
+from passthrough.vm.versions import Versions, host_versions
 
 OVMF_DEFAULT_MMIO = 32 << 30
 NO_NETWORK = "none"  # --network none: a guest without a NIC
@@ -182,15 +182,31 @@ def _choose(host: Host, opts: VmOptions) -> tuple[list[GpuVerdict], list[str]]:
                 chosen.append(match[0])
     else:
         chosen = [v for v in verdicts if v.viable and v.gpu.primary.vendor_id == 0x10DE]
-    # The same policy as plan: what would harm the host is refused, the rest is told.
-    # Boot VGA and shared groups stay warnings: the host may have been set up for them.
-    findings = policy.selection_findings(
+    # One verdict with validate --host-root: what it would reject is refused here, and the
+    # warnings scan gives these cards are told. A boot VGA is a warning in both: the host
+    # may have been set up for it (plan's --allow-boot-gpu).
+    findings = policy.verdict_findings(
         host, (f.address for v in chosen for f in v.gpu.functions), allow_boot_gpu=True
     )
-    harm = [f for f in policy.errors(findings) if f.code in policy.HOST_HARM]
-    if harm:
-        raise policy.Refused(harm)
-    return chosen, [f"{f.message} [{f.code}]" for f in policy.errors(findings)]
+    refused = policy.errors(findings)
+    if refused:
+        raise policy.Refused(refused)
+    told = [f for f in findings if f.severity is Severity.WARNING]
+    return chosen, [f"{f.message} [{f.code}]" for f in told]
+
+
+def _guest_functions(primary: PciAddress, members: list[PciFunction]) -> dict[PciAddress, int]:
+    """Guest function numbers on the card's one guest slot: the functions of the primary's
+    host slot keep theirs; a function behind the card's own switch (Intel Arc's audio at
+    04:00.0 beside the GPU at 03:00.0) takes the lowest number left, never a second 0."""
+    numbers = {f.address: f.address.function for f in members if f.address.slot == primary.slot}
+    free = [n for n in range(8) if n not in numbers.values()]
+    for f in members:
+        if f.address not in numbers:
+            if not free:
+                raise BadVmSpec("gpu", f"{primary}: more than 8 functions for one guest slot")
+            numbers[f.address] = free.pop(0)
+    return numbers
 
 
 def _guest_cards(
@@ -201,17 +217,18 @@ def _guest_cards(
     functions: list[list[PciFunction]] = []
     for i, v in enumerate(chosen):
         port = i + 1
+        members = [f for f in v.gpu.functions if not f.is_bridge_like]
+        numbers = _guest_functions(v.gpu.address, members)
         fns = tuple(
             GuestFunction(
                 host=f.address,
                 guest_bus=port,
-                function=f.address.function,
-                multifunction=f.address.function == 0 and len(v.gpu.functions) > 1,
+                function=numbers[f.address],
+                multifunction=numbers[f.address] == 0 and len(members) > 1,
                 id=f.id,
                 name=f.name,
             )
-            for f in v.gpu.functions
-            if not f.is_bridge_like
+            for f in members
         )
         # root ports packed eight to a slot on pcie-root, as virt-install lays them out
         cards.append(
@@ -260,7 +277,7 @@ def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) ->
         iommu_bits=host.iommu.address_bits,
         cpu_vendor=host.cpu.vendor,
         memory_mib=opts.memory_mib,
-        versions=versions if versions is not None else read_versions(host.root),
+        versions=versions if versions is not None else host_versions(host),
         virt_type=opts.virt_type,
     )
     windows = opts.profile == "windows"

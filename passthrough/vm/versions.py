@@ -1,18 +1,18 @@
 """Which libvirt, QEMU and OVMF a host has: what the address planner may use depends on them.
 
-Read from the host root's dpkg database, and on the live host from the tools themselves;
-what neither says is assumed (Debian 12) and marked so.
+Discovery reads them (``host/packages.py``: the root's dpkg database, and on the live host
+the tools themselves); what neither says is assumed (Debian 12) and marked so.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass
 from typing import Any
 
+from passthrough.host.packages import PACKAGES, read_packages, read_tool_versions
 from passthrough.host.root import HostRoot
+from passthrough.model import Host
 
 
 def dotted(v: tuple[int, int]) -> str:
@@ -46,68 +46,30 @@ class Versions:
 ASSUMED = "assumed (Debian 12)"
 DEFAULT_VERSIONS = Versions((9, 0), (7, 2), (2022, 11), ASSUMED, ("libvirt", "qemu", "ovmf"))
 
-_DPKG = {
-    "libvirt": ("libvirt-daemon", "libvirt0"),
-    "qemu": ("qemu-system-x86", "qemu-system-x86-64"),
-    "ovmf": ("ovmf",),
-}
-
 
 def _two(text: str | None) -> tuple[int, int] | None:
     m = re.match(r"(?:\d+:)?(\d+)\.(\d+)", text or "")
     return (int(m[1]), int(m[2])) if m else None
 
 
-def _dpkg_versions(root: HostRoot) -> dict[str, tuple[int, int]]:
-    status = root.read("var/lib/dpkg/status") or ""
-    installed: dict[str, str] = {}
-    for block in status.split("\n\n"):
-        fields = dict(
-            (k.strip(), v.strip())
-            for k, _, v in (line.partition(":") for line in block.splitlines() if ":" in line)
-        )
-        if "install ok installed" in fields.get("Status", "") and "Package" in fields:
-            installed[fields["Package"]] = fields.get("Version", "")
+def versions_of(packages: dict[str, str], tools: dict[str, str]) -> Versions:
+    """libvirt, QEMU and OVMF from the installed packages discovery read, then what the
+    tools said (live host, or a snapshot of one); what neither says comes from
+    :data:`DEFAULT_VERSIONS`."""
     found: dict[str, tuple[int, int]] = {}
-    for what, names in _DPKG.items():
-        for name in names:
-            v = _two(installed.get(name))
-            if v is not None:
-                found[what] = v
-                break
-    return found
-
-
-def _live_versions() -> dict[str, tuple[int, int]]:
-    """On the live host: ``virsh --version`` and ``qemu-system-x86_64 --version``."""
-    found: dict[str, tuple[int, int]] = {}
-    for what, argv in (
-        ("libvirt", ["virsh", "--version"]),
-        ("qemu", ["qemu-system-x86_64", "--version"]),
-    ):
-        if shutil.which(argv[0]) is None:
-            continue
-        try:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        m = re.search(r"(\d+)\.(\d+)", out)
-        if m:
-            found[what] = (int(m[1]), int(m[2]))
-    return found
-
-
-def read_versions(root: str) -> Versions:
-    """libvirt, QEMU and OVMF versions from the host root's dpkg database, then (live host
-    only) the tools themselves; what neither says comes from :data:`DEFAULT_VERSIONS`."""
-    hr = HostRoot(root)
-    found = _dpkg_versions(hr)
+    for what, names in PACKAGES.items():
+        v = next((v for v in (_two(packages.get(n)) for n in names) if v is not None), None)
+        if v is not None:
+            found[what] = v
     source = "dpkg status" if found else ""
-    if hr.is_live and len(found) < 3:
-        live = {k: v for k, v in _live_versions().items() if k not in found}
-        if live:
-            found.update(live)
-            source = f"{source} + tools" if source else "virsh/qemu --version"
+    said = False
+    for what, text in tools.items():
+        v = _two(text)
+        if what not in found and v is not None:
+            found[what] = v
+            said = True
+    if said:
+        source = f"{source} + tools" if source else "virsh/qemu --version"
     missing = [k for k in ("libvirt", "qemu", "ovmf") if k not in found]
     if missing:
         source = (source + "; " if source else "") + f"{ASSUMED}: " + ", ".join(missing)
@@ -118,3 +80,15 @@ def read_versions(root: str) -> Versions:
         source=source,
         assumed=tuple(missing),
     )
+
+
+def host_versions(host: Host) -> Versions:
+    """The versions of a discovered host (read by discovery: a snapshot gives the same)."""
+    return versions_of(host.packages, host.tool_versions)
+
+
+def read_versions(root: str) -> Versions:
+    """The same, read straight from a root (a bare directory need not be a host root)."""
+    hr = HostRoot(root)
+    packages = read_packages(hr)
+    return versions_of(packages, read_tool_versions(hr, packages))

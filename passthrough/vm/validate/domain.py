@@ -8,19 +8,23 @@ writes hostdevs for whole GPU cards only). A NIC or an HBA passed through is not
 
 from __future__ import annotations
 
-from .rules import Address, DomainFinding, Rule, make, register
+from passthrough.pciaddr import libvirt_address as pci_address
+
+from .rules import DomainFinding, make
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
     from passthrough.model import Finding, Host, PciFunction
+    from passthrough.pciaddr import PciAddress as Address
 
 # Same value as passthrough.vm.render.POLICY_NS (a test keeps them equal); not imported
 # from there because render pulls in Jinja2, and validate's start-up time matters in CI.
 POLICY_NS = "https://passthrough.dev/xmlns/policy/1"
 
 Slot = tuple[int, int, int]
+__all__ = ["check", "hostdevs", "pci_address", "place"]  # vm status reads addresses with it
 
 
 class Hostdev:
@@ -31,29 +35,6 @@ class Hostdev:
         self.host = host  # domain, bus, device, function on the host
         self.guest = guest  # the same in the guest
         self.gpu = gpu
-
-
-def pci_address(el: Any) -> Address | None:
-    """A libvirt ``<address>`` element (a hostdev's source, or a guest address) as numbers,
-    or None where there is none or it is not a PCI address in range. ``vm status`` reads
-    a defined domain's hostdevs with it too."""
-    if el is None:
-        return None
-    try:
-        a = (
-            int(el.get("domain", "0"), 16),
-            int(el.get("bus"), 16),
-            int(el.get("slot"), 16),
-            int(el.get("function", "0"), 16),
-        )
-    except (TypeError, ValueError):
-        return None
-    ok = a[0] <= 0xFFFF and a[1] <= 0xFF and a[2] <= 0x1F and a[3] <= 7 and min(a) >= 0
-    return a if ok else None
-
-
-def fmt(a: Address) -> str:
-    return f"{a[0]:04x}:{a[1]:02x}:{a[2]:02x}.{a[3]:x}"
 
 
 class _Ctx:
@@ -77,7 +58,7 @@ class _Ctx:
 
 
 def _a(f: PciFunction) -> Address:
-    return (f.address.domain, f.address.bus, f.address.device, f.address.function)
+    return f.address
 
 
 class HostFacts:
@@ -111,22 +92,37 @@ def hostdevs(doc: Any, host: Host | None) -> list[Hostdev]:
         if h.get("type") != "pci":
             continue
         src = pci_address(h.find("source/address"))
-        guest_el = h.find("address")
-        guest = (
-            pci_address(guest_el)
-            if guest_el is not None and guest_el.get("type") == "pci"
-            else None
-        )
-        out.append(Hostdev(h, src, guest, rendered or (src is not None and src in on_host)))
+        out.append(Hostdev(h, src, _guest_address(h), rendered or src in on_host))
     return out
+
+
+def _guest_address(device: Any) -> Address | None:
+    """A device's guest PCI address; None where it has none or libvirt picks one (an
+    "empty" address: domain, bus and slot 0)."""
+    el = device.find("address")
+    if el is None or el.get("type") != "pci":
+        return None
+    a = pci_address(el)
+    return None if a is None or a.is_unassigned else a
 
 
 def check(doc: Any, file: str, host: Host | None) -> list[DomainFinding]:
     ctx = _Ctx(doc, file)
     devs = hostdevs(doc, host)
+    seen: dict[Address, Hostdev] = {}
     for d in devs:
         if d.host is None:
             ctx.add("hostdev-source", d.element, "a PCI hostdev without a readable source address")
+        elif d.host in seen:
+            ctx.add(
+                "hostdev-duplicate",
+                d.element,
+                f"host device {d.host} is passed twice (line {seen[d.host].element.sourceline}): "
+                "libvirt refuses it (hostdev already exists)",
+                (d.host,),
+            )
+        else:
+            seen[d.host] = d
     _guest_slots(ctx, devs)
     _vendor_id_values(ctx)
     _gpu_rules(ctx, devs, host is not None)
@@ -135,24 +131,39 @@ def check(doc: Any, file: str, host: Host | None) -> list[DomainFinding]:
     return ctx.out
 
 
+def _console_alias(doc: Any) -> Any:
+    """The ``<console>`` that is serial 0 itself (libvirt's compatibility console: the
+    first console, of target type serial or none, while the domain has a serial), or None.
+    libvirt gives it serial 0's device, so it repeats serial 0's address."""
+    console = doc.find("devices/console")
+    if console is None or doc.find("devices/serial") is None:
+        return None
+    target = console.find("target")
+    kind = target.get("type") if target is not None else None
+    return console if kind in (None, "serial") else None
+
+
 def _guest_slots(ctx: _Ctx, devs: list[Hostdev]) -> None:
     """Every device's guest PCI address is unique; a slot that holds a hostdev has a
-    function 0, and multifunction='on' there when it holds more than one function."""
+    function 0, and function 0 is not multifunction='off' there when the slot holds more
+    than one function (left out, libvirt's QEMU driver turns it on itself)."""
     seen: dict[Address, Any] = {}
     slots: dict[Slot, dict[int, Any]] = {}
-    for el in ctx.doc.iterfind("devices/*/address[@type='pci']"):
-        a = pci_address(el)
-        if a is None:
+    alias = _console_alias(ctx.doc)
+    for device in ctx.doc.iterfind("devices/*"):
+        a = _guest_address(device)
+        if a is None or device is alias:
             continue
+        el = device.find("address")
         if a in seen:
             ctx.add(
                 "pci-address-duplicate",
-                el.getparent(),
-                f"guest PCI address {fmt(a)} is already used by <{seen[a].tag}>",
+                device,
+                f"guest PCI address {a} is already used by <{seen[a].tag}>",
             )
-        seen.setdefault(a, el.getparent())
-        slots.setdefault(a[:3], {})[a[3]] = el
-    for slot in sorted({d.guest[:3] for d in devs if d.guest is not None}):
+        seen.setdefault(a, device)
+        slots.setdefault(a.slot, {})[a.function] = el
+    for slot in sorted({d.guest.slot for d in devs if d.guest is not None}):
         functions = slots.get(slot, {})
         label = f"{slot[0]:04x}:{slot[1]:02x}:{slot[2]:02x}"
         if 0 not in functions:
@@ -163,12 +174,12 @@ def _guest_slots(ctx: _Ctx, devs: list[Hostdev]) -> None:
                 f"guest slot {label} has no function 0, so the guest never finds "
                 f"function {min(functions):x} there",
             )
-        elif len(functions) > 1 and functions[0].get("multifunction") != "on":
+        elif len(functions) > 1 and functions[0].get("multifunction") == "off":
             ctx.add(
                 "pci-multifunction",
                 functions[0].getparent(),
-                f"guest slot {label} holds {len(functions)} functions: function 0 needs "
-                "multifunction='on'",
+                f"guest slot {label} holds {len(functions)} functions but function 0 says "
+                "multifunction='off': QEMU exposes only function 0",
             )
 
 
@@ -222,20 +233,20 @@ def _gpu_rules(ctx: _Ctx, devs: list[Hostdev], host_given: bool) -> None:
     cards: dict[Slot, list[Hostdev]] = {}
     for d in gpus:
         if d.host is not None:
-            cards.setdefault(d.host[:3], []).append(d)
+            cards.setdefault(d.host.slot, []).append(d)
     for slot, members in sorted(cards.items()):
         if len(members) < 2:
             continue  # one function alone may sit at any guest function 0
         label = f"{slot[0]:04x}:{slot[1]:02x}:{slot[2]:02x}"
         devices = tuple(m.host for m in members if m.host is not None)
-        if len({m.guest[:3] for m in members if m.guest is not None}) > 1:
+        if len({m.guest.slot for m in members if m.guest is not None}) > 1:
             ctx.add(
                 "gpu-one-slot",
                 members[0].element,
                 f"the card {label} is split across guest slots; keep its functions together",
                 devices,
             )
-        if not any(m.host is not None and m.host[3] == 0 for m in members):
+        if not any(m.host is not None and m.host.function == 0 for m in members):
             ctx.add(
                 "gpu-functions",
                 members[0].element,
@@ -243,11 +254,11 @@ def _gpu_rules(ctx: _Ctx, devs: list[Hostdev], host_given: bool) -> None:
                 devices,
             )
         for m in members:
-            if m.host is not None and m.guest is not None and m.guest[3] != m.host[3]:
+            if m.host is not None and m.guest is not None and m.guest.function != m.host.function:
                 ctx.add(
                     "gpu-functions",
                     m.element,
-                    f"{fmt(m.host)} sits at guest function {m.guest[3]:x}; keep the card's function "
+                    f"{m.host} sits at guest function {m.guest.function:x}; keep the card's function "
                     "numbers",
                     (m.host,),
                 )
@@ -259,28 +270,9 @@ def place(ctx: _Ctx, findings: list[Finding], devs: list[Hostdev]) -> None:
     ``<devices>`` when it names none of them)."""
     by_addr = {d.host: d for d in devs if d.host is not None}
     for f in findings:
-        named = (by_addr.get((a.domain, a.bus, a.device, a.function)) for a in f.devices)
+        named = (by_addr.get(a) for a in f.devices)
         first = next((d for d in named if d is not None), None)
         ctx.add_finding(f, first.element if first else ctx.doc.find("devices"))
-
-
-def _register_host_policies() -> None:
-    """The safety policy's and the address planner's codes, for --select/--ignore,
-    --list-rules and SARIF (each finding still carries its own severity)."""
-    from passthrough.analysis import policy
-    from passthrough.vm.layout_check import LAYOUT_CODES
-
-    errors = policy.HOST_HARM | {
-        policy.GROUP_SHARED,
-        policy.GROUP_OTHER_GPU,
-        policy.NO_IOMMU,
-        policy.NO_IOMMU_GROUP,
-    }
-    for code, why in policy.CODES.items():
-        if code != policy.UNKNOWN_DEVICE:  # host-missing says it, on every hostdev
-            register(Rule(code, "host", "error" if code in errors else "warning", why))
-    for code, why in LAYOUT_CODES.items():
-        register(Rule(code, "host", "error", why))
 
 
 def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
@@ -289,14 +281,13 @@ def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
     plan and render: root disk, route NIC, bridges, BMC VGA, shared groups), and the
     address planner's arithmetic (can the guest's window hold the BARs, below its limit)."""
     from passthrough.analysis import policy
-    from passthrough.model import PciAddress
+    from passthrough.analysis.codes import UNKNOWN_DEVICE
     from passthrough.vm.layout_check import layout_findings
 
-    _register_host_policies()
     known = facts(host).known
     for d in devs:
         if d.host is not None and d.host not in known:
-            ctx.add("host-missing", d.element, f"{fmt(d.host)} is not on this host", (d.host,))
+            ctx.add("host-missing", d.element, f"{d.host} is not on this host", (d.host,))
     passed = {d.host: d for d in devs if d.host is not None}
     for gpu in facts(host).gpus:
         members = [passed[_a(f)] for f in gpu.functions if _a(f) in passed]
@@ -311,11 +302,11 @@ def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
                 "every function goes to the same guest",
                 tuple(_a(f) for f in missing),
             )
-    taken = [PciAddress(*a) for a in passed if a in known]
+    taken = [a for a in passed if a in known]
     if not taken:
         return
     # A boot VGA the host was prepared for (--allow-boot-gpu) is a warning here, not a
     # refusal: validate cannot know how the host was set up.
-    findings = policy.selection_findings(host, taken, allow_boot_gpu=True)
-    place(ctx, [f for f in findings if f.code != policy.UNKNOWN_DEVICE], devs)
+    findings = policy.verdict_findings(host, taken, allow_boot_gpu=True)
+    place(ctx, [f for f in findings if f.code != UNKNOWN_DEVICE], devs)
     place(ctx, layout_findings(ctx.doc, host), devs)

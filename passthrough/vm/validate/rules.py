@@ -3,8 +3,9 @@
 Codes are stable (CI configs select and ignore them); layers say which part of the
 validator spoke: ``file`` (the file itself), ``schema`` (libvirt's RelaxNG), ``policy``
 (what this project knows about passthrough), ``host`` (needs host facts) and ``libvirt``
-(a define on a real connection). Codes from host-layer policies plugged in later keep
-their own severity and are reported under ``host``.
+(a define on a real connection). The host layer also reports the safety policy's and the
+address check's codes (each finding keeps its own severity); they are in the catalogue
+from the start.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from passthrough.model import Finding, Severity
+    from passthrough.pciaddr import PciAddress as Address
 
 LAYERS = ("file", "schema", "policy", "host", "libvirt")
-Address = tuple[int, int, int, int]  # domain, bus, device, function
 
 
 class Rule:
@@ -58,8 +59,8 @@ CATALOGUE: tuple[Rule, ...] = (
         "pci-multifunction",
         "policy",
         _E,
-        "function 0 of a guest slot holding several functions lacks multifunction='on': "
-        "QEMU exposes only function 0",
+        "function 0 of a guest slot holding several functions says multifunction='off': "
+        "QEMU exposes only function 0 (left out, libvirt's QEMU driver sets it on)",
     ),
     Rule("hostdev-source", "policy", _E, "a PCI hostdev whose host address cannot be read"),
     Rule(
@@ -100,6 +101,12 @@ CATALOGUE: tuple[Rule, ...] = (
         "a multi-function card renumbered in the guest or passed without its function 0",
     ),
     Rule(
+        "hostdev-duplicate",
+        "policy",
+        _E,
+        "the same host device passed twice: libvirt refuses it (hostdev already exists)",
+    ),
+    Rule(
         "host-missing", "host", _E, "the hostdev's source address is not a PCI function on the host"
     ),
     Rule(
@@ -111,14 +118,31 @@ CATALOGUE: tuple[Rule, ...] = (
     Rule("libvirt-refused", "libvirt", _E, "the libvirt connection given refuses to define it"),
 )
 
-RULES: dict[str, Rule] = {r.code: r for r in CATALOGUE}
+
+def _severity(code: str) -> str:
+    from passthrough.analysis import codes
+
+    return _I if code in codes.INFO_CODES else _W
 
 
-def register(*rules: Rule) -> None:
-    """Add the codes of a policy plugged into the host layer (e.g. the host safety policy's
-    ``root-disk-in-group``) so that --select/--ignore, --list-rules and SARIF know them."""
-    for r in rules:
-        RULES.setdefault(r.code, r)
+def _host_rules() -> tuple[Rule, ...]:
+    """The host layer's other voices: the safety policy's codes (``root-disk-in-group``,
+    ``large-bar``, ...) and the address check's (``mmio-window-too-small``, ...), known
+    before any file is read so that --select/--ignore, --list-rules and SARIF know them.
+    ``unknown-device`` is left out: ``host-missing`` says it, on every hostdev."""
+    from passthrough.analysis import codes
+
+    policy = tuple(
+        Rule(code, "host", _E if code in codes.VALIDATE_ERRORS else _severity(code), why)
+        for code, why in codes.CODES.items()
+        if code != codes.UNKNOWN_DEVICE
+    )
+    layout = tuple(Rule(code, "host", _E, why) for code, why in codes.LAYOUT_CODES.items())
+    return policy + layout
+
+
+# The whole catalogue, fixed at import: nothing is added while files are checked.
+RULES: dict[str, Rule] = {r.code: r for r in (*CATALOGUE, *_host_rules())}
 
 
 class DomainFinding:
@@ -179,13 +203,12 @@ def make(
     severity: str | None = None,
     layer: str | None = None,
 ) -> DomainFinding:
-    from passthrough.model import Finding, PciAddress, Severity
+    from passthrough.model import Finding, Severity
 
     rule = RULES.get(code)
     sev = Severity(severity or (rule.severity if rule else "error"))
     lay = layer or (rule.layer if rule else "host")
-    where = tuple(PciAddress(*d) for d in devices)
-    return DomainFinding(Finding(code, sev, message, where), file, lay, xpath, line)
+    return DomainFinding(Finding(code, sev, message, devices), file, lay, xpath, line)
 
 
 def _matches(code: str, layer: str, pattern: str) -> bool:

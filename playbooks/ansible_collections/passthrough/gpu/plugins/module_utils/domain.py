@@ -66,11 +66,36 @@ def _normalised(el: Any) -> Any:
             if factor is not None and node.text.strip().isdigit():
                 node.text = str(int(int(node.text.strip()) * factor))
                 node.set("unit", "KiB")
+    _pci_addresses(el)
     for comment in el.xpath("//comment()"):
         parent = comment.getparent()
         if parent is not None:
             parent.remove(comment)
     return el
+
+
+_PCI_FIELDS = {"domain": 4, "bus": 2, "slot": 2, "function": 1}
+
+
+def _pci_addresses(el: Any) -> None:
+    """PCI ``<address>`` attributes written as libvirt writes them back (``bus='10'`` and
+    ``bus='0x0a'`` are one bus: libvirt reads both in base 0), so that a domain defined from
+    an address in decimal compares equal to the same address in hex."""
+    from passthrough.errors import InvalidPciAddress
+    from passthrough.pciaddr import PciAddress
+
+    for node in el.iter("address"):
+        in_source = node.getparent() is not None and node.getparent().tag == "source"
+        if node.get("type") != "pci" and not (in_source and node.get("bus") is not None):
+            continue
+        try:
+            a = PciAddress.from_libvirt(node.attrib)
+        except InvalidPciAddress:
+            continue  # left as written: libvirt refuses it, and the difference shows
+        values = {"domain": a.domain, "bus": a.bus, "slot": a.device, "function": a.function}
+        for name, width in _PCI_FIELDS.items():
+            if node.get(name) is not None:
+                node.set(name, f"0x{values[name]:0{width}x}")
 
 
 def _value_matches(name: str, wanted: str, have: str) -> bool:
