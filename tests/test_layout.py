@@ -372,7 +372,7 @@ def test_render_json_and_text_explain_the_layout(
     assert layout["fwcfg_via"] == "qemu:commandline" and layout["decisions"]
     assert main(argv) == 0
     err = capsys.readouterr().err
-    assert "passthrough: layout: " in err and "X-PciMmio64Mb=2097152" in err
+    assert "note: layout: " in err and "X-PciMmio64Mb=2097152" in err
 
 
 def test_versions_from_a_dpkg_database(tmp_path: Path) -> None:
