@@ -233,7 +233,7 @@ def test_hostile_archive_is_refused_without_tar_filters(
     /usr/bin/python3 is 3.11.2, where the guest check runs): the same archives are refused
     by the toolkit's own checks there."""
     from passthrough.errors import SnapshotError
-    from passthrough.host import snapshot
+    from passthrough.host import unpack as snapshot
 
     monkeypatch.setattr(snapshot, "HAS_DATA_FILTER", False)
     dest = tmp_path / "dest"
