@@ -169,7 +169,8 @@ def build_manifests(
             vms.append(claim_template(f"{spec.name}-gpus", cards))
         vms.append(virtual_machine(spec, cards, dra))
         _gates(out, spec, dra)
-    permitted = permitted_host_devices(everything, provider == "nvidia", dra)
+    # on the DRA route NVIDIA's plugins stay off the node: KubeVirt's own publishes companions
+    permitted = permitted_host_devices(everything, provider == "nvidia" and not dra, dra)
     if permitted:
         out.documents.append(kubevirt_patch(permitted))
         out.gate(KUBEVIRT_GATES, "HostDevices")
