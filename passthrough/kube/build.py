@@ -131,6 +131,11 @@ def _cards(host: Host, spec: VmSpec) -> list[VmCard]:
 def _specs(host: Host, opts: VmOptions, per_card: bool, versions: Versions | None) -> list[VmSpec]:
     """One spec with every chosen card, or (per_card) one per card, each as render makes it."""
     whole = build_spec(host, opts, versions)
+    if not whole.cards:
+        # plan's refusal, word for word: a VM without a card is nothing to write
+        from passthrough.plan.select import _chosen
+
+        _chosen(policy.judge_all(host), list(opts.gpus))
     if not per_card:
         return [whole]
     return [
