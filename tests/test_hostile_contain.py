@@ -529,6 +529,7 @@ def test_output_into_a_missing_directory_is_refused(
 # -- exit codes 3 and 4 ------------------------------------------------------------------
 
 
+@pytest.mark.root  # chroot
 def test_failed_regeneration_exits_3(root: Path, outside: Path) -> None:
     """A full OS tree as root runs its commands through chroot; here the tree's
     ``update-initramfs`` cannot run, so the step fails part-way: exit 3."""

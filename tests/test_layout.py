@@ -37,7 +37,7 @@ from passthrough.vm.validate import validate_text
 from passthrough.vm.versions import DEFAULT_VERSIONS, Versions, read_versions
 
 from .conftest import GOLDEN, assert_golden
-from .test_vm import _native, libvirtd  # noqa: F401  (the real-libvirtd fixture)
+from .test_vm import _native
 
 # the real capture of an H100 guest (shared/fixtures/h100-guest), made by `passthrough snapshot`
 H100_SNAPSHOT = Path(__file__).parent / "fixtures" / "h100-guest-snapshot.tar.gz"
@@ -209,7 +209,7 @@ def test_schema_and_our_validator_accept(
 def test_real_libvirtd_puts_the_planned_bits_and_window_in_the_argv(
     case: str,
     rendered: dict[str, str],
-    libvirtd: str,  # noqa: F811
+    libvirtd: str,
 ) -> None:
     xml = _xml(case, rendered)
     name = etree.fromstring(xml.encode()).findtext("name")

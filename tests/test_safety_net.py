@@ -69,6 +69,7 @@ def test_undo_never_restores_a_backup_that_does_not_match_the_journal(
     assert (forced / MODULES).read_bytes() == applied
 
 
+@pytest.mark.root  # chown to another owner
 def test_a_file_with_unusual_mode_owner_and_xattrs_keeps_them(tmp_path: Path) -> None:
     root = fresh(tmp_path)
     target = root / MODULES

@@ -348,7 +348,19 @@ def apply_json(tx: Transaction | None, plan: Plan, owed: list[list[str]]) -> dic
         "changed": tx is not None,
         "reboot_required": plan.reboot,
         "transaction": tx.id if tx else None,
-        "steps": [s.to_json() for s in (tx.steps if tx else [])],
+        "steps": [shown_step(s.to_json()) for s in (tx.steps if tx else [])],
         "commands_not_run": listed(tx),
         "pending": owed,
     }
+
+
+def shown_step(step: dict[str, Any]) -> dict[str, Any]:
+    """A journal step as output shows it: paths as a person names them inside the root
+    (``/etc/…``, as plan, undo and status print them), not as the journal keeps them."""
+    out = dict(step)
+    for key in ("path", "backup"):
+        if isinstance(out.get(key), str):
+            out[key] = "/" + out[key]
+    if isinstance(out.get("made_dirs"), list):
+        out["made_dirs"] = ["/" + d for d in out["made_dirs"]]
+    return out
