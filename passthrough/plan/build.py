@@ -63,29 +63,14 @@ def _write_if_changed(root: HostRoot, action: WriteFile) -> list[Action]:
     return [] if current == action.content else [action]
 
 
-def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Selection]:
-    hugepages_note = check_hugepages(opts.hugepages_1g, host)
-    scan = analyse(host)
-    sel = select(host, scan.verdicts, list(opts.gpus), opts.include_group, opts.allow_boot_gpu)
-    loader = for_host(root, host)
-    kopts = KargOptions(
-        iommu_pt=opts.iommu_pt,
-        vfio_ids=() if sel.ids_ambiguous else tuple(sel.vfio_ids),
-        boot_gpu=sel.boot_gpu,
-        hugepages_1g=opts.hugepages_1g,
-    )
-    configured = loader.configured() if loader else list(host.kernel.cmdline)
-    target = desired(host, kopts, configured)
-    notes = list(sel.notes)
-    if hugepages_note:
-        notes.append(hugepages_note)
+def _binding(root: HostRoot, host: Host, sel: Selection) -> tuple[list[Action], list[str]]:
+    """modprobe.d (ours, and our IDs in another file's ids= read after ours) and the
+    per-device udev rule, with a note for each other modprobe.d line about vfio."""
     actions: list[Action] = []
-    # Files first, commands after them (the initramfs reads modprobe.d).
     deps = vfio.softdeps(root, host, sel.functions)
-    ids, conflicts, theirs = modprobe_conflicts.review(
+    ids, notes, theirs = modprobe_conflicts.review(
         root, [] if sel.ids_ambiguous else list(sel.vfio_ids), sel.ids_ambiguous
     )
-    notes += conflicts
     conf = vfio.modprobe_conf(ids, deps)
     actions += _write_if_changed(
         root, WriteFile(vfio.MODPROBE, conf.encode(), "vfio-pci options and softdeps")
@@ -104,6 +89,30 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
         actions.append(
             RemoveFile(vfio.UDEV_RULE, "IDs are unambiguous now; per-device overrides not needed")
         )
+    return actions, notes
+
+
+def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Selection]:
+    hugepages_note = check_hugepages(opts.hugepages_1g, host)
+    scan = analyse(host)
+    sel = select(host, scan.verdicts, list(opts.gpus), opts.include_group, opts.allow_boot_gpu)
+    loader = for_host(root, host)
+    kopts = KargOptions(
+        iommu_pt=opts.iommu_pt,
+        vfio_ids=() if sel.ids_ambiguous else tuple(sel.vfio_ids),
+        boot_gpu=sel.boot_gpu,
+        hugepages_1g=opts.hugepages_1g,
+    )
+    configured = loader.configured() if loader else list(host.kernel.cmdline)
+    target = desired(host, kopts, configured)
+    notes = list(sel.notes)
+    if hugepages_note:
+        notes.append(hugepages_note)
+    actions: list[Action] = []
+    # Files first, commands after them (the initramfs reads modprobe.d).
+    bind_actions, bind_notes = _binding(root, host, sel)
+    actions += bind_actions
+    notes += bind_notes
     init_writes, rebuild, init_notes = vfio.initramfs_actions(root, host)
     notes += init_notes
     for write in init_writes:
