@@ -164,7 +164,12 @@ def prune_backups(journal: Journal) -> list[str]:
                 files.fault_point("unlink", os.path.join(dirpath, name))
                 os.unlink(name, dir_fd=dirfd)
                 removed.append(f"{BACKUPS}/{rel}")
-        for name in dirnames:
+        for name in dirnames:  # (a link to a directory is listed here: removed, not walked)
+            if os.path.islink(os.path.join(dirpath, name)):
+                files.fault_point("unlink", os.path.join(dirpath, name))
+                os.unlink(name, dir_fd=dirfd)
+                removed.append(f"{BACKUPS}/{os.path.normpath(os.path.join(here, name))}")
+                continue
             try:
                 files.fault_point("rmdir", os.path.join(dirpath, name))
                 os.rmdir(name, dir_fd=dirfd)
