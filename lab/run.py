@@ -207,6 +207,10 @@ class Lab:
             "ansible_ssh_private_key_file": str(m.key),
             "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
             "ansible_python_interpreter": "/usr/bin/python3",
+            # root logs in (the image has no sudo) and the image carries the library on the
+            # system Python: no become, no runtime venv (a lab from a bare host is not yet)
+            "ansible_become": False,
+            "passthrough_runtime": "none",
             "passthrough_host_gpus": [CARD],
             "passthrough_reboot_ok": True,
             "passthrough_vm_wait_ssh": False,
