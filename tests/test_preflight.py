@@ -11,6 +11,7 @@ import pytest
 
 from passthrough.cli import main
 from passthrough.host.holders import Holder, find_holders
+from passthrough.host.modalias import PLAIN, VfioAlias, choose, vfio_aliases, vfio_drivers
 from passthrough.host.root import HostRoot
 
 CARD = "0000:01:00.0"
@@ -105,3 +106,84 @@ def test_bind_refuses_a_held_card_naming_the_holders(
     assert "python3 (pid 4242)" in err
     after = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
     assert after == before
+
+
+# -- the vfio driver from modules.alias ---------------------------------------------------
+
+GH200 = "pci:v000010DEd00002342sv000010DEsd000016CBbc03sc02i00"
+
+
+def test_the_most_specific_vfio_alias_wins() -> None:
+    aliases = [
+        VfioAlias("v000010DEd00002342sv*sd*bc*sc*i*", "nvgrace_gpu_vfio_pci"),
+        VfioAlias("v000010DEd00002941sv*sd*bc*sc*i*", "nvgrace_gpu_vfio_pci"),
+        VfioAlias("v000010DEd*sv*sd*bc03sc*i*", "some_generic_vfio_pci"),
+    ]
+    assert choose(GH200, aliases) == "nvgrace_gpu_vfio_pci"  # beats the vendor-wide glob
+    assert choose(GH200.replace("2342", "2330"), aliases) == "some_generic_vfio_pci"
+    # another device of the same vendor that no alias covers (an audio function)
+    assert choose(GH200.replace("2342", "2330").replace("bc03sc02", "bc04sc03"), aliases) == PLAIN
+    assert choose(None, aliases) == PLAIN
+    assert choose(GH200, []) == PLAIN
+
+
+def _variant_host(hosts: dict[str, Path], tmp_path: Path, name: str) -> tuple[Path, str]:
+    """A sample whose running kernel's modules.alias has a variant driver for its card."""
+    root = tmp_path / "root"
+    shutil.copytree(hosts[name], root, symlinks=True)
+    release = (root / "proc/sys/kernel/osrelease").read_text().strip()
+    alias = root / "lib/modules" / release / "modules.alias"
+    dev = root / "sys/bus/pci/devices" / CARD / "modalias"
+    card = dev.read_text().strip()[len("pci:") :]
+    vendev = card[: card.index("sv")]
+    alias.write_text(
+        alias.read_text() + f"alias vfio_pci:{vendev}sv*sd*bc*sc*i* my_variant_vfio_pci\n"
+    )
+    return root, release
+
+
+def test_vfio_aliases_are_read_from_the_running_release(
+    hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    root, release = _variant_host(hosts, tmp_path, "consumer-intel")
+    r = HostRoot(str(root))
+    assert [a.module for a in vfio_aliases(r, release)] == ["my_variant_vfio_pci"]
+    assert vfio_aliases(r, "0.0.0-not-running") == []
+    assert vfio_drivers(r, release, [CARD, "0000:01:00.1"]) == {
+        CARD: "my_variant_vfio_pci",
+        "0000:01:00.1": PLAIN,
+    }
+
+
+def test_plan_names_the_variant_driver_and_the_holders(
+    hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, _ = _variant_host(hosts, tmp_path, "consumer-intel")
+    held = _held(hosts, tmp_path / "held")
+    shutil.copytree(held / "proc", root / "proc", symlinks=True, dirs_exist_ok=True)
+    shutil.copytree(
+        held / "sys/bus/pci/devices" / CARD / "drm",
+        root / "sys/bus/pci/devices" / CARD / "drm",
+        dirs_exist_ok=True,
+    )
+    assert main(["plan", "--root", str(root), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["vfio_drivers"] == {CARD: "my_variant_vfio_pci", "0000:01:00.1": PLAIN}
+    notes = "\n".join(plan["notes"])
+    assert (
+        f"{CARD}: the running kernel's modules.alias gives it the vfio variant driver my_variant_vfio_pci, bound through driver_override"
+        in notes
+    )
+    assert (
+        f"{CARD}: held open now (nvidia-persist (pid 812, unit nvidia-persistenced.service) holds /dev/nvidia0"
+        in notes
+    )
+
+
+def test_a_plain_plan_gives_every_function_vfio_pci(
+    hosts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", "--root", str(hosts["consumer-intel"]), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["vfio_drivers"] == {CARD: PLAIN, "0000:01:00.1": PLAIN}
+    assert not any("held open" in n or "variant" in n for n in plan["notes"])
