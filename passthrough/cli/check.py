@@ -24,11 +24,13 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace, stack: list[str]) -> int:
+    from passthrough.analysis.preflight import held_checks
     from passthrough.cli.scan import analysed
     from passthrough.output.json import check_json
     from passthrough.output.text import Painter, machine_line, render_checks, wants_color, write
 
     scan = analysed(args, stack)
+    scan.checks.extend(held_checks(scan))
     if args.json:
         dump(check_json(scan), "check")
     else:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from passthrough.errors import EXIT_HOST_STEP, PassthroughError
+from passthrough.host.holders import find_holders, holder_fix
 from passthrough.host.root import HostRoot
 from passthrough.model import Host, PciFunction
 
@@ -40,6 +41,18 @@ def _in_use(root: HostRoot, host: Host, f: PciFunction) -> str | None:
         if root.exists(f"{f.sysfs_path}/graphics") or f.boot_vga:
             return "the host console is on it"
     return None
+
+
+def refuse_held(root: HostRoot, functions: list[PciFunction]) -> None:
+    """An unbind waits for every open handle to close: refuse a held card up front."""
+    held = find_holders(root, [str(f.address) for f in functions])
+    if held:
+        everyone = [h for holders in held.values() for h in holders]
+        raise BindRefused(
+            f"{', '.join(sorted(held))}: held open, an unbind would hang: "
+            + "; ".join(h.describe() for h in everyone)
+            + f"; {holder_fix(everyone)}"
+        )
 
 
 def _write(root: HostRoot, rel: str, value: str) -> None:
@@ -101,6 +114,7 @@ def bind_now(
 ) -> list[str]:
     """Bind ``functions`` to vfio-pci; returns the addresses that changed driver."""
     say = progress or (lambda _m: None)
+    refuse_held(root, functions)
     if not root.is_live:
         raise BindRefused(
             "binding now works on the live host only (--root /); use apply for a root directory"

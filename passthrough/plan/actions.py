@@ -122,6 +122,7 @@ class Plan:
     target_args: ArgChange = field(default_factory=ArgChange)  # what the next boot must have
     functions: list[str] = field(default_factory=list)  # addresses that go to vfio-pci
     notes: list[str] = field(default_factory=list)
+    drivers: dict[str, str] = field(default_factory=dict)  # the vfio driver of each function
 
     def record(self) -> PlanRecord:
         """What the journal keeps of this plan, for verify."""
@@ -153,6 +154,7 @@ class Plan:
             "kernel_args": self.kernel_args.to_json(),
             "actions": [action_json(a, root) for a in self.actions],
             "notes": list(self.notes),
+            "vfio_drivers": dict(self.drivers),
         }
 
 

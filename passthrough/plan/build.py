@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from passthrough.analysis.preflight import preflight_notes
 from passthrough.analysis.scan import analyse
 from passthrough.errors import PassthroughError
 from passthrough.host.root import HostRoot
@@ -129,6 +130,7 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
     if hugepages_note:
         notes.append(hugepages_note)
     actions = [] if opts.iommu_only else _binding_actions(root, host, sel, notes)
+    drivers = preflight_notes(root, host, sel.functions, notes)
     change = ArgChange()
     if loader is None:
         missing = needed(list(host.kernel.cmdline), target)
@@ -160,5 +162,6 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
         target_args=target,
         functions=[str(f.address) for f in sel.functions],
         notes=notes,
+        drivers=drivers,
     )
     return plan, sel

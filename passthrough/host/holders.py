@@ -1,0 +1,94 @@
+"""Who holds a card's device nodes open: the processes an unbind would wait on forever.
+
+A process with ``/dev/nvidiaN`` (the card's minor, from ``/proc/driver/nvidia/gpus``) or the
+card's ``/dev/dri/cardN`` / ``renderDN`` open keeps the driver busy, and writing ``unbind``
+then blocks until it lets go (nvidia-persistenced, dcgm-exporter, Xorg, a CUDA job). Read
+through the root reader from ``proc/<pid>/fd``, ``comm`` and ``cgroup``, so a test tree
+answers the same way as the live host.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from passthrough.host.root import HostRoot
+from passthrough.model import CheckResult, Level
+
+_MINOR = re.compile(r"^Device Minor:\s*(\d+)\s*$", re.MULTILINE)
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    pid: int
+    comm: str
+    unit: str | None  # the systemd service it runs in, when its cgroup names one
+    node: str  # the device node it holds, e.g. /dev/nvidia0
+
+    def describe(self) -> str:
+        unit = f", unit {self.unit}" if self.unit else ""
+        return f"{self.comm} (pid {self.pid}{unit}) holds {self.node}"
+
+
+def device_nodes(root: HostRoot, address: str) -> set[str]:
+    """The device nodes that belong to the function at ``address`` alone."""
+    nodes = {f"/dev/dri/{n}" for n in root.listdir(f"sys/bus/pci/devices/{address}/drm")}
+    info = root.read(f"proc/driver/nvidia/gpus/{address}/information")
+    match = _MINOR.search(info or "")
+    if match:
+        nodes.add(f"/dev/nvidia{match.group(1)}")
+    return {n for n in nodes if n.startswith(("/dev/nvidia", "/dev/dri/card", "/dev/dri/render"))}
+
+
+def _unit(cgroup: str | None) -> str | None:
+    for line in (cgroup or "").splitlines():
+        path = line.rpartition(":")[2]
+        for part in reversed(path.split("/")):
+            if part.endswith(".service"):
+                return part
+    return None
+
+
+def find_holders(root: HostRoot, addresses: Iterable[str]) -> dict[str, list[Holder]]:
+    """For each address, the processes holding one of its device nodes (none: absent)."""
+    owner = {node: addr for addr in addresses for node in device_nodes(root, addr)}
+    found: dict[str, list[Holder]] = {}
+    if not owner:
+        return found
+    for pid in sorted((p for p in root.listdir("proc") if p.isdigit()), key=int):
+        for fd in root.listdir(f"proc/{pid}/fd"):
+            node = root.readlink(f"proc/{pid}/fd/{fd}")
+            if node not in owner:
+                continue
+            comm = (root.read(f"proc/{pid}/comm") or "?").strip() or "?"
+            holder = Holder(int(pid), comm, _unit(root.read(f"proc/{pid}/cgroup")), node)
+            if holder not in found.setdefault(owner[node], []):
+                found[owner[node]].append(holder)
+    return found
+
+
+def units_of(holders: Iterable[Holder]) -> list[str]:
+    return sorted({h.unit for h in holders if h.unit})
+
+
+def holder_fix(holders: list[Holder]) -> str:
+    units = units_of(holders)
+    loose = sorted({f"{h.comm} (pid {h.pid})" for h in holders if not h.unit})
+    steps = [f"systemctl stop {' '.join(units)}"] if units else []
+    if loose:
+        steps.append("end " + ", ".join(loose))
+    return "; ".join(steps) + " before binding now (or bind at boot: `passthrough apply`)"
+
+
+def holder_checks(found: dict[str, list[Holder]]) -> list[CheckResult]:
+    """One ``gpu-held`` warning per held card, naming the holders and the fix."""
+    return [
+        CheckResult(
+            "gpu-held",
+            Level.WARN,
+            f"{addr}: " + "; ".join(h.describe() for h in holders),
+            holder_fix(holders),
+        )
+        for addr, holders in sorted(found.items())
+    ]

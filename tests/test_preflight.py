@@ -1,0 +1,189 @@
+"""Preflight: processes holding a card's device nodes, in check and bind (sample trees)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from passthrough.cli import main
+from passthrough.host.holders import Holder, find_holders
+from passthrough.host.modalias import PLAIN, VfioAlias, choose, vfio_aliases, vfio_drivers
+from passthrough.host.root import HostRoot
+
+CARD = "0000:01:00.0"
+
+
+def _held(hosts: dict[str, Path], tmp_path: Path) -> Path:
+    """consumer-intel with nvidia-persistenced (a service) holding /dev/nvidia0 and a loose
+    CUDA job holding the card's render node; another process holds an unrelated file."""
+    root = tmp_path / "root"
+    shutil.copytree(hosts["consumer-intel"], root, symlinks=True)
+    info = root / "proc/driver/nvidia/gpus" / CARD
+    info.mkdir(parents=True)
+    (info / "information").write_text("Model: \t\t NVIDIA GeForce\nDevice Minor: \t 0\n")
+    drm = root / "sys/bus/pci/devices" / CARD / "drm"
+    drm.mkdir(parents=True, exist_ok=True)
+    (drm / "card1").mkdir()
+    (drm / "renderD128").mkdir()
+    for pid, comm, cgroup, targets in (
+        (
+            812,
+            "nvidia-persist",
+            "0::/system.slice/nvidia-persistenced.service\n",
+            ["/dev/nvidia0", "/dev/nvidiactl"],
+        ),
+        (
+            4242,
+            "python3",
+            "0::/user.slice/user-1000.slice/session-3.scope\n",
+            ["/dev/dri/renderD128"],
+        ),
+        (99, "bash", "0::/user.slice\n", ["/dev/null", "/dev/nvidia1"]),
+    ):
+        proc = root / "proc" / str(pid)
+        (proc / "fd").mkdir(parents=True)
+        (proc / "comm").write_text(comm + "\n")
+        (proc / "cgroup").write_text(cgroup)
+        for n, target in enumerate(targets):
+            os.symlink(target, proc / "fd" / str(n + 3))
+    return root
+
+
+def test_holders_are_named_with_pid_and_unit(hosts: dict[str, Path], tmp_path: Path) -> None:
+    root = _held(hosts, tmp_path)
+    found = find_holders(HostRoot(str(root)), [CARD, "0000:01:00.1"])
+    assert found == {
+        CARD: [
+            Holder(812, "nvidia-persist", "nvidia-persistenced.service", "/dev/nvidia0"),
+            Holder(4242, "python3", None, "/dev/dri/renderD128"),
+        ]
+    }
+
+
+def test_no_holders_on_an_untouched_sample(hosts: dict[str, Path]) -> None:
+    assert find_holders(HostRoot(str(hosts["consumer-intel"])), [CARD]) == {}
+
+
+def test_check_reports_a_held_card_with_the_fix(
+    hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _held(hosts, tmp_path)
+    main(["check", "--root", str(root), "--json"])
+    data = json.loads(capsys.readouterr().out)
+    checks = data["checks"]
+    held = [c for c in checks if c["id"] == "gpu-held"]
+    assert len(held) == 1, held
+    assert held[0]["level"] == "WARN"
+    assert (
+        "nvidia-persist (pid 812, unit nvidia-persistenced.service) holds /dev/nvidia0"
+        in (held[0]["summary"])
+    )
+    assert "systemctl stop nvidia-persistenced.service" in held[0]["fix"]
+    assert "end python3 (pid 4242)" in held[0]["fix"]
+
+
+def test_check_has_no_held_finding_without_holders(
+    hosts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    main(["check", "--root", str(hosts["consumer-intel"]), "--json"])
+    assert '"gpu-held"' not in capsys.readouterr().out
+
+
+def test_bind_refuses_a_held_card_naming_the_holders(
+    hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _held(hosts, tmp_path)
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
+    assert main(["bind", "--root", str(root), "--yes"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"{CARD}: held open, an unbind would hang" in err
+    assert "nvidia-persist (pid 812, unit nvidia-persistenced.service)" in err
+    assert "python3 (pid 4242)" in err
+    after = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
+    assert after == before
+
+
+# -- the vfio driver from modules.alias ---------------------------------------------------
+
+GH200 = "pci:v000010DEd00002342sv000010DEsd000016CBbc03sc02i00"
+
+
+def test_the_most_specific_vfio_alias_wins() -> None:
+    aliases = [
+        VfioAlias("v000010DEd00002342sv*sd*bc*sc*i*", "nvgrace_gpu_vfio_pci"),
+        VfioAlias("v000010DEd00002941sv*sd*bc*sc*i*", "nvgrace_gpu_vfio_pci"),
+        VfioAlias("v000010DEd*sv*sd*bc03sc*i*", "some_generic_vfio_pci"),
+    ]
+    assert choose(GH200, aliases) == "nvgrace_gpu_vfio_pci"  # beats the vendor-wide glob
+    assert choose(GH200.replace("2342", "2330"), aliases) == "some_generic_vfio_pci"
+    # another device of the same vendor that no alias covers (an audio function)
+    assert choose(GH200.replace("2342", "2330").replace("bc03sc02", "bc04sc03"), aliases) == PLAIN
+    assert choose(None, aliases) == PLAIN
+    assert choose(GH200, []) == PLAIN
+
+
+def _variant_host(hosts: dict[str, Path], tmp_path: Path, name: str) -> tuple[Path, str]:
+    """A sample whose running kernel's modules.alias has a variant driver for its card."""
+    root = tmp_path / "root"
+    shutil.copytree(hosts[name], root, symlinks=True)
+    release = (root / "proc/sys/kernel/osrelease").read_text().strip()
+    alias = root / "lib/modules" / release / "modules.alias"
+    dev = root / "sys/bus/pci/devices" / CARD / "modalias"
+    card = dev.read_text().strip()[len("pci:") :]
+    vendev = card[: card.index("sv")]
+    alias.write_text(
+        alias.read_text() + f"alias vfio_pci:{vendev}sv*sd*bc*sc*i* my_variant_vfio_pci\n"
+    )
+    return root, release
+
+
+def test_vfio_aliases_are_read_from_the_running_release(
+    hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    root, release = _variant_host(hosts, tmp_path, "consumer-intel")
+    r = HostRoot(str(root))
+    assert [a.module for a in vfio_aliases(r, release)] == ["my_variant_vfio_pci"]
+    assert vfio_aliases(r, "0.0.0-not-running") == []
+    assert vfio_drivers(r, release, [CARD, "0000:01:00.1"]) == {
+        CARD: "my_variant_vfio_pci",
+        "0000:01:00.1": PLAIN,
+    }
+
+
+def test_plan_names_the_variant_driver_and_the_holders(
+    hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, _ = _variant_host(hosts, tmp_path, "consumer-intel")
+    held = _held(hosts, tmp_path / "held")
+    shutil.copytree(held / "proc", root / "proc", symlinks=True, dirs_exist_ok=True)
+    shutil.copytree(
+        held / "sys/bus/pci/devices" / CARD / "drm",
+        root / "sys/bus/pci/devices" / CARD / "drm",
+        dirs_exist_ok=True,
+    )
+    assert main(["plan", "--root", str(root), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["vfio_drivers"] == {CARD: "my_variant_vfio_pci", "0000:01:00.1": PLAIN}
+    notes = "\n".join(plan["notes"])
+    assert (
+        f"{CARD}: the running kernel's modules.alias gives it the vfio variant driver my_variant_vfio_pci, bound through driver_override"
+        in notes
+    )
+    assert (
+        f"{CARD}: held open now (nvidia-persist (pid 812, unit nvidia-persistenced.service) holds /dev/nvidia0"
+        in notes
+    )
+
+
+def test_a_plain_plan_gives_every_function_vfio_pci(
+    hosts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", "--root", str(hosts["consumer-intel"]), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["vfio_drivers"] == {CARD: PLAIN, "0000:01:00.1": PLAIN}
+    assert not any("held open" in n or "variant" in n for n in plan["notes"])
