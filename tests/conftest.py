@@ -19,10 +19,65 @@ GOLDEN = Path(__file__).parent / "golden"
 REPO = Path(__file__).parents[1]
 
 
+# -- tiers: what a test needs beyond Python decides its tier (docs/testing.md) ---------------
+# A bare `pytest` runs the quick tier (no root, no daemon, no Ansible run); CI runs them all
+# (`pytest -m ""`). A test's tier comes from this table, its fixtures, or its own marker.
+TIER_MARKERS = ("root", "libvirtd", "fleet", "umockdev", "realworld", "slow", "lab")
+MODULE_TIERS: dict[str, tuple[str, ...]] = {
+    # real ansible-playbook / ansible-doc / ansible-test runs: seconds to minutes each
+    "test_ansible.py": ("fleet",),
+    "test_collection.py": ("fleet",),
+    "test_kube_guest_role.py": ("fleet",),
+    "test_options_ansible.py": ("fleet",),
+    # ../shared/realworld beside the checkout (CI has it; a clone elsewhere does not)
+    "test_realworld_boot.py": ("realworld",),
+}
+NAME_TIERS: dict[str, tuple[str, ...]] = {
+    "test_guest_role_": ("fleet",),  # tests/test_guest.py: the guest role's real playbook runs
+}
+FIXTURE_TIERS: dict[str, tuple[str, ...]] = {
+    "libvirtd": ("libvirtd", "root"),  # the real daemon, started as root
+    "debian_tree": ("slow", "root"),  # debootstrap, chroot and mounts
+}
+
+
+def tiers_of(item: pytest.Item) -> set[str]:
+    module = getattr(item, "path", Path(str(item.fspath))).name
+    tiers = set(MODULE_TIERS.get(module, ()))
+    for prefix, names in NAME_TIERS.items():
+        if item.name.startswith(prefix):
+            tiers.update(names)
+    for fixture in getattr(item, "fixturenames", ()):
+        tiers.update(FIXTURE_TIERS.get(fixture, ()))
+    tiers.update(m for m in TIER_MARKERS if item.get_closest_marker(m) is not None)
+    return tiers
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The lab runs last: after the unit and integration suites, as CI wants it (a failure
-    there is then not the first thing to read when something simpler broke)."""
+    """Each test gets its tier markers, and `quick` when it has none; the lab runs last:
+    after the unit and integration suites, as CI wants it (a failure there is then not the
+    first thing to read when something simpler broke)."""
+    for item in items:
+        tiers = tiers_of(item)
+        for tier in sorted(tiers):
+            item.add_marker(tier)
+        if not tiers:
+            item.add_marker("quick")
     items.sort(key=lambda item: item.get_closest_marker("lab") is not None)
+
+
+@pytest.fixture(scope="session")
+def libvirtd() -> str:
+    """The real libvirtd with the QEMU driver (scripts/libvirtd-up.sh starts it once): the
+    one fixture every libvirtd test uses."""
+    assert os.geteuid() == 0, "the real libvirtd tests need root (CI runs as root)"
+    assert shutil.which("/usr/sbin/libvirtd"), (
+        "libvirt-daemon is required (scripts/setup.sh test installs it)"
+    )
+    subprocess.run(
+        ["bash", str(REPO / "scripts/libvirtd-up.sh")], check=True, capture_output=True, timeout=60
+    )
+    return "qemu:///system"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

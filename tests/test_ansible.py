@@ -256,14 +256,11 @@ def _dumpxml(name: str) -> str:
     ).stdout
 
 
+@pytest.mark.usefixtures("libvirtd")
 def test_vm_role_defines_on_a_real_libvirtd_idempotently(tmp_path: Path) -> None:
     """Defined, then nothing to do; a guest changed in the inventory shows as changed with
     the difference (--diff), check mode leaves the domain as it is, a real run redefines it,
     and then there is nothing to do again."""
-    assert os.geteuid() == 0, "needs root for the real libvirtd (CI runs as root)"
-    subprocess.run(
-        ["bash", str(REPO / "scripts/libvirtd-up.sh")], check=True, capture_output=True, timeout=60
-    )
     root = _root(tmp_path, "r", "hgx-h100")
     name = "passthrough-collection-vm-test"
     guest = {

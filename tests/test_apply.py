@@ -196,7 +196,7 @@ def test_unwritable_target_gives_one_line_and_undo_restores(
     (tx,) = json.loads(capsys.readouterr().out)["transactions"]
     drift = {f["path"]: f["drift"] for f in tx["files"]}
     assert tx["state"] == "failed"
-    assert drift["etc/default/grub.d/99-passthrough.cfg"] == "not-written"
+    assert drift["/etc/default/grub.d/99-passthrough.cfg"] == "not-written"
     assert main(["status", "--root", str(path)]) == 0
     text = capsys.readouterr().out
     assert "/etc/default/grub.d/99-passthrough.cfg  [not-written]" in text

@@ -125,3 +125,18 @@ def test_udev_yes_on_another_root_refuses_rather_than_mix_machines(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "udev enumerates this machine's devices" in err
     assert main(["scan", "--root", str(hosts["consumer-intel"]), "--json"]) == 0  # auto: sysfs
+
+
+def test_notes_are_notes_and_quiet_hides_them(
+    hosts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # hgx-h100: the address planner explains its window for the 128 GiB BARs
+    render = ["render", "--root", str(hosts["hgx-h100"]), "--name", "g", "--gpu", "18:00.0"]
+    assert main(render) == 0
+    err = capsys.readouterr().err
+    assert err and all(line.startswith(("note: ", "warning: ")) for line in err.splitlines())
+    assert "passthrough:" not in err  # that prefix is for errors only
+    assert main([*render, "-q"]) == 0
+    quiet = capsys.readouterr().err
+    assert "note:" not in quiet
+    assert [ln for ln in err.splitlines() if ln.startswith("warning: ")] == quiet.splitlines()

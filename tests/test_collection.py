@@ -140,6 +140,7 @@ def _rendered(tmp_path: Path, **options: object) -> str:
     return render(build_spec(host, opts))
 
 
+@pytest.mark.usefixtures("libvirtd")
 def test_domain_as_libvirt_keeps_it_equals_the_rendering(
     domain_utils: object, tmp_path: Path
 ) -> None:
@@ -147,11 +148,6 @@ def test_domain_as_libvirt_keeps_it_equals_the_rendering(
     devices grouped by kind. None of that is a difference; a changed vCPU count, a card more or
     less is."""
     import libvirt
-
-    assert os.geteuid() == 0, "needs root for the real libvirtd (CI runs as root)"
-    subprocess.run(
-        ["bash", str(REPO / "scripts/libvirtd-up.sh")], check=True, capture_output=True, timeout=60
-    )
 
     d: object = domain_utils
     two = _rendered(tmp_path, gpus=("0000:18:00.0", "0000:19:00.0"), vcpus=4)

@@ -233,7 +233,7 @@ def test_hostile_archive_is_refused_without_tar_filters(
     /usr/bin/python3 is 3.11.2, where the guest check runs): the same archives are refused
     by the toolkit's own checks there."""
     from passthrough.errors import SnapshotError
-    from passthrough.host import snapshot
+    from passthrough.host import unpack as snapshot
 
     monkeypatch.setattr(snapshot, "HAS_DATA_FILTER", False)
     dest = tmp_path / "dest"
@@ -468,9 +468,9 @@ def test_closed_pipe_through_head(hosts: dict[str, Path]) -> None:
         ["scan", "--root", "/", "Z" * 100_000],
         ["scan", "--color", "c" * 100_000],
         ["plan", "--root", "/", "--gpu", "g" * 100_000],
-        ["provision", "-i", "x", "-e", "e" * 100_000],
+        ["provision", "-i", "x" * 100_000],
     ],
-    ids=["root", "address", "argparse-choice", "plan-gpu", "extra-var"],
+    ids=["root", "address", "argparse-choice", "plan-gpu", "inventory"],
 )
 def test_echoed_input_is_truncated(argv: list[str]) -> None:
     r = run(*argv)
@@ -519,6 +519,7 @@ def test_output_into_a_missing_directory_is_refused(
 # -- exit codes 3 and 4 ------------------------------------------------------------------
 
 
+@pytest.mark.root  # chroot
 def test_failed_regeneration_exits_3(root: Path, outside: Path) -> None:
     """A full OS tree as root runs its commands through chroot; here the tree's
     ``update-initramfs`` cannot run, so the step fails part-way: exit 3."""

@@ -115,3 +115,19 @@ def test_kubevirt_json_outputs_are_valid(
     assert valid(out(capsys, "kubevirt", "validate", str(manifests))) == "kubevirt-validate"
     doc = out(capsys, "kubevirt", "preflight", "--root", root, code=1)  # cards on nvidia: FAIL
     assert valid(doc) == "kubevirt-preflight"
+
+
+def test_paths_are_written_one_way_in_every_output(
+    hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """plan, apply, status and undo name a file inside the root the same way: /etc/…"""
+    root = tmp_path / "host"
+    shutil.copytree(hosts["consumer-intel"], root, symlinks=True)
+    r = str(root)
+    planned = {a["path"] for a in out(capsys, "plan", "--root", r)["actions"] if "path" in a}
+    applied = {s["path"] for s in out(capsys, "apply", "--root", r)["steps"] if "path" in s}
+    status = out(capsys, "status", "--root", r)
+    listed = {f["path"] for t in status["transactions"] for f in t["files"]}
+    undone = set(out(capsys, "undo", "--root", r)["restored"])
+    assert planned == applied == listed == undone
+    assert all(p.startswith("/etc/") for p in planned), planned

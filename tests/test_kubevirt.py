@@ -18,6 +18,7 @@ import pytest
 import yaml
 from lxml import etree
 
+from passthrough import fakehost
 from passthrough.cli import main
 from passthrough.host.discover import discover
 from passthrough.kube.names import plugin_name, resource_name
@@ -485,3 +486,33 @@ def test_what_kubevirt_cannot_say_is_refused_with_the_field(
     argv = ["kubevirt", "render", "--root", str(roots["turing-desktop"]), "--name", "ok", *flags]
     line = _refusal(argv, capsys, tmp_path / "never.yaml")
     assert line.startswith(f"passthrough: error: {field}")
+
+
+@pytest.mark.parametrize("sample", fakehost.sample_names())
+@pytest.mark.parametrize("route", ["device-plugin", "dra"])
+def test_every_sample_host_validates_or_is_refused_like_render_and_plan(
+    sample: str, route: str, roots: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every sample with a viable card: valid objects naming every function render hands over.
+    Every other: exit 2 with one line, and plan or render refuse it too."""
+    import json
+
+    root = str(roots[sample])
+    code, out, err = _cli(
+        ["kubevirt", "render", "--root", root, "--name", "vm", "--route", route, "--json"], capsys
+    )
+    if code != 0:
+        assert code == 2 and err.count("passthrough: error:") == 1, err
+        plan_code, _o, _e = _cli(["plan", "--root", root], capsys)
+        render_code, _o, _e = _cli(["render", "--root", root, "--name", "vm"], capsys)
+        assert plan_code == 2 or render_code == 2 or "[laptop-3d]" in err, (sample, err)
+        return
+    docs = json.loads(out)["documents"]
+    for doc in docs:
+        assert manifest_errors(doc) == [], (sample, doc["kind"])
+    xml = render(build_spec(discover(root), VmOptions(name="vm")))
+    gpus, companions = _hostdev_names(xml, roots[sample])
+    vm = next(d for d in docs if d["kind"] == "VirtualMachine")["spec"]["template"]["spec"]
+    devices = vm["domain"]["devices"]
+    assert len(devices["gpus"]) == sum(gpus.values()) >= 1
+    assert Counter(h["deviceName"] for h in devices.get("hostDevices", [])) == companions

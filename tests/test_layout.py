@@ -37,7 +37,7 @@ from passthrough.vm.validate import validate_text
 from passthrough.vm.versions import DEFAULT_VERSIONS, Versions, read_versions
 
 from .conftest import GOLDEN, assert_golden
-from .test_vm import _native, libvirtd  # noqa: F401  (the real-libvirtd fixture)
+from .test_vm import _native
 
 # the real capture of an H100 guest (shared/fixtures/h100-guest), made by `passthrough snapshot`
 H100_SNAPSHOT = Path(__file__).parent / "fixtures" / "h100-guest-snapshot.tar.gz"
@@ -209,7 +209,7 @@ def test_schema_and_our_validator_accept(
 def test_real_libvirtd_puts_the_planned_bits_and_window_in_the_argv(
     case: str,
     rendered: dict[str, str],
-    libvirtd: str,  # noqa: F811
+    libvirtd: str,
 ) -> None:
     xml = _xml(case, rendered)
     name = etree.fromstring(xml.encode()).findtext("name")
@@ -372,7 +372,7 @@ def test_render_json_and_text_explain_the_layout(
     assert layout["fwcfg_via"] == "qemu:commandline" and layout["decisions"]
     assert main(argv) == 0
     err = capsys.readouterr().err
-    assert "passthrough: layout: " in err and "X-PciMmio64Mb=2097152" in err
+    assert "note: layout: " in err and "X-PciMmio64Mb=2097152" in err
 
 
 def test_versions_from_a_dpkg_database(tmp_path: Path) -> None:

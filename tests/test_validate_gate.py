@@ -367,15 +367,6 @@ def test_schema_dir_is_really_used(tmp_path: Path, capsys: pytest.CaptureFixture
 # -- the libvirt layer on the real libvirtd: an existing domain must survive ---------------
 
 
-@pytest.fixture(scope="module")
-def libvirtd() -> str:
-    assert os.geteuid() == 0, "the real libvirtd tests need root (CI runs as root)"
-    subprocess.run(
-        ["bash", str(REPO / "scripts/libvirtd-up.sh")], check=True, capture_output=True, timeout=60
-    )
-    return "qemu:///system"
-
-
 def test_validate_libvirt_never_touches_an_existing_domain(
     libvirtd: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

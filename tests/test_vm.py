@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -323,18 +321,6 @@ def test_vm_lifecycle_on_the_test_driver(
 
 
 # -- a real libvirtd with the QEMU driver -------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def libvirtd() -> str:
-    assert os.geteuid() == 0, "the real libvirtd tests need root (CI runs as root)"
-    assert shutil.which("/usr/sbin/libvirtd"), (
-        "libvirt-daemon is required (scripts/setup.sh test installs it)"
-    )
-    subprocess.run(
-        ["bash", str(REPO / "scripts/libvirtd-up.sh")], check=True, capture_output=True, timeout=60
-    )
-    return "qemu:///system"
 
 
 def _native(uri: str, xml: str, name: str) -> str:

@@ -230,6 +230,11 @@ def test_module_refuses_reuses_or_overwrites_as_told(
     """After ``state: absent`` the guest's overlay stays behind; defining again reaches it."""
     disk = used_overlay(images / "base.qcow2", images / "modguest.qcow2")
     before = digest(disk)
+    predicted = module(hgx, images, tmp_path, _ansible_check_mode=True)
+    assert predicted.get("failed") and "existing_disk" in predicted["msg"], predicted
+    predicted = module(hgx, images, tmp_path, _ansible_check_mode=True, existing_disk="overwrite")
+    assert predicted["changed"] and predicted["disk"]["action"] == "overwritten", predicted
+    assert digest(disk) == before and holds_data(disk)  # check mode: nothing done
     refused = module(hgx, images, tmp_path)
     assert refused.get("failed"), refused
     assert str(disk) in refused["msg"] and "existing_disk" in refused["msg"]

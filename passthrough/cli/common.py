@@ -90,6 +90,12 @@ def common(p: argparse.ArgumentParser, root: str | None = READS) -> None:
         help="colour output (default: auto; NO_COLOR honoured)",
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress lines or notes on stderr: only results, warnings and errors",
+    )
 
 
 def yes_flag(p: argparse.ArgumentParser) -> None:
@@ -134,10 +140,22 @@ def dump(obj: dict[str, Any], schema: str) -> None:
 
 
 def progress(args: argparse.Namespace, prefix: str = "  · ") -> Callable[[str], None]:
-    """Progress lines on stderr, none under --json."""
+    """Progress lines on stderr, none under --json or --quiet."""
 
     def say(message: str) -> None:
-        if not args.json:
+        if not args.json and not getattr(args, "quiet", False):
             sys.stderr.write(f"{prefix}{message}\n")
 
     return say
+
+
+def note(args: argparse.Namespace, text: str) -> None:
+    """A note on stderr for a person (the reasons behind a decision): not under --json or
+    --quiet, and never dressed like an error (``passthrough: error:`` is for those)."""
+    if not args.json and not getattr(args, "quiet", False):
+        sys.stderr.write(f"note: {text}\n")
+
+
+def warn(text: str) -> None:
+    """A warning on stderr: always shown (also under --quiet and --json)."""
+    sys.stderr.write(f"warning: {text}\n")

@@ -20,7 +20,7 @@ from passthrough.cli.common import (
     examples,
     open_root,
 )
-from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK, NotAHostRoot, PassthroughError
+from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK, NotAHostRoot, PassthroughError, echo
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
     from passthrough.guest.check import run_guest_checks
     from passthrough.guest.report import FAIL, WARN, render
     from passthrough.guest.root import GuestRoot, find_root
-    from passthrough.guest.runner import runner_for
+    from passthrough.guest.runner import BadRecording, runner_for
     from passthrough.output.text import Painter, wants_color
 
     if args.guest_command is None:
@@ -71,9 +71,12 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
         raise NotAHostRoot(args.root, "does not look like a guest root (no sys, no proc)")
     if args.commands is not None and not os.path.isdir(args.commands):
         raise PassthroughError(f"--commands {args.commands}: not a directory")
-    report = run_guest_checks(
-        root, runner_for(root.is_live, args.commands), compute=not args.no_compute
-    )
+    try:
+        report = run_guest_checks(
+            root, runner_for(root.is_live, args.commands), compute=not args.no_compute
+        )
+    except BadRecording as exc:
+        raise PassthroughError(f"--commands {echo(args.commands)}: {exc}") from None
     if args.json:
         dump(report.to_json(), "guest-check")
     else:

@@ -8,7 +8,17 @@ import argparse
 import os
 import sys
 
-from passthrough.cli.common import Parser, Subparsers, command, common, dump, examples, open_root
+from passthrough.cli.common import (
+    Parser,
+    Subparsers,
+    command,
+    common,
+    dump,
+    examples,
+    note,
+    open_root,
+    warn,
+)
 from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK, output_file
 
 
@@ -110,10 +120,9 @@ def _render(args: argparse.Namespace, stack: list[str]) -> int:
     )
     text = dump_stream(out.documents, out.header(args.route))
     for w in out.warnings:
-        sys.stderr.write(f"passthrough: warning: {w}\n")
-    if not args.json:
-        for line in out.decisions:
-            sys.stderr.write(f"passthrough: layout: {line}\n")
+        warn(w)
+    for line in out.decisions:
+        note(args, f"layout: {line}")
     if args.output:
         from passthrough.execute.files import atomic_write
 

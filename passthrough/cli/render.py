@@ -7,7 +7,16 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from passthrough.cli.common import Subparsers, command, common, dump, examples, open_root
+from passthrough.cli.common import (
+    Subparsers,
+    command,
+    common,
+    dump,
+    examples,
+    note,
+    open_root,
+    warn,
+)
 from passthrough.errors import EXIT_OK, PassthroughError, output_file
 
 if TYPE_CHECKING:
@@ -62,11 +71,10 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
     spec = build_spec(discover(open_root(args.root, stack)), vm_options(args))
     xml = render(spec)
     for w in spec.warnings:
-        sys.stderr.write(f"passthrough: warning: {w}\n")
+        warn(w)
     layout = spec.layout.as_json() if spec.layout else None
-    if layout and not args.json:
-        for line in layout["decisions"]:  # the address planner's reasons, beside the XML
-            sys.stderr.write(f"passthrough: layout: {line}\n")
+    for line in layout["decisions"] if layout else []:  # the address planner's reasons
+        note(args, f"layout: {line}")
     if args.output:
         from passthrough.execute.files import atomic_write
 

@@ -164,7 +164,12 @@ def prune_backups(journal: Journal) -> list[str]:
                 files.fault_point("unlink", os.path.join(dirpath, name))
                 os.unlink(name, dir_fd=dirfd)
                 removed.append(f"{BACKUPS}/{rel}")
-        for name in dirnames:
+        for name in dirnames:  # (a link to a directory is listed here: removed, not walked)
+            if os.path.islink(os.path.join(dirpath, name)):
+                files.fault_point("unlink", os.path.join(dirpath, name))
+                os.unlink(name, dir_fd=dirfd)
+                removed.append(f"{BACKUPS}/{os.path.normpath(os.path.join(here, name))}")
+                continue
             try:
                 files.fault_point("rmdir", os.path.join(dirpath, name))
                 os.rmdir(name, dir_fd=dirfd)
@@ -348,7 +353,19 @@ def apply_json(tx: Transaction | None, plan: Plan, owed: list[list[str]]) -> dic
         "changed": tx is not None,
         "reboot_required": plan.reboot,
         "transaction": tx.id if tx else None,
-        "steps": [s.to_json() for s in (tx.steps if tx else [])],
+        "steps": [shown_step(s.to_json()) for s in (tx.steps if tx else [])],
         "commands_not_run": listed(tx),
         "pending": owed,
     }
+
+
+def shown_step(step: dict[str, Any]) -> dict[str, Any]:
+    """A journal step as output shows it: paths as a person names them inside the root
+    (``/etc/…``, as plan, undo and status print them), not as the journal keeps them."""
+    out = dict(step)
+    for key in ("path", "backup"):
+        if isinstance(out.get(key), str):
+            out[key] = "/" + out[key]
+    if isinstance(out.get("made_dirs"), list):
+        out["made_dirs"] = ["/" + d for d in out["made_dirs"]]
+    return out

@@ -1,9 +1,10 @@
 """Our own state directory, ``ROOT/var/lib/passthrough``: the journal, the lock, backups.
 
-Everything in it is ours and nothing of ours is elsewhere. ``var/lib`` is resolved inside
-the root like any path; from ``var/lib/passthrough`` down no component may be a link or
-anything else we did not make (a link there would carry a write, a prune or a restore out
-of it): such a directory is refused before anything changes. The directory is 0700 and
+Everything in it is ours and nothing of ours is elsewhere. ``var/lib/passthrough`` is
+resolved inside the root like any path (as a chroot would: a link there may move our state
+elsewhere in the root, never out of it); below it no component may be a link or anything
+else we did not make (a link there would carry a write, a prune or a restore out of our
+directory): such a directory is refused before anything changes. The directory is 0700 and
 its files 0600 whatever the umask: backups hold the originals of configuration files, and
 the journal names commands that a later apply runs again as root.
 """
@@ -45,12 +46,14 @@ class Busy(PassthroughError):
 
 
 def own(root: HostRoot, rel: str) -> str:
-    """The absolute path of ``rel`` (``STATE`` or below it), after checking that no
-    existing component from ``STATE`` down is a link (and all but the last directories)."""
+    """The absolute path of ``rel`` (``STATE`` or below it). ``STATE`` itself is resolved
+    inside the root as a chroot would; below it, no existing component may be a link (nor
+    anything but a directory, where a directory belongs)."""
     if rel != STATE and not rel.startswith(STATE + "/"):
         raise ValueError(f"{rel} is not in our state directory")
-    here = root.real(os.path.dirname(STATE))
-    parts = rel.split("/")[2:]
+    top = root.real(STATE)
+    parts = rel.split("/")[3:]
+    here = top
     for i, part in enumerate(parts):
         here = os.path.join(here, part)
         try:
@@ -61,12 +64,13 @@ def own(root: HostRoot, rel: str) -> str:
             raise UnsafeState(here, "a symbolic link")
         if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
             raise UnsafeState(here, "not a directory")
-    return os.path.join(root.real(os.path.dirname(STATE)), *parts)
+    return os.path.join(top, *parts)
 
 
 def ensure_dir(root: HostRoot, rel: str) -> str:
-    """Our directory ``rel`` (``STATE`` or below), made 0700 (parents of ``STATE`` 0755)
-    whatever the umask, and brought back to 0700 if an older version left it wider."""
+    """Our directory ``rel`` (``STATE`` or below), made 0700 (the parents of ``STATE``
+    0755) whatever the umask, and brought back to 0700 if an older version left it wider
+    (not where ``STATE`` is a link: the directory it names may not be ours alone)."""
     path = own(root, rel)
     todo = files.missing_dirs(path)
     state = own(root, STATE)
@@ -75,7 +79,8 @@ def ensure_dir(root: HostRoot, rel: str) -> str:
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafeState(path, "not a directory")
-    if st.st_mode & 0o7777 != PRIVATE:
+    linked = rel == STATE and os.path.islink(root.real(STATE, follow_final=False))
+    if st.st_mode & 0o7777 != PRIVATE and not linked:
         files.fault_point("chmod", path)
         os.chmod(path, PRIVATE)
     return path

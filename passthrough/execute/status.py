@@ -131,8 +131,11 @@ def status_json(st: Status) -> dict[str, Any]:
     return {
         "schema": "passthrough.status/v1",
         "root": st.root,
-        "transactions": [asdict(t) for t in st.transactions],
-        "drifted": st.drifted,
+        "transactions": [
+            {**asdict(t), "files": [{**asdict(f), "path": "/" + f.path} for f in t.files]}
+            for t in st.transactions
+        ],
+        "drifted": ["/" + p for p in st.drifted],
         "pending": [asdict(p) for p in st.pending],
     }
 

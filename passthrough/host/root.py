@@ -21,6 +21,9 @@ import stat
 from passthrough.errors import MalformedHostData, NotAHostRoot
 
 MAX_LINK_HOPS = 40  # the kernel's own limit (ELOOP)
+# The largest file read from a root (docs/limits.md): config files are a few KiB, the
+# biggest read (pci.ids, modules.alias) a few MiB.
+MAX_FILE = 16 << 20
 
 
 class HostRoot:
@@ -239,7 +242,10 @@ class HostRoot:
             return []
 
     # -- contents ----------------------------------------------------------
-    def read_bytes(self, rel: str, limit: int = 1 << 24) -> bytes | None:
+    def read_bytes(self, rel: str, limit: int = MAX_FILE) -> bytes | None:
+        """The file's bytes; None when absent or unreadable (noted in ``problems``). A file
+        longer than ``limit`` is refused (:class:`MalformedHostData`, exit 2), never cut:
+        a plan built on part of a config file would write the rest away."""
         try:
             fd = self._open(rel)
         except (FileNotFoundError, NotADirectoryError):
@@ -256,12 +262,18 @@ class HostRoot:
                 return first
             chunks = [first]
             total = len(first)
-            while total < limit:
-                chunk = os.read(fd, min(1 << 20, limit - total))
+            while total <= limit:  # one byte past the limit tells "too large" from "fits"
+                chunk = os.read(fd, min(1 << 20, limit + 1 - total))
                 if not chunk:
                     break
                 chunks.append(chunk)
                 total += len(chunk)
+            if total > limit:
+                raise MalformedHostData(
+                    self.abs(rel),
+                    f"larger than {limit >> 20} MiB, the most passthrough reads of one file: "
+                    "refused rather than read in part",
+                )
             return b"".join(chunks)
         except OSError as exc:
             # Some sysfs attributes refuse reads (EIO, EINVAL) on some devices.

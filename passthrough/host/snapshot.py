@@ -19,11 +19,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from passthrough.errors import SnapshotError, echo, quote
+from passthrough.errors import SnapshotError, echo
 from passthrough.guest.root import SNAPSHOT_META
 from passthrough.host.packages import DPKG_STATUS, dpkg_subset
 from passthrough.host.pciids import PCI_IDS_PATHS, render_subset
-from passthrough.host.root import HostRoot
+from passthrough.host.root import MAX_FILE, HostRoot
+from passthrough.host.unpack import unpack as unpack  # where readers of a snapshot look for it
 from passthrough.model import Host
 
 
@@ -69,7 +70,7 @@ class RecordingRoot(HostRoot):
         elif os.path.lexists(full):
             self.seen.markers.add(canon)
 
-    def read_bytes(self, rel: str, limit: int = 1 << 24) -> bytes | None:
+    def read_bytes(self, rel: str, limit: int = MAX_FILE) -> bytes | None:
         data = super().read_bytes(rel, limit)
         if data is not None:
             # Read through links: the walk kept each one, the file lives at its real place.
@@ -221,113 +222,6 @@ def _relative_target(name: str, target: str) -> str:
         elif part not in ("", "."):
             place.append(part)
     return "/".join([".."] * len(parent) + place) or "."
-
-
-def _kind(member: tarfile.TarInfo) -> str:
-    if member.islnk():
-        return "a hard link"
-    if member.ischr() or member.isblk():
-        return "a device node"
-    if member.isfifo():
-        return "a FIFO"
-    return "a special file"
-
-
-def _refuse(archive: str, member: tarfile.TarInfo, why: str) -> SnapshotError:
-    return SnapshotError(f"{echo(archive)}: unsafe member {quote(member.name)}: {why}")
-
-
-def _safe_member(archive: str, dest: str) -> Callable[[tarfile.TarInfo, str], tarfile.TarInfo]:
-    """The standard library's ``data`` filter, and stricter where a snapshot allows it:
-    only files, directories and symbolic links; no absolute name; and nothing written
-    at or through a link already unpacked (a snapshot made by :func:`write_snapshot`
-    stores every file at its real place), so no link can carry a later member out."""
-    top = os.path.realpath(dest)
-
-    def check(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
-        if not (member.isfile() or member.isdir() or member.issym()):
-            raise _refuse(archive, member, f"{_kind(member)}, not a file, directory or link")
-        if member.name.startswith("/"):
-            raise _refuse(archive, member, "an absolute name")
-        if HAS_DATA_FILTER:
-            try:
-                checked = tarfile.data_filter(member, path)
-            except tarfile.FilterError as exc:
-                raise _refuse(archive, member, _filter_reason(exc)) from None
-        else:
-            checked = _own_data_checks(archive, member, top)
-        where = top
-        for part in checked.name.split("/"):
-            where = os.path.join(where, part)
-            if os.path.islink(where):
-                raise _refuse(archive, member, "it would be written through a link")
-        return checked
-
-    return check
-
-
-# Extraction filters came with Python 3.11.4 / 3.12; older interpreters (Debian 12's
-# /usr/bin/python3 is 3.11.2, and the guest check runs there) get the same checks here.
-HAS_DATA_FILTER = hasattr(tarfile, "data_filter")
-
-
-def _own_data_checks(archive: str, member: tarfile.TarInfo, top: str) -> tarfile.TarInfo:
-    """What the ``data`` filter refuses, for interpreters without it: a name or a link
-    target that leaves ``top``, an absolute link target."""
-
-    def inside(path: str) -> bool:
-        real = os.path.realpath(path)
-        return real == top or real.startswith(top.rstrip("/") + "/")
-
-    if not inside(os.path.join(top, member.name)):
-        raise _refuse(archive, member, "it would land outside the snapshot")
-    if member.issym():
-        if member.linkname.startswith("/"):
-            raise _refuse(archive, member, "a link to an absolute path")
-        target = os.path.join(top, os.path.dirname(member.name), member.linkname)
-        if not inside(target):
-            raise _refuse(archive, member, "a link pointing outside the snapshot")
-    return member
-
-
-def _filter_reason(exc: tarfile.FilterError) -> str:
-    if isinstance(exc, tarfile.AbsoluteLinkError):
-        return "a link to an absolute path"
-    if isinstance(exc, tarfile.LinkOutsideDestinationError):
-        return "a link pointing outside the snapshot"
-    if isinstance(exc, tarfile.OutsideDestinationError):
-        return "it would land outside the snapshot"
-    if isinstance(exc, tarfile.SpecialFileError):
-        return "a special file"
-    if isinstance(exc, tarfile.AbsolutePathError):
-        return "an absolute name"
-    return type(exc).__name__
-
-
-def _first_line(text: str) -> str:
-    lines = [line.strip(" -") for line in text.splitlines() if line.strip(" -")]
-    return " ".join(lines[:2]) if lines and lines[0].endswith(":") else (lines or [text])[0]
-
-
-def unpack(archive: str, dest: str) -> str:
-    """Unpack a snapshot made by :func:`write_snapshot` into ``dest`` (an empty directory).
-
-    Every member is checked just before it is written (links before it are on disk by
-    then), so a refused archive stops with nothing written outside ``dest``."""
-    try:
-        with tarfile.open(archive, "r:*") as tar:
-            if HAS_DATA_FILTER:
-                tar.extractall(dest, filter=_safe_member(archive, dest))
-            else:
-                check = _safe_member(archive, dest)
-                for member in tar:  # each checked once the links before it are on disk
-                    tar.extract(check(member, dest), dest, set_attrs=member.isdir())
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise SnapshotError(
-            # tarfile's message may list each method it tried, one per line: the first says it
-            f"{echo(archive)}: not a readable snapshot ({echo(_first_line(str(exc)))})"
-        ) from None
-    return dest
 
 
 def capture(

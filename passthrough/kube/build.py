@@ -131,6 +131,11 @@ def _cards(host: Host, spec: VmSpec) -> list[VmCard]:
 def _specs(host: Host, opts: VmOptions, per_card: bool, versions: Versions | None) -> list[VmSpec]:
     """One spec with every chosen card, or (per_card) one per card, each as render makes it."""
     whole = build_spec(host, opts, versions)
+    if not whole.cards:
+        # plan's refusal, word for word: a VM without a card is nothing to write
+        from passthrough.plan.select import _chosen
+
+        _chosen(policy.judge_all(host), list(opts.gpus))
     if not per_card:
         return [whole]
     return [
@@ -169,7 +174,8 @@ def build_manifests(
             vms.append(claim_template(f"{spec.name}-gpus", cards))
         vms.append(virtual_machine(spec, cards, dra))
         _gates(out, spec, dra)
-    permitted = permitted_host_devices(everything, provider == "nvidia", dra)
+    # on the DRA route NVIDIA's plugins stay off the node: KubeVirt's own publishes companions
+    permitted = permitted_host_devices(everything, provider == "nvidia" and not dra, dra)
     if permitted:
         out.documents.append(kubevirt_patch(permitted))
         out.gate(KUBEVIRT_GATES, "HostDevices")

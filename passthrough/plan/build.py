@@ -65,15 +65,14 @@ def _write_if_changed(root: HostRoot, action: WriteFile) -> list[Action]:
     return [] if current == action.content else [action]
 
 
-def _binding_actions(root: HostRoot, host: Host, sel: Selection, notes: list[str]) -> list[Action]:
-    """vfio-pci at boot for the selection: modprobe.d, the udev rule, the initramfs. Files
-    first, commands after them (the initramfs reads modprobe.d)."""
+def _binding(root: HostRoot, host: Host, sel: Selection) -> tuple[list[Action], list[str]]:
+    """modprobe.d (ours, and our IDs in another file's ids= read after ours) and the
+    per-device udev rule, with a note for each other modprobe.d line about vfio."""
     actions: list[Action] = []
     deps = vfio.softdeps(root, host, sel.functions)
-    ids, conflicts, theirs = modprobe_conflicts.review(
+    ids, notes, theirs = modprobe_conflicts.review(
         root, [] if sel.ids_ambiguous else list(sel.vfio_ids), sel.ids_ambiguous
     )
-    notes += conflicts
     conf = vfio.modprobe_conf(ids, deps)
     actions += _write_if_changed(
         root, WriteFile(vfio.MODPROBE, conf.encode(), "vfio-pci options and softdeps")
@@ -92,6 +91,14 @@ def _binding_actions(root: HostRoot, host: Host, sel: Selection, notes: list[str
         actions.append(
             RemoveFile(vfio.UDEV_RULE, "IDs are unambiguous now; per-device overrides not needed")
         )
+    return actions, notes
+
+
+def _binding_actions(root: HostRoot, host: Host, sel: Selection, notes: list[str]) -> list[Action]:
+    """vfio-pci at boot for the selection: modprobe.d, the udev rule, the initramfs. Files
+    first, commands after them (the initramfs reads modprobe.d)."""
+    actions, bind_notes = _binding(root, host, sel)
+    notes += bind_notes
     init_writes, rebuild, init_notes = vfio.initramfs_actions(root, host)
     notes += init_notes
     for write in init_writes:

@@ -87,31 +87,32 @@ class Overlay:
         return f"disk {self.path}: {verb} on {self.base}"
 
 
+def decide(base: str, path: str, existing: ExistingDisk, choose: str) -> str:
+    """What happens at ``path`` (created, reused, overwritten), nothing done yet; refuses
+    (:class:`DiskRefused`) what may not happen. Check mode asks this alone. ``choose``
+    completes the refusal: how this caller says reuse or overwrite."""
+    if not os.path.lexists(path):
+        return "created"
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise DiskRefused(f"{_shown(path)}: already there but unusable ({exc.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise DiskRefused(f"{_shown(path)}: already there and not a regular file; nothing changed")
+    if os.path.exists(base) and os.path.samefile(base, path):
+        raise DiskRefused(f"{_shown(path)}: is the base image itself; nothing changed")
+    if existing is ExistingDisk.REFUSE:
+        raise DiskRefused(
+            f"{_shown(path)}: a disk is already there (a guest's data?); nothing changed: {choose}"
+        )
+    return "reused" if existing is ExistingDisk.REUSE else "overwritten"
+
+
 def prepare(base: str, path: str, existing: ExistingDisk, choose: str) -> Overlay:
-    """Decide (and for a new image, make under a temporary name) the overlay at ``path``.
-    ``choose`` completes the refusal: how this caller says reuse or overwrite."""
-    if os.path.lexists(path):
-        try:
-            st = os.stat(path)
-        except OSError as exc:
-            raise DiskRefused(
-                f"{_shown(path)}: already there but unusable ({exc.strerror})"
-            ) from None
-        if not stat.S_ISREG(st.st_mode):
-            raise DiskRefused(
-                f"{_shown(path)}: already there and not a regular file; nothing changed"
-            )
-        if os.path.exists(base) and os.path.samefile(base, path):
-            raise DiskRefused(f"{_shown(path)}: is the base image itself; nothing changed")
-        if existing is ExistingDisk.REFUSE:
-            raise DiskRefused(
-                f"{_shown(path)}: a disk is already there (a guest's data?); nothing changed: {choose}"
-            )
-        if existing is ExistingDisk.REUSE:
-            return Overlay(base, path, "reused")
-        action = "overwritten"
-    else:
-        action = "created"
+    """:func:`decide`, then a new image (if one is due) made under a temporary name."""
+    action = decide(base, path, existing, choose)
+    if action == "reused":
+        return Overlay(base, path, action)
     pending = os.path.join(
         os.path.dirname(path) or ".", f".{os.path.basename(path)}.passthrough-tmp-{os.getpid()}"
     )

@@ -33,7 +33,15 @@ class Retyped:
 
 
 class _Loader(yaml.SafeLoader):
-    pass
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        # A spec is a flat mapping of options: an alias (``*name``, ``<<: *name``) serves it
+        # nothing, and a few hundred bytes of nested aliases expand to gigabytes.
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+            raise BadVmSpec(
+                f"line {mark.line + 1}", "YAML aliases (*name) are not accepted in a spec file"
+            )
+        return super().compose_node(parent, index)
 
 
 def _number(loader: _Loader, node: yaml.ScalarNode, base: str) -> Any:

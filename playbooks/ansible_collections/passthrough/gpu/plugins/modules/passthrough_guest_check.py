@@ -96,6 +96,7 @@ from ansible_collections.passthrough.gpu.plugins.module_utils.passthrough_guest.
     GuestRoot,
 )
 from ansible_collections.passthrough.gpu.plugins.module_utils.passthrough_guest.runner import (  # noqa: E402
+    BadRecording,
     runner_for,
 )
 
@@ -117,9 +118,12 @@ def main() -> None:
     if not root.isdir("sys") and not root.isdir("proc"):
         module.fail_json(msg=f"root {p['root']}: not a guest root (no sys, no proc)")
     runner = runner_for(root.is_live, p["commands"])
-    report = run_guest_checks(
-        root, runner, compute=p["compute"], node=p["node"], labels=p["labels"]
-    )
+    try:
+        report = run_guest_checks(
+            root, runner, compute=p["compute"], node=p["node"], labels=p["labels"]
+        )
+    except BadRecording as exc:
+        module.fail_json(msg=f"commands {p['commands']}: {exc}")
     data = report.to_json()
     counted = [c for c in report.checks if p["stage"] == "all" or c.id in HARDWARE_CHECKS]
     failures = [f"{c.id}: {c.summary} (fix: {c.fix})" for c in counted if c.level == FAIL]

@@ -201,6 +201,10 @@ MODULE_OPTIONS: dict[str, dict[str, object]] = {
 }
 
 
+# how the module says what to do with a disk already at the overlay's path
+CHOOSE = "existing_disk: reuse keeps it as it is, overwrite replaces it"
+
+
 def argument_spec() -> dict[str, dict[str, Any]]:
     """The module's options: the guest options of the package's table (generated into the
     collection's module_utils, so no package is needed to read them), then its own."""
@@ -268,7 +272,7 @@ def _run(module: AnsibleModule, conn: Any) -> None:
     )
 
     from passthrough.vm import libvirt_ops as lv
-    from passthrough.vm.disk import ExistingDisk
+    from passthrough.vm.disk import ExistingDisk, decide
 
     p = module.params
     dom = lookup(conn, p["name"])
@@ -292,11 +296,17 @@ def _run(module: AnsibleModule, conn: Any) -> None:
         }
     if differs and active:
         warnings.append(f"{p['name']} is running: its new definition applies from its next start")
+    overlay = (spec.base_image, spec.overlay) if spec.base_image and spec.overlay else None
     if module.check_mode or not changed:
         status = lv.status(p["uri"], p["name"]) if dom is not None else {}
-        module.exit_json(changed=changed, xml=xml, warnings_list=warnings, diff=diff, status=status)
+        disk = {}
+        if dom is None and overlay is not None:  # what defining would do with the disk
+            action = decide(*overlay, ExistingDisk(p["existing_disk"]), CHOOSE)
+            disk = {"disk": {"path": overlay[1], "base": overlay[0], "action": action}}
+        module.exit_json(
+            changed=changed, xml=xml, warnings_list=warnings, diff=diff, status=status, **disk
+        )
     if dom is None:
-        overlay = (spec.base_image, spec.overlay) if spec.base_image and spec.overlay else None
         status = lv.define(
             p["uri"],
             xml,
@@ -304,7 +314,7 @@ def _run(module: AnsibleModule, conn: Any) -> None:
             overlay,
             start_it=p["state"] == "running",
             existing=ExistingDisk(p["existing_disk"]),
-            choose="existing_disk: reuse keeps it as it is, overwrite replaces it",
+            choose=CHOOSE,
         )
     else:
         if differs:

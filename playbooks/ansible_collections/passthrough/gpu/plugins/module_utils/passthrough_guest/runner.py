@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -74,10 +75,50 @@ RECORDED_FILES: tuple[tuple[tuple[str, ...], str], ...] = (
 )
 
 
+# The most one recording may hold: ``nvidia-smi -q -x`` of an 8-GPU guest is about 0.3 MiB,
+# a long ``dmesg`` a few MiB.
+MAX_RECORDING = 16 << 20
+
+
+class BadRecording(Exception):
+    """A recording that is not a regular file, or is larger than :data:`MAX_RECORDING`."""
+
+
+def read_recording(directory: str, name: str) -> str | None:
+    """The text of ``directory/name``; None when there is none. Only a regular file is read
+    (a link may point at one): a FIFO, a device such as /dev/zero or a directory is
+    refused without waiting or reading, and so is a file over :data:`MAX_RECORDING`."""
+    path = os.path.join(directory, name)
+    try:
+        # O_NONBLOCK: opening a FIFO does not wait for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise BadRecording(f"{name}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BadRecording(f"{name}: not a regular file")
+        chunks: list[bytes] = []
+        total = 0
+        while total <= MAX_RECORDING:
+            chunk = os.read(fd, min(1 << 20, MAX_RECORDING + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
+        os.close(fd)
+    if total > MAX_RECORDING:
+        raise BadRecording(f"{name}: larger than {MAX_RECORDING >> 20} MiB")
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
 class RecordedRunner:
     """Replays recorded outputs from a directory; a command with no recording is 'not there'.
 
     A file ``NAME.rc`` next to a recording holds a non-zero exit status, if it had one.
+    Recordings are read with :func:`read_recording` (regular files only, size-capped).
     """
 
     def __init__(self, directory: str) -> None:
@@ -88,16 +129,12 @@ class RecordedRunner:
         self.calls.append(tuple(argv))
         for prefix, name in RECORDED_FILES:
             if tuple(argv[: len(prefix)]) == prefix:
-                path = os.path.join(self.directory, name)
-                try:
-                    with open(path, encoding="utf-8", errors="replace") as f:
-                        out = f.read()
-                except FileNotFoundError:
+                out = read_recording(self.directory, name)
+                if out is None:
                     return None
                 try:
-                    with open(path + ".rc", encoding="utf-8") as f:
-                        rc = int(f.read().strip() or 0)
-                except (FileNotFoundError, ValueError):
+                    rc = int((read_recording(self.directory, name + ".rc") or "0").strip() or 0)
+                except ValueError:
                     rc = 0
                 return CommandResult(rc, out if rc == 0 else "", "" if rc == 0 else out)
         return None
