@@ -31,6 +31,8 @@ MODULE_TIERS: dict[str, tuple[str, ...]] = {
     "test_options_ansible.py": ("fleet",),
     # ../shared/realworld beside the checkout (CI has it; a clone elsewhere does not)
     "test_realworld_boot.py": ("realworld",),
+    # libvirt's own test domains, fetched by setup.sh test into the test cache
+    "test_libvirt_corpus.py": ("realworld",),
 }
 NAME_TIERS: dict[str, tuple[str, ...]] = {
     "test_guest_role_": ("fleet",),  # tests/test_guest.py: the guest role's real playbook runs

@@ -103,3 +103,32 @@ def test_display_functions_in_one_group_stay_one_card(tmp_path: Path) -> None:
         ],
     )  # fmt: skip
     assert _cards(root) == {"0000:03:00.0": ["0000:03:00.0", "0000:03:00.1"]}
+
+
+def test_a_virtual_function_is_taken_only_when_named(tmp_path: Path) -> None:
+    """An A100-style PF with two VFs (each in its own group): plan and render take the PF
+    by default; a VF named with --gpu is a card of its own."""
+    from passthrough.analysis.scan import analyse
+    from passthrough.plan.select import select
+    from passthrough.vm.spec import VmOptions, build_spec
+
+    vf = {"id": "10de:20b0", "class": "3d", "physfn": "0000:41:00.0", "driver": None}
+    root = _host(
+        tmp_path,
+        [
+            {**_BRIDGE, "addr": "00:03.0", "children": [
+                {"addr": "41:00.0", "id": "10de:20b0", "class": "3d", "group": 30,
+                 "sriov_totalvfs": 16},
+                {**vf, "addr": "41:00.4", "group": 31},
+                {**vf, "addr": "41:00.5", "group": 32},
+            ]},
+        ],
+    )  # fmt: skip
+    host = discover(str(root))
+    verdicts = analyse(host).verdicts
+    assert [str(f.address) for f in select(host, verdicts, []).functions] == ["0000:41:00.0"]
+    spec = build_spec(host, VmOptions(name="pf", memory_mib=4096))
+    assert [str(f.host) for c in spec.cards for f in c.functions] == ["0000:41:00.0"]
+    named = build_spec(host, VmOptions(name="vf", gpus=("41:00.5",), memory_mib=4096))
+    assert [str(f.host) for c in named.cards for f in c.functions] == ["0000:41:00.5"]
+    assert any(w.endswith("[sriov-vf]") for w in named.warnings)

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from passthrough.analysis import policy
+from passthrough.analysis.viability import default_cards
 from passthrough.errors import PassthroughError, quote
 from passthrough.model import (
-    NVIDIA,
     Finding,
     GpuVerdict,
     Host,
@@ -57,7 +57,7 @@ def _match(verdicts: list[GpuVerdict], token: str) -> list[GpuVerdict]:
 def _chosen(verdicts: list[GpuVerdict], gpus: list[str]) -> list[GpuVerdict]:
     """The cards named with --gpu (in the order named), or every viable NVIDIA card."""
     if not gpus:
-        chosen = [v for v in verdicts if v.gpu.primary.vendor_id == NVIDIA and v.viable]
+        chosen = default_cards(verdicts)
         if not chosen:
             raise SelectionRefused(
                 "no viable NVIDIA GPU on this host; name cards with --gpu (see `passthrough scan`)"

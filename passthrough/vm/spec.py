@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from passthrough.analysis import policy
+from passthrough.analysis.viability import default_cards
 from passthrough.model import GpuVerdict, Host, PciAddress, PciFunction, Severity
 from passthrough.vm.layout import Layout, plan_layout
 from passthrough.vm.options import (
@@ -181,7 +182,7 @@ def _choose(host: Host, opts: VmOptions) -> tuple[list[GpuVerdict], list[str]]:
             if match[0] not in chosen:
                 chosen.append(match[0])
     else:
-        chosen = [v for v in verdicts if v.viable and v.gpu.primary.vendor_id == 0x10DE]
+        chosen = default_cards(verdicts)
     # One verdict with validate --host-root: what it would reject is refused here, and the
     # warnings scan gives these cards are told. A boot VGA is a warning in both: the host
     # may have been set up for it (plan's --allow-boot-gpu).
