@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from passthrough import fakehost
 from passthrough.cli import main
+from passthrough.host.discover import discover
 from passthrough.host.holders import Holder, find_holders
 from passthrough.host.modalias import PLAIN, VfioAlias, choose, vfio_aliases, vfio_drivers
 from passthrough.host.root import HostRoot
@@ -149,7 +151,8 @@ def test_vfio_aliases_are_read_from_the_running_release(
     r = HostRoot(str(root))
     assert [a.module for a in vfio_aliases(r, release)] == ["my_variant_vfio_pci"]
     assert vfio_aliases(r, "0.0.0-not-running") == []
-    assert vfio_drivers(r, release, [CARD, "0000:01:00.1"]) == {
+    functions = [f for f in discover(str(root)).functions if str(f.address).startswith("0000:01:")]
+    assert vfio_drivers(r, release, functions) == {
         CARD: "my_variant_vfio_pci",
         "0000:01:00.1": PLAIN,
     }
@@ -187,3 +190,61 @@ def test_a_plain_plan_gives_every_function_vfio_pci(
     plan = json.loads(capsys.readouterr().out)
     assert plan["vfio_drivers"] == {CARD: PLAIN, "0000:01:00.1": PLAIN}
     assert not any("held open" in n or "variant" in n for n in plan["notes"])
+
+
+# -- reset risk -----------------------------------------------------------------------------
+
+SAMPLE = Path(fakehost.__file__).parent / "hosts" / "consumer-intel.yaml"
+AUDIO = '"AD102 High Definition Audio Controller", bars: {0: "16K"}}\n'
+
+
+def _checks(
+    tmp_path: Path, yaml_text: str, capsys: pytest.CaptureFixture[str]
+) -> list[dict[str, str]]:
+    desc = tmp_path / "host.yaml"
+    desc.write_text(yaml_text)
+    root = fakehost.build(fakehost.load(str(desc)), tmp_path / "root")
+    main(["check", "--root", str(root), "--json"])
+    checks: list[dict[str, str]] = json.loads(capsys.readouterr().out)["checks"]
+    return [c for c in checks if c["id"] == "reset-risk"]
+
+
+def test_a_bus_reset_shared_with_another_device_names_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = SAMPLE.read_text()
+    assert AUDIO in text
+    shared = text.replace(
+        AUDIO,
+        AUDIO + '      - {addr: "01:01.0", id: "8086:125c", class: ethernet, driver: igc, '
+        'name: "Ethernet Controller I226-V", bars: {0: "1M"}}\n',
+    )
+    risk = _checks(tmp_path, shared, capsys)
+    assert [c["summary"] for c in risk] == [
+        "0000:01:00.0: only a bus reset (reset_method is 'bus'), which resets everything on "
+        "bus 0000:01 with it: 0000:01:01.0"
+    ]
+    assert risk[0]["level"] == "WARN"
+
+
+def test_a_bus_reset_of_the_card_alone_is_no_risk(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _checks(tmp_path, SAMPLE.read_text(), capsys) == []
+
+
+def test_a_known_no_reset_family_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    navi = (
+        SAMPLE.read_text()
+        .replace('id: "10de:2684"', 'id: "1002:731f"')
+        .replace('id: "10de:22ba"', 'id: "1002:ab38"')  # its audio function, AMD's too
+        .replace('"10de": NVIDIA Corporation', '"10de": NVIDIA Corporation, "1002": AMD')
+    )
+    risk = _checks(tmp_path, navi, capsys)
+    assert [c["summary"] for c in risk] == [
+        "0000:01:00.0: AMD Navi 10 (1002:731f) is known not to come back after a guest stops "
+        "(its reset leaves it unusable until the host reboots)"
+    ]
+    assert "vendor-reset" in risk[0]["fix"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from passthrough.analysis.reset import reset_checks
 from passthrough.analysis.scan import Scan
 from passthrough.host.holders import Holder, find_holders, holder_checks
 from passthrough.host.modalias import variant_notes, vfio_drivers
@@ -16,7 +17,8 @@ def card_holders(scan: Scan) -> dict[str, list[Holder]]:
 
 
 def held_checks(scan: Scan) -> list[CheckResult]:
-    return holder_checks(card_holders(scan))
+    """The preflight checks of ``check``: held cards and reset risk."""
+    return holder_checks(card_holders(scan)) + reset_checks(scan.host, scan.verdicts)
 
 
 def preflight_notes(
@@ -31,6 +33,6 @@ def preflight_notes(
             f"{addr}: held open now ({'; '.join(h.describe() for h in holders)}): the binding "
             "at boot is not held up by it, but `passthrough bind` would refuse until they let go"
         )
-    drivers = vfio_drivers(root, host.kernel.release, addresses)
+    drivers = vfio_drivers(root, host.kernel.release, functions)
     notes.extend(variant_notes(drivers))
     return drivers

@@ -14,6 +14,7 @@ import fnmatch
 from dataclasses import dataclass
 
 from passthrough.host.root import HostRoot
+from passthrough.model import PciFunction
 
 PLAIN = "vfio-pci"
 _PREFIX = "vfio_pci:"
@@ -56,13 +57,12 @@ def choose(modalias: str | None, aliases: list[VfioAlias]) -> str:
     return PLAIN if best.module == "vfio_pci" else best.module
 
 
-def vfio_drivers(root: HostRoot, release: str | None, addresses: list[str]) -> dict[str, str]:
-    """The vfio driver for each function at ``addresses``."""
+def vfio_drivers(
+    root: HostRoot, release: str | None, functions: list[PciFunction]
+) -> dict[str, str]:
+    """The vfio driver for each function (by address), from the modalias discovery read."""
     aliases = vfio_aliases(root, release)
-    return {
-        a: choose((root.read(f"sys/bus/pci/devices/{a}/modalias") or "").strip(), aliases)
-        for a in addresses
-    }
+    return {str(f.address): choose(f.modalias, aliases) for f in functions}
 
 
 def variant_notes(drivers: dict[str, str]) -> list[str]:
