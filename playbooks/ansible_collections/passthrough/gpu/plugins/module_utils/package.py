@@ -22,7 +22,7 @@ def package_errors(module: Any) -> Iterator[None]:
     try:
         yield
     except ImportError as exc:
-        top = (exc.name or "").split(".")[0]
+        top = (exc.name or "").split(".", maxsplit=1)[0]
         if top and top != "passthrough":
             # a binding the distro provides (seen through the venv's system site packages)
             from ansible_collections.passthrough.gpu.plugins.module_utils.runtime_packages import (

@@ -107,13 +107,13 @@ def _scripts(venv: str, purelib: str) -> None:
                 if line.startswith("["):
                     section = line
                 elif section == "[console_scripts]" and "=" in line:
-                    name, _, target = (p.strip() for p in line.partition("="))
-                    mod, _, func = target.partition(":")
+                    name, _eq, target = (p.strip() for p in line.partition("="))
+                    mod, _colon, func = target.partition(":")
                     path = os.path.join(venv, "bin", name)
                     with open(path, "w", encoding="utf-8") as out:
                         out.write(
-                            f"#!{venv}/bin/python\nimport sys\nfrom {mod} import {func}\n"
-                            f"sys.exit({func}())\n"
+                            f"#!{venv}/bin/python\nfrom {mod} import {func}\n"
+                            f"raise SystemExit({func}())\n"
                         )
                     os.chmod(path, 0o755)
 

@@ -95,7 +95,9 @@ def _pack(dist: importlib.metadata.Distribution, out: Path) -> Path:
             zf.writestr(rel, data)
             sha = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
             records.append(f"{rel},sha256={sha},{len(data)}")
-        info = next(str(f).split("/")[0] for f in dist.files or [] if ".dist-info/" in str(f))
+        info = next(
+            str(f).split("/", maxsplit=1)[0] for f in dist.files or [] if ".dist-info/" in str(f)
+        )
         records.append(f"{info}/RECORD,,")
         zf.writestr(f"{info}/RECORD", "\n".join(records) + "\n")
     return out / name
@@ -115,7 +117,8 @@ def wheel(ident: str) -> Path:
         with tempfile.TemporaryDirectory(dir=folder) as tmp:
             if repo is None:
                 dist = _installed()
-                assert dist is not None  # identity() raised otherwise
+                if dist is None:  # identity() raised otherwise
+                    raise RuntimeError("passthrough is neither a checkout nor installed here")
                 built = _pack(dist, Path(tmp))
             else:
                 built = _build(repo, Path(tmp))
@@ -183,7 +186,7 @@ class RuntimeAction(ActionBase):  # type: ignore[misc] # Ansible is untyped
             python = shlex.quote(venv + "/bin/python")
             command += f"; {python} -c {shlex.quote(check % requires)} 2>/dev/null || echo venv"
         lines = self._low_level_execute_command(command, sudoable=True).get("stdout", "")
-        have, _, rest = lines.partition("\n")
+        have, _newline, rest = lines.partition("\n")
         return have.strip(), rest.split()
 
     def _install(self, task_vars: dict[str, Any], venv: str, ident: str) -> dict[str, Any]:
