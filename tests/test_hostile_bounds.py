@@ -292,3 +292,22 @@ def test_a_config_file_over_the_cap_is_refused_not_cut(
     refused(r, took, "etc/default/grub", f"larger than {MAX_FILE >> 20} MiB")
     assert grub.stat().st_size == size
     assert tree_hash(host) == before
+
+
+@pytest.mark.parametrize("reader", ["validate-config", "host-description", "kubevirt-manifest"])
+def test_every_yaml_reader_refuses_aliases(reader: str, tmp_path: Path) -> None:
+    """The other YAML readers a user feeds (validate's config, a host description, KubeVirt
+    manifests) refuse the same alias bomb in one line, within the same bounds."""
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(BOMB)
+    domain = tmp_path / "d.xml"
+    domain.write_text("<domain type='kvm'><name>d</name></domain>\n")
+    argv = {
+        "validate-config": ["validate", "--config", str(bomb), str(domain)],
+        "host-description": ["sample", "build", str(bomb), str(tmp_path / "built")],
+        "kubevirt-manifest": ["kubevirt", "validate", str(bomb)],
+    }[reader]
+    r, took = bounded(tmp_path, *argv)
+    # a description may share entries through aliases (the samples do): bounded, not refused
+    refused(r, took, "expand past" if reader == "host-description" else "aliases", str(bomb))
+    assert not (tmp_path / "built").exists()

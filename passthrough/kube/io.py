@@ -34,8 +34,14 @@ def load_stream(path: str) -> list[dict[str, Any]]:
         raise BadManifest(path, "not a regular file")
     if size > MAX_BYTES:
         raise BadManifest(path, f"{size} bytes, more than the {MAX_BYTES} read")
+    from passthrough.inputs import Unreadable, yaml_without_aliases
+
+    loader = yaml_without_aliases("a manifest")
     try:
-        docs = [d for d in yaml.safe_load_all(p.read_text(encoding="utf-8")) if d is not None]
+        text = p.read_text(encoding="utf-8")
+        docs = [d for d in yaml.load_all(text, Loader=loader) if d is not None]
+    except Unreadable as exc:
+        raise BadManifest(path, str(exc)) from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         where = getattr(exc, "problem_mark", None)
         line = f"line {where.line + 1}: " if where is not None else ""

@@ -49,8 +49,12 @@ def _table(path: str, explicit: bool) -> dict[str, Any] | None:
     if path.endswith((".yaml", ".yml")):
         import yaml
 
+        from passthrough.inputs import Unreadable, yaml_without_aliases
+
         try:
-            data = yaml.safe_load(raw) or {}
+            data = yaml.load(raw, Loader=yaml_without_aliases("a validate config")) or {}
+        except Unreadable as exc:
+            raise BadConfig(f"{path}: {exc}") from None
         except yaml.YAMLError as exc:
             raise BadConfig(f"{path}: not valid YAML ({exc})") from None
         if not isinstance(data, dict):
