@@ -55,6 +55,18 @@ def tiers_of(item: pytest.Item) -> set[str]:
     return tiers
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """The quick tier runs on every core (`-n auto` in pyproject's addopts); any other tier
+    selection runs in one process. The slower tiers share one libvirtd, one lab VM, one
+    tmpfs mount point and real Ansible runs that are not safe to run side by side; a
+    contributor who wants workers there passes `-n` after `-p xdist` by hand and owns it."""
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("markexpr") != "quick":
+        config.option.numprocesses = 0
+        config.option.dist = "no"
+        config.option.tx = []
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test gets its tier markers, and `quick` when it has none; the lab runs last:
     after the unit and integration suites, as CI wants it (a failure there is then not the

@@ -26,7 +26,7 @@ from passthrough.errors import (
     EXIT_USAGE,
     Interrupted,
     PassthroughError,
-    echo,
+    echo_path,
     quote,
 )
 
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         if getattr(args, "debug", False):
             raise
-        where = f"{echo(exc.filename)}: " if exc.filename else ""
+        where = f"{echo_path(exc.filename)}: " if exc.filename else ""
         sys.stderr.write(f"passthrough: error: {where}{exc.strerror or exc}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -20,7 +20,13 @@ from passthrough.cli.common import (
     examples,
     open_root,
 )
-from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK, NotAHostRoot, PassthroughError, echo
+from passthrough.errors import (
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    NotAHostRoot,
+    PassthroughError,
+    echo_path,
+)
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -76,7 +82,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
             root, runner_for(root.is_live, args.commands), compute=not args.no_compute
         )
     except BadRecording as exc:
-        raise PassthroughError(f"--commands {echo(args.commands)}: {exc}") from None
+        raise PassthroughError(f"--commands {echo_path(args.commands)}: {exc}") from None
     if args.json:
         dump(report.to_json(), "guest-check")
     else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from passthrough.errors import NotAHostRoot, PassthroughError, echo
+from passthrough.errors import NotAHostRoot, PassthroughError, echo_path
 from passthrough.host import facts
 from passthrough.host.critical import read_critical
 from passthrough.host.packages import read_packages, read_tool_versions
@@ -96,7 +96,7 @@ def pci_source_for(root: str, use_udev: str = "auto") -> PciSource | None:
     if not live and "UMOCKDEV_DIR" not in os.environ:
         # udev knows this machine's devices, not the root's: the report would mix the two
         raise PassthroughError(
-            f"--udev yes with --root {echo(root)}: udev enumerates this machine's devices, not "
+            f"--udev yes with --root {echo_path(root)}: udev enumerates this machine's devices, not "
             "the root's (only with --root /, or under umockdev-run with the root's record)"
         )
     try:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from passthrough.errors import SnapshotError, echo
+from passthrough.errors import SnapshotError, echo_path
 from passthrough.guest.root import SNAPSHOT_META
 from passthrough.host.packages import DPKG_STATUS, dpkg_subset
 from passthrough.host.pciids import PCI_IDS_PATHS, render_subset
@@ -185,7 +185,7 @@ def write_snapshot(root: RecordingRoot, host: Host, out_path: str) -> dict[str, 
     except OSError as exc:
         os.unlink(tmp)
         # the error names our temporary file; the user named out_path
-        raise SnapshotError(f"cannot write {echo(out_path)}: {exc.strerror or exc}") from None
+        raise SnapshotError(f"cannot write {echo_path(out_path)}: {exc.strerror or exc}") from None
     except BaseException:
         os.unlink(tmp)
         raise

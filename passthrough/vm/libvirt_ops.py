@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from passthrough.errors import EXIT_BACKEND, EXIT_USAGE, PassthroughError, echo, quote
+from passthrough.errors import EXIT_BACKEND, EXIT_USAGE, PassthroughError, echo_path, quote
 from passthrough.vm.disk import ExistingDisk
 from passthrough.vm.disk import prepare as disk_prepare
 
@@ -131,9 +131,9 @@ def define_file(
             data = fh.read()
         doc = etree.fromstring(data)
     except OSError as exc:
-        raise PassthroughError(f"{echo(path)}: {exc.strerror}") from None
+        raise PassthroughError(f"{echo_path(path)}: {exc.strerror}") from None
     except etree.XMLSyntaxError as exc:
-        raise PassthroughError(f"{echo(path)}: not well-formed XML ({exc})") from None
+        raise PassthroughError(f"{echo_path(path)}: not well-formed XML ({exc})") from None
     overlay = None
     if base_image:
         disk = doc.find("devices/disk[@device='disk']/source")

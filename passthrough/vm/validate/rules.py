@@ -175,9 +175,9 @@ class DomainFinding:
     def text(self) -> str:
         # A path that long cannot even exist (a 100 KB argument): shortened for people;
         # JSON, SARIF and JUnit keep the file name whole.
-        from passthrough.errors import echo
+        from passthrough.errors import echo_path
 
-        file = echo(self.file, 240)
+        file = echo_path(self.file)
         where = f"{file}:{self.line}" if self.line else file
         return f"{where}: {self.severity} {self.code} [{self.layer}] {self.xpath}: {self.message}"
 
