@@ -299,7 +299,7 @@ def test_validate_with_libvirt_test_driver(
 ) -> None:
     good = tmp_path / "good.xml"
     good.write_text(rendered["consumer-2fn"])
-    assert main(["validate", "--libvirt", "test:///default", str(good)]) == 0
+    assert main(["validate", "--connect", "test:///default", str(good)]) == 0
     # libvirt failing underneath (here: it cannot open the connection) is exit 4
     assert main(["validate", "--libvirt", "test:///nonexistent-state.xml", str(good)]) == 4
     assert "cannot connect to test:///nonexistent-state.xml" in capsys.readouterr().err

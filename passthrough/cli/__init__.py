@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from passthrough import __version__
-from passthrough.cli.common import EPILOG, Parser, Subparsers
+from passthrough.cli.common import EPILOG, Parser, Subparsers, verbosity
 from passthrough.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -92,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
+    verbosity(args)
     stack: list[str] = []  # temporary directories (unpacked snapshots, samples) to remove
     try:
         code: int = args.run(args, stack)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -96,6 +97,32 @@ def common(p: argparse.ArgumentParser, root: str | None = READS) -> None:
         action="store_true",
         help="no progress lines or notes on stderr: only results, warnings and errors",
     )
+    if "--verbose" not in p._option_string_actions:  # provision's -v is Ansible's own
+        p.add_argument(
+            "-v",
+            "--verbose",
+            action="count",
+            default=0,
+            help="say more on stderr: -v each file written or removed and each command run "
+            "with its exit code; -vv also what was read and each command's output",
+        )
+
+
+LOG_PREFIX = "  | "
+
+
+def verbosity(args: argparse.Namespace) -> None:
+    """-v/-vv: the ``passthrough`` logger on stderr, each line marked so it never reads
+    like a result or an error. Nothing is logged without -v (the logger stays silent)."""
+    level = getattr(args, "verbose", 0) or 0
+    if not isinstance(level, int) or level < 1 or getattr(args, "command", "") == "provision":
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_PREFIX + "%(message)s"))
+    log = logging.getLogger("passthrough")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO if level == 1 else logging.DEBUG)
+    log.propagate = False
 
 
 def yes_flag(p: argparse.ArgumentParser) -> None:

@@ -10,6 +10,7 @@ killed, each file is entirely old or entirely new (temp file + fsync + rename); 
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import subprocess
@@ -37,6 +38,8 @@ from passthrough.execute.state import Busy as Busy
 from passthrough.execute.state import locked as locked
 from passthrough.host.root import HostRoot
 from passthrough.plan.actions import Action, Plan, PlanRecord, RemoveFile, Run, WriteFile
+
+log = logging.getLogger(__name__)  # -v/-vv (cli/common.py verbosity)
 
 
 class ApplyError(PassthroughError):
@@ -121,6 +124,10 @@ def _execute(root: HostRoot, argv: tuple[str, ...], runner: Runner) -> StepState
         result = runner(full)
     except FileNotFoundError:
         raise ApplyError(f"{argv[0]}: command not found") from None
+    log.info("ran %s: exit %d", shlex.join(full), result.returncode)
+    for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
+        if text:
+            log.debug("%s of %s:\n%s", name, argv[0], text.rstrip("\n"))
     if result.returncode != 0:
         tail = (result.stderr or result.stdout or "").strip().splitlines()[-1:] or [""]
         raise ApplyError(f"`{shlex.join(argv)}` failed with exit {result.returncode}: {tail[0]}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import re
 import signal
@@ -27,6 +28,7 @@ FAULT_ENV = "PASSTHROUGH_FAULT"
 # The points where a full disk can strike: everything that allocates.
 ALLOCATING = frozenset({"create", "write", "fsync", "mkdir", "setxattr", "rename"})
 TEMP_SUFFIX = ".passthrough-tmp"
+log = logging.getLogger(__name__)  # -v: each file written or removed (cli/common.py)
 
 
 @dataclass
@@ -167,6 +169,7 @@ def atomic_write(
         _unlink_quietly(tmp)
         raise
     fsync_dir(os.path.dirname(path))
+    log.info("wrote %s (%d bytes, mode %o)", path, len(data), attrs.mode)
 
 
 def _unlink_quietly(path: str) -> None:
@@ -189,6 +192,7 @@ def remove(path: str) -> None:
     except (FileNotFoundError, NotADirectoryError):
         return  # already absent
     fsync_dir(os.path.dirname(path))
+    log.info("removed %s", path)
 
 
 def missing_dirs(directory: str) -> list[str]:

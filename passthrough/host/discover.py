@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 
@@ -13,6 +14,8 @@ from passthrough.host.pci import Namer, read_functions, with_names
 from passthrough.host.pciids import find_pci_ids, lookup
 from passthrough.host.root import HostRoot
 from passthrough.model import Host, IommuGroup, PciFunction
+
+log = logging.getLogger(__name__)  # -v/-vv (cli/common.py verbosity)
 
 PciSource = Callable[[HostRoot], list[PciFunction]]
 
@@ -65,6 +68,13 @@ def discover(
     functions = (pci_source or root_pci_source)(root)
     kernel = facts.read_kernel(root)
     packages = read_packages(root)
+    log.debug(
+        "read %s: %d PCI functions, kernel %s, %d problems",
+        root.path,
+        len(functions),
+        kernel.release or "unknown",
+        len(root.problems),
+    )
     return Host(
         root=root.path,
         cpu=facts.read_cpu(root),

@@ -20,7 +20,7 @@ DESCRIPTION = (
     "Validate any domain XML, ours or hand-written, as a CI gate: libvirt's RelaxNG schema "
     "(the local libvirt's, or --schema-dir), generic guest-PCI rules, GPU rules for GPU functions "
     "only (by --host-root facts or render's metadata), host rules with --host-root, and with "
-    "--libvirt URI a define of a private copy. Each finding has a code, a layer, a severity, and "
+    "--connect URI a define of a private copy. Each finding has a code, a layer, a severity, and "
     "the line and XPath of the element at fault (--list-rules). Settings: "
     "[tool.passthrough.validate] in pyproject.toml. Exits 1 when an error is found (a warning "
     "too with --strict)."
@@ -29,7 +29,7 @@ EXAMPLES = (
     "examples:\n  passthrough validate vms/*.xml\n"
     "  passthrough validate --host-root host.tar.gz --junit report.xml vms/*.xml\n"
     "  passthrough validate --schema-dir fleet-libvirt/schemas --sarif out.sarif vms/*.xml\n"
-    "  passthrough validate --libvirt test:///default gpu1.xml\n"
+    "  passthrough validate --connect test:///default gpu1.xml\n"
     "  passthrough-validate vm.xml   (the same, with the shortest start-up)\n"
 )
 
@@ -43,9 +43,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "MMIO and hostdev-exists checks",
     )
     p.add_argument(
-        "--libvirt",
+        "--connect",
+        "--libvirt",  # the older spelling, kept working
+        dest="libvirt",
         metavar="URI",
-        help="also define a private copy (fresh name and UUID) on this connection, then undefine it",
+        help="also define a private copy (fresh name and UUID) on this libvirt connection "
+        "(as virsh -c / vm --connect), then undefine it; --libvirt is the older name",
     )
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report for CI systems")
     p.add_argument(
