@@ -53,7 +53,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
 
     root_path = open_root(args.root, stack, changing="bind")
     host = discover(root_path)
-    sel = select(host, judge_all(host), list(args.gpu), args.include_group, args.allow_boot_gpu)
+    sel = select(host, judge_all(host), list(args.gpus), args.include_group, args.allow_boot_gpu)
     moving = [str(f.address) for f in sel.functions if f.driver != "vfio-pci"]
     if moving:
         confirm(args, "bind", lambda: "bind moves to vfio-pci now: " + ", ".join(moving))

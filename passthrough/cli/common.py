@@ -60,13 +60,6 @@ def command(sub: Subparsers, name: str, run: Run, **kwargs: Any) -> argparse.Arg
     return p
 
 
-def positive_int(text: str) -> int:
-    """A count given on purpose: 1 or more (leaving the flag out means none)."""
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number of 1 or more")
-    return int(text)
-
-
 # What --root means, by what the command does with it.
 READS = (
     "host root to read: / (live), an unpacked snapshot, a fixture, or a snapshot .tar.gz "
