@@ -33,11 +33,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from passthrough.analysis.codes import MEMLOCK_SHORT
 from passthrough.model import Finding, Host, LibvirtDaemon, PciAddress, Severity
 from passthrough.pciaddr import libvirt_address
 from passthrough.units import GIB, KIB, format_size, libvirt_size
-
-MEMLOCK_SHORT = "memlock-short"
 
 # VIR_DOMAIN_MEMORY_PARAM_UNLIMITED (KiB): a hard_limit at or above it is "not set"
 _UNLIMITED_KIB = 9007199254740991
@@ -191,32 +190,39 @@ def _gib(size: int) -> str:
     return f"{size / GIB:.2f}".rstrip("0").rstrip(".") + " GiB"
 
 
-def shortfalls(estimate: Estimate, daemons: tuple[LibvirtDaemon, ...] = ()) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    message: str
+    element: str  # where in the domain it is about: "memtune/hard_limit" or "devices"
+
+
+def shortfalls(estimate: Estimate, daemons: tuple[LibvirtDaemon, ...] = ()) -> list[Shortfall]:
     """Where the limits that apply leave less than the devices need, each with its
     arithmetic (GiB). Nothing when the guest pins nothing."""
     if not estimate.need:
         return []
-    out: list[str] = []
+    out: list[Shortfall] = []
     need = f"{_gib(estimate.need)} needed ({estimate.why}, libvirt's rule)"
     hard = estimate.limit if estimate.source == "hard_limit" else None
     if hard is not None and hard < estimate.need:
-        out.append(
-            f"<memtune><hard_limit> {_gib(hard)} is the QEMU process's locked-memory "
-            f"limit: {_gib(estimate.need - hard)} short of {need}; raise hard_limit or remove it"
+        message = (
+            f"<memtune><hard_limit> {_gib(hard)} is the QEMU process's locked-memory limit: "
+            f"{_gib(estimate.need - hard)} short of {need}; raise hard_limit or remove it"
         )
+        out.append(Shortfall(message, "memtune/hard_limit"))
     for d in daemons:
-        if d.can_raise or d.memlock is None:
-            continue
         applied = estimate.limit
-        if applied is not None and applied <= d.memlock:
+        if d.can_raise or d.memlock is None or (applied is not None and applied <= d.memlock):
             continue
         wanted = "no limit (<locked/>)" if applied is None else _gib(applied)
-        gap = "" if applied is None else f": {_gib(applied - d.memlock)} short"
-        out.append(
-            f"{d.unit} runs {d.why_capped}, so it cannot raise QEMU's limit above its "
-            f"LimitMEMLOCK={d.memlock_text} ({_gib(d.memlock)}) to {wanted}{gap} "
-            f"({d.path}); raise LimitMEMLOCK in a drop-in"
+        gap = "" if applied is None else f", {_gib(applied - d.memlock)} short"
+        message = (
+            f"{d.unit} runs {d.why_capped}, so it cannot raise QEMU's locked-memory limit "
+            f"above its LimitMEMLOCK={d.memlock_text} ({_gib(d.memlock)}, {d.path}) to "
+            f"{wanted}{gap} ({need}): the guest would not start; raise LimitMEMLOCK in a "
+            f"drop-in ({d.unit}.d/*.conf)"
         )
+        out.append(Shortfall(message, "devices"))
     return out
 
 
@@ -226,9 +232,9 @@ def daemons_in_use(host: Host) -> tuple[LibvirtDaemon, ...]:
     return enabled or host.libvirt_daemons
 
 
-def findings(doc: Any, host: Host | None) -> list[Finding]:
-    """``memlock-short`` warnings for the domain ``doc`` (with the host's daemons, when
-    a host is given)."""
+def check(doc: Any, host: Host | None) -> list[tuple[Finding, str]]:
+    """``memlock-short`` warnings for the domain ``doc`` (against the host's daemons when a
+    host is given), each with the element it is about."""
 
     def group_of(a: PciAddress) -> int | None:
         f = host.function(a) if host is not None else None
@@ -236,4 +242,7 @@ def findings(doc: Any, host: Host | None) -> list[Finding]:
 
     estimate = libvirt_limit(doc, group_of)
     daemons = daemons_in_use(host) if host is not None else ()
-    return [Finding(MEMLOCK_SHORT, Severity.WARNING, m) for m in shortfalls(estimate, daemons)]
+    return [
+        (Finding(MEMLOCK_SHORT, Severity.WARNING, s.message), s.element)
+        for s in shortfalls(estimate, daemons)
+    ]
