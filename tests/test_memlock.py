@@ -166,9 +166,11 @@ def host_root(tmp_path: Path) -> Path:
 def capped(root: Path) -> Path:
     write(root, "lib/systemd/system/libvirtd.service", STOCK_UNIT)
     write(root, "etc/systemd/system/libvirtd.service.d/harden.conf", NO_SYS_RESOURCE)
-    (root / "etc/systemd/system/multi-user.target.wants").mkdir(parents=True, exist_ok=True)
-    (root / "etc/systemd/system/multi-user.target.wants/libvirtd.service").symlink_to(
-        "/lib/systemd/system/libvirtd.service"
+    # enabled through its socket, as Debian 12 does it; the socket's unit file is not in
+    # the tree (a link whose target discovery never reads, as in a snapshot)
+    (root / "etc/systemd/system/sockets.target.wants").mkdir(parents=True, exist_ok=True)
+    (root / "etc/systemd/system/sockets.target.wants/libvirtd.socket").symlink_to(
+        "/lib/systemd/system/libvirtd.socket"
     )
     return root
 
@@ -200,6 +202,13 @@ def test_drop_ins_apply_in_order_and_etc_hides_the_same_name(host_root: Path) ->
     assert libvirtd.memlock == 2 * GIB and libvirtd.memlock_text == "1G:2G"
     assert not libvirtd.can_raise and "CAP_SYS_RESOURCE" in libvirtd.why_capped
     assert libvirtd.enabled and not virtqemud.enabled and virtqemud.can_raise
+    # service.d/ drop-ins apply to every service
+    write(
+        host_root, "usr/lib/systemd/system/service.d/10-all.conf", "[Service]\nLimitMEMLOCK=128M\n"
+    )
+    by_unit = {d.unit: d for d in discover(str(host_root)).libvirt_daemons}
+    assert by_unit["virtqemud.service"].memlock == 128 * MIB
+    assert by_unit["libvirtd.service"].memlock == 2 * GIB  # zz-limit.conf sorts later
     write(
         host_root,
         "etc/systemd/system/libvirtd.service.d/zz-limit.conf",
@@ -214,7 +223,7 @@ def test_drop_ins_apply_in_order_and_etc_hides_the_same_name(host_root: Path) ->
         "[Service]\nCapabilityBoundingSet=\nUser=libvirt\n",
     )
     (d,) = [d for d in discover(str(host_root)).libvirt_daemons if d.unit == "libvirtd.service"]
-    assert d.why_capped == "as User=libvirt" and d.memlock == 64 * MIB
+    assert d.why_capped == "as User=libvirt" and d.memlock == 128 * MIB  # 10-all.conf
 
 
 def test_a_masked_unit_is_not_a_daemon(host_root: Path) -> None:
@@ -293,6 +302,14 @@ def test_validate_tells_a_daemon_that_cannot_raise_its_limit(
         capsys=capsys,
     )
     assert found == []
+    # the enabled daemon is the one whose limits apply: here virtqemud, a stock unit
+    (host_root / "etc/systemd/system/sockets.target.wants/libvirtd.socket").unlink()
+    write(host_root, "lib/systemd/system/virtqemud.service", STOCK_UNIT)
+    (host_root / "etc/systemd/system/sockets.target.wants/virtqemud.socket").symlink_to(
+        "/lib/systemd/system/virtqemud.socket"
+    )
+    rc, found = validate(tmp_path, domain(), "--host-root", str(host_root), capsys=capsys)
+    assert (rc, found) == (0, [])
 
 
 def test_list_rules_has_memlock_short(capsys: pytest.CaptureFixture[str]) -> None:

@@ -77,9 +77,15 @@ def _enabled(root: HostRoot, unit: str) -> bool:
     if not root.isdir(base):
         return False
     for wants in root.listdir(base):
-        if wants.endswith(".wants") and any(root.exists(f"{base}/{wants}/{n}") for n in names):
+        if wants.endswith(".wants") and any(_present(root, f"{base}/{wants}/{n}") for n in names):
             return True
     return False
+
+
+def _present(root: HostRoot, rel: str) -> bool:
+    # the link itself enables the unit; its target need not be in the root (a snapshot
+    # keeps only what discovery read)
+    return root.readlink(rel) is not None or root.exists(rel)
 
 
 def read_daemon(root: HostRoot, unit: str) -> LibvirtDaemon | None:
