@@ -49,6 +49,8 @@ def libvirt_size(value: str | None, unit: str | None, default: str = "KiB") -> i
     libvirt reads it (``default`` when no unit is given); None: not a size."""
     factor = _LIBVIRT.get((unit or default).lower())
     text = (value or "").strip()
-    if factor is None or not text.isdigit() or not text.isascii():
+    # libvirt reads an unsigned long long (20 digits): longer is no size (and int() of
+    # thousands of digits is refused by Python itself)
+    if factor is None or not text.isdigit() or not text.isascii() or len(text) > 20:
         return None
     return int(text) * factor

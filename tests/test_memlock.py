@@ -337,3 +337,12 @@ def test_render_warns_as_validate_does_and_snapshots_agree(
     assert f"{found[0]['message']} [memlock-short]" in err
     # a snapshot carries the units: every command answers the same on it
     assert _parity("capped", host_root, tmp_path, capsys) >= 11
+
+
+def test_sizes_beyond_what_libvirt_or_systemd_read_are_no_sizes(host_root: Path) -> None:
+    # 5000 digits: Python's int() refuses it; libvirt reads 64 bits. No crash, no size.
+    huge = "9" * 5000
+    assert limit(domain(memory=f"<memory>{huge}</memory>")) == GIB
+    write(host_root, "lib/systemd/system/libvirtd.service", f"[Service]\nLimitMEMLOCK={huge}\n")
+    (daemon,) = discover(str(host_root)).libvirt_daemons
+    assert daemon.memlock is None and daemon.memlock_text == huge

@@ -31,7 +31,7 @@ _SUFFIX = {
     "P": 1 << 50,
     "E": 1 << 60,
 }
-_SIZE = re.compile(r"^(\d+)\s*([KMGTPE]?)$", re.IGNORECASE)
+_SIZE = re.compile(r"^([0-9]{1,20})\s*([KMGTPE]?)$", re.IGNORECASE)
 CAP = "CAP_SYS_RESOURCE"
 
 
