@@ -48,9 +48,10 @@ fi
 
 if [ "$mode" = test ]; then
     # libvirt's own test domains (tests/qemuxml*data of Debian 12's libvirt source package),
-    # read by tests/test_libvirt_corpus.py from the test cache, outside the repository.
+    # read by tests/test_libvirt_corpus.py from the test cache, outside the repository; and
+    # its memlock test (tests/qemumemlock*), read by tests/test_memlock_libvirt.py.
     corpus="${PASSTHROUGH_TEST_CACHE:-/var/cache/passthrough-test}/libvirt-src"
-    if ! ls -d "$corpus"/libvirt-*/tests/qemuxml2xmloutdata >/dev/null 2>&1; then
+    if ! ls "$corpus"/libvirt_*.orig.tar.xz >/dev/null 2>&1; then
         echo "==> fetching libvirt's test domains (apt-get source libvirt, bookworm) into $corpus"
         debsrc=/etc/apt/sources.list.d/passthrough-deb-src.sources
         if [ ! -f "$debsrc" ]; then
@@ -61,7 +62,12 @@ if [ "$mode" = test ]; then
         $SUDO apt-get update -qq
         $SUDO mkdir -p "$corpus"
         (cd "$corpus" && $SUDO apt-get source -qq --download-only libvirt/bookworm)
+    fi
+    if ! ls -d "$corpus"/libvirt-*/tests/qemuxml2xmloutdata >/dev/null 2>&1; then
         $SUDO tar -xJf "$corpus"/libvirt_*.orig.tar.xz -C "$corpus" --wildcards '*/tests/qemuxml*data/*'
+    fi
+    if ! ls "$corpus"/libvirt-*/tests/qemumemlocktest.c >/dev/null 2>&1; then
+        $SUDO tar -xJf "$corpus"/libvirt_*.orig.tar.xz -C "$corpus" --wildcards '*/tests/qemumemlock*'
     fi
 fi
 

@@ -65,3 +65,10 @@ LAYOUT_CODES: dict[str, str] = {
     "guest-bits-above-iommu": "guest physical address bits beyond what the host IOMMU maps: "
     "QEMU's DMA mappings fail",
 }
+
+# What the memlock estimate of a domain (vm/memlock.py) can say: a warning wherever it is told.
+MEMLOCK_SHORT = "memlock-short"
+MEMLOCK_CODES: dict[str, str] = {
+    MEMLOCK_SHORT: "the locked-memory limit that applies (the domain's hard_limit, or a daemon's "
+    "LimitMEMLOCK it cannot raise) is below what libvirt's rule says the VFIO devices pin",
+}

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from passthrough.errors import NotAHostRoot, PassthroughError, echo_path
 from passthrough.host import facts
 from passthrough.host.critical import read_critical
+from passthrough.host.daemons import read_daemons
 from passthrough.host.packages import read_packages, read_tool_versions
 from passthrough.host.pci import Namer, read_functions, with_names
 from passthrough.host.pciids import find_pci_ids, lookup
@@ -93,6 +94,7 @@ def discover(
         machine=facts.read_machine(root, functions),
         packages=packages,
         tool_versions=read_tool_versions(root, packages),
+        libvirt_daemons=read_daemons(root),
     )
 
 

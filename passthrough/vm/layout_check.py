@@ -7,7 +7,7 @@ from typing import Any
 
 from passthrough.model import Finding, Host, PciFunction, Severity
 from passthrough.pciaddr import libvirt_address
-from passthrough.units import GIB, KIB, MIB, TIB, format_size
+from passthrough.units import MIB, format_size
 from passthrough.vm.layout import (
     DEVICE_ROOM,
     QEMU_DEFAULT_PHYS_BITS,
@@ -19,6 +19,7 @@ from passthrough.vm.layout import (
     pack,
     pow2_ceil,
 )
+from passthrough.vm.memlock import scaled
 from passthrough.vm.versions import Versions, host_versions
 
 
@@ -29,17 +30,9 @@ def _int(text: str | None) -> int | None:
         return None
 
 
-_UNITS = {"b": 1, "bytes": 1, "k": KIB, "kib": KIB, "m": MIB, "mib": MIB, "g": GIB, "gib": GIB}
-_UNITS.update({"kb": 1000, "mb": 1000**2, "gb": 1000**3, "t": TIB, "tib": TIB})
-
-
 def _memory_mib(doc: Any) -> int | None:
-    mem = doc.find("memory")
-    if mem is None:
-        return None
-    value = _int(mem.text)
-    factor = _UNITS.get((mem.get("unit") or "KiB").lower())
-    return None if value is None or factor is None else value * factor // MIB
+    size = scaled(doc.find("memory"))
+    return None if size is None else size // MIB
 
 
 def _x_pcimmio64(doc: Any) -> int | None:

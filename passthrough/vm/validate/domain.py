@@ -278,10 +278,12 @@ def place(ctx: _Ctx, findings: list[Finding], devs: list[Hostdev]) -> None:
 def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
     """Everything that needs host facts, in one place: the hostdevs exist, GPU cards go
     whole, the project's safety policy on everything the domain takes (the same policy as
-    plan and render: root disk, route NIC, bridges, BMC VGA, shared groups), and the
-    address planner's arithmetic (can the guest's window hold the BARs, below its limit)."""
+    plan and render: root disk, route NIC, bridges, BMC VGA, shared groups), the
+    address planner's arithmetic (can the guest's window hold the BARs, below its limit),
+    and the memlock estimate against the limits that apply (hard_limit, the daemons')."""
     from passthrough.analysis import policy
     from passthrough.analysis.codes import UNKNOWN_DEVICE
+    from passthrough.vm import memlock
     from passthrough.vm.layout_check import layout_findings
 
     known = facts(host).known
@@ -302,6 +304,8 @@ def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
                 "every function goes to the same guest",
                 tuple(_a(f) for f in missing),
             )
+    for finding, where in memlock.check(ctx.doc, host):
+        ctx.add_finding(finding, ctx.doc.find(where))
     taken = [a for a in passed if a in known]
     if not taken:
         return

@@ -127,7 +127,8 @@ def _severity(code: str) -> str:
 
 def _host_rules() -> tuple[Rule, ...]:
     """The host layer's other voices: the safety policy's codes (``root-disk-in-group``,
-    ``large-bar``, ...) and the address check's (``mmio-window-too-small``, ...), known
+    ``large-bar``, ...), the address check's (``mmio-window-too-small``, ...) and the
+    memlock estimate's (``memlock-short``), known
     before any file is read so that --select/--ignore, --list-rules and SARIF know them.
     ``unknown-device`` is left out: ``host-missing`` says it, on every hostdev."""
     from passthrough.analysis import codes
@@ -138,7 +139,8 @@ def _host_rules() -> tuple[Rule, ...]:
         if code != codes.UNKNOWN_DEVICE
     )
     layout = tuple(Rule(code, "host", _E, why) for code, why in codes.LAYOUT_CODES.items())
-    return policy + layout
+    memlock = tuple(Rule(code, "host", _W, why) for code, why in codes.MEMLOCK_CODES.items())
+    return policy + layout + memlock
 
 
 # The whole catalogue, fixed at import: nothing is added while files are checked.
