@@ -307,6 +307,8 @@ def test_archive_roots_one_folder_deep_and_errors_naming_the_archive(tmp_path: P
     h100 = Path(__file__).parent / "fixtures/h100-guest/root.tar.gz"
     r = run("scan", "--root", str(h100), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["gpus"][0]["address"] == "0000:00:06.0"
+    # the JSON's root is the archive the user named, not the directory it was unpacked in
+    assert json.loads(r.stdout)["root"] == str(h100)
     empty = tmp_path / "empty.tar.gz"
     (tmp_path / "x/y").mkdir(parents=True)
     subprocess.run(["tar", "czf", str(empty), "-C", str(tmp_path / "x"), "."], check=True)

@@ -154,6 +154,10 @@ def dump(obj: dict[str, Any], schema: str) -> None:
     """``--json`` output: one object whose ``schema`` key names its JSON Schema,
     ``passthrough.NAME/v1`` (passthrough/schemas/NAME-v1.schema.json)."""
     out = {"schema": f"passthrough.{schema}/v1", **{k: v for k, v in obj.items() if k != "schema"}}
+    if isinstance(out.get("root"), str):  # a snapshot archive, not where it was unpacked
+        from passthrough.host.opening import shown_root
+
+        out["root"] = shown_root(out["root"])
     # Pretty for a person at a terminal; compact (and much faster) into a pipe or file.
     indent = 2 if sys.stdout.isatty() else None
     sys.stdout.write(json.dumps(out, indent=indent) + "\n")

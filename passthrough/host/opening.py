@@ -9,6 +9,16 @@ import os
 from passthrough.errors import NotAHostRoot, ReadOnlyRoot
 
 
+# unpacked directory -> the archive the user named: what output calls the root
+_UNPACKED: dict[str, str] = {}
+
+
+def shown_root(path: str) -> str:
+    """The root as the user named it: the snapshot archive, not the temporary directory it
+    was unpacked into (which is gone when the command ends)."""
+    return _UNPACKED.get(path, path)
+
+
 def open_root(path: str, stack: list[str], changing: str | None = None) -> str:
     """A .tar.gz snapshot is unpacked to a temporary directory (removed on exit); a
     command that changes the host (``changing`` names it) refuses one."""
@@ -30,5 +40,6 @@ def open_root(path: str, stack: list[str], changing: str | None = None) -> str:
             raise NotAHostRoot(
                 path, "the archive holds no sys/ or proc/ (at its top or in one folder)"
             )
+        _UNPACKED[top] = _UNPACKED[os.path.abspath(top)] = os.path.abspath(path)
         return top
     return path
