@@ -127,16 +127,17 @@ def _bound(host: Host, record: PlanRecord, addr: str) -> CheckResult:
             "function is gone from the PCI bus",
             "check the card is seated and powered",
         )
-    if f.driver == "vfio-pci":
-        return CheckResult(f"vfio {addr}", Level.PASS, f"{f.id} bound to vfio-pci")
+    want = record.driver(addr)
+    if f.driver == want:
+        return CheckResult(f"vfio {addr}", Level.PASS, f"{f.id} bound to {want}")
     return CheckResult(
         f"vfio {addr}",
         Level.FAIL,
-        f"{f.id} bound to {f.driver or 'no driver'}, not vfio-pci",
+        f"{f.id} bound to {f.driver or 'no driver'}, not {want}",
         (
             f"a host driver claimed it: check that /{vfio.UDEV_RULE} has a line for {addr} "
             "and that the initramfs was rebuilt after it changed"
-            if record.binding is Binding.DRIVER_OVERRIDE
+            if record.binding is Binding.DRIVER_OVERRIDE or want != "vfio-pci"
             else "a host driver claimed it first: check the softdeps in "
             f"/{vfio.MODPROBE} reached the initramfs"
         ),
