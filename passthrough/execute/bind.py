@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from passthrough.errors import EXIT_HOST_STEP, PassthroughError
-from passthrough.host.holders import find_holders, holder_fix
+from passthrough.host.holders import find_holders, holder_fix, units_of
 from passthrough.host.modalias import PLAIN, vfio_drivers
 from passthrough.host.root import HostRoot
 from passthrough.model import Host, PciFunction
@@ -57,6 +57,7 @@ def refuse_held(root: HostRoot, functions: list[PciFunction]) -> None:
             f"{', '.join(sorted(held))}: held open, an unbind would hang: "
             + "; ".join(h.describe() for h in everyone)
             + f"; {holder_fix(everyone)}"
+            + ("; `bind --stop-holders` stops and restarts the units" if units_of(everyone) else "")
         )
 
 
