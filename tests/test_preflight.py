@@ -250,6 +250,29 @@ def test_a_variant_driver_is_bound_per_device_and_kept_out_of_the_ids(
     assert checks["vfio 0000:01:00.1"]["summary"] == "10de:22ba bound to vfio-pci"
 
 
+def test_an_id_applied_before_its_variant_was_known_leaves_vfio_pci_ids(
+    hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An apply made while the kernel had no variant for the card put its ID in
+    vfio-pci.ids; once modules.alias names a variant, the next plan takes it out (it is not
+    kept as another device's configured ID)."""
+    root = tmp_path / "root"
+    shutil.copytree(hosts["consumer-intel"], root, symlinks=True)
+    assert main(["apply", "--root", str(root), "--json"]) == 0
+    capsys.readouterr()
+    grub = root / "etc/default/grub.d/99-passthrough.cfg"
+    assert "vfio-pci.ids=10de:2684,10de:22ba" in grub.read_text()
+    release = (root / "proc/sys/kernel/osrelease").read_text().strip()
+    alias = root / "lib/modules" / release / "modules.alias"
+    alias.write_text(
+        alias.read_text() + f"alias vfio_pci:v000010DEd00002684sv*sd*bc*sc*i* {VARIANT}\n"
+    )
+    assert main(["apply", "--root", str(root), "--json"]) == 0
+    capsys.readouterr()
+    assert 'DEFAULT} vfio-pci.ids=10de:22ba"' in grub.read_text()
+    assert f'ATTR{{driver_override}}="{VARIANT}"' in (root / RULE).read_text()
+
+
 def test_a_plain_function_sharing_a_variant_id_is_bound_per_device(
     hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

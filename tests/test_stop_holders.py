@@ -225,3 +225,25 @@ stop_bind_start(r, host, units, Systemctl(True, 5.0),
     assert out.started[1] == "nvidia-persistenced.service (0000:01:00.0 is still on nvidia)"
     assert not (root / STOPPED).exists()
     assert recover(hr, discover(str(root)), Systemctl(True, 5.0)) is None
+
+
+def test_a_start_that_fails_is_reported_and_stays_journaled(
+    hosts: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a mock systemctl (fake, on PATH) whose start of gdm fails: the binding stands,
+    the failure is told with systemctl's own message, and gdm stays in the journal for the
+    next run."""
+    root = _units_hold(hosts, tmp_path / "t")
+    log = _fake_systemctl(tmp_path, monkeypatch)
+    script = tmp_path / "bin/systemctl"
+    script.write_text(
+        script.read_text()
+        + 'if [ "$*" = "start gdm.service" ]; then echo "Job failed." >&2; exit 1; fi\n'
+    )
+    r, host, units = _setup(root)
+    out = stop_bind_start(r, host, units, Systemctl(True, 5.0), lambda: FUNCTIONS, FUNCTIONS)
+    assert out.bound == FUNCTIONS
+    assert out.failed == ["`systemctl start gdm.service` failed with exit 1: Job failed."]
+    assert out.started == []
+    assert log.read_text().splitlines()[-1] == "start gdm.service"
+    assert [u.name for u in journaled(r)] == ["gdm.service"]

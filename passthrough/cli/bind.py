@@ -21,7 +21,7 @@ from passthrough.cli.common import (
     yes_flag,
 )
 from passthrough.cli.plan import plan_flags
-from passthrough.errors import EXIT_OK
+from passthrough.errors import EXIT_HOST_STEP, EXIT_OK
 
 if TYPE_CHECKING:
     from passthrough.execute.holders import Outcome
@@ -75,7 +75,10 @@ def _report(args: argparse.Namespace, out: Outcome | None, recovered: bool = Fal
     if out is None or args.json:
         return
     if recovered:
-        note(args, "a `bind --stop-holders` was cut short; its stopped units are seen to now")
+        note(
+            args,
+            "a `bind --stop-holders` was cut short: the units it stopped are started again first",
+        )
     # printed commands (not the live host) stay a script: the prose is a comment there
     mark = "" if is_live(args.root) else "# "
     for line in out.started:
@@ -145,10 +148,11 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
                 "vfio_drivers": drivers,
                 "systemctl": [shlex.join(c) for c in systemctl.ran],
                 "not_started": out.left if out else [],
+                "start_failed": out.failed if out else [],
             },
             "bind",
         )
-        return EXIT_OK
+        return EXIT_HOST_STEP if out and out.failed else EXIT_OK
     if bound:
         print(
             f"Bound: {_named(bound, drivers)} "
@@ -157,4 +161,5 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
     elif root.is_live:
         print("Already on their vfio drivers: nothing to do.")
     _report(args, out)
-    return EXIT_OK
+    # the binding held, but a unit that was running is not: a step on the host failed
+    return EXIT_HOST_STEP if out and out.failed else EXIT_OK

@@ -156,6 +156,9 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
     kopts = KargOptions(
         iommu_pt=opts.iommu_pt,
         vfio_ids=() if sel.ids_ambiguous else tuple(sel.vfio_ids),
+        variant_ids=tuple(
+            sorted({f.id for f in sel.functions if drivers[str(f.address)] != PLAIN})
+        ),
         boot_gpu=sel.boot_gpu,
         hugepages_1g=opts.hugepages_1g,
     )
