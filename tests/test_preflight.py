@@ -13,7 +13,14 @@ from passthrough import fakehost
 from passthrough.cli import main
 from passthrough.host.discover import discover
 from passthrough.host.holders import Holder, find_holders
-from passthrough.host.modalias import PLAIN, VfioAlias, choose, vfio_aliases, vfio_drivers
+from passthrough.host.modalias import (
+    PLAIN,
+    VfioAlias,
+    choose,
+    is_vfio,
+    vfio_aliases,
+    vfio_drivers,
+)
 from passthrough.host.root import HostRoot
 
 CARD = "0000:01:00.0"
@@ -196,6 +203,38 @@ VARIANT = "my_variant_vfio_pci"
 RULE = "etc/udev/rules.d/40-passthrough-vfio.rules"
 
 
+def _as_after_the_reboot(root: Path) -> None:
+    """The card on the variant driver, its audio function on vfio-pci, as after a boot."""
+    for addr, driver in ((CARD, VARIANT), ("0000:01:00.1", "vfio-pci")):
+        (root / "sys/bus/pci/drivers" / driver).mkdir(exist_ok=True)
+        link = root / "sys/bus/pci/devices" / addr / "driver"
+        link.unlink()
+        link.symlink_to(f"../../../../bus/pci/drivers/{driver}")
+        uevent = link.parent / "uevent"
+        lines = uevent.read_text().splitlines()
+        uevent.write_text(
+            "".join(f"DRIVER={driver}\n" if ln.startswith("DRIVER=") else ln + "\n" for ln in lines)
+        )
+
+
+def test_verify_by_hand_counts_a_variant_driver_as_vfio(
+    hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A host prepared by hand (no apply journaled) with the card on its variant driver:
+    verify sees the whole card on vfio, not a card split across drivers."""
+    root = tmp_path / "root"
+    shutil.copytree(hosts["consumer-intel"], root, symlinks=True)
+    _as_after_the_reboot(root)
+    main(["verify", "--root", str(root), "--json"])
+    checks = {c["id"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks[f"vfio {CARD}"]["level"] == "PASS"
+    assert checks[f"vfio {CARD}"]["summary"] == f"10de:2684 bound to {VARIANT}"
+    assert "vfio" not in checks  # not "no function is bound to vfio-pci"
+    assert f"card {CARD}" not in checks  # not "only part of the card is on vfio-pci"
+    assert is_vfio(VARIANT) and is_vfio("nvgrace-gpu-vfio-pci") and is_vfio(PLAIN)
+    assert not is_vfio("nvidia") and not is_vfio(None) and not is_vfio("vfio")
+
+
 def test_a_variant_driver_is_bound_per_device_and_kept_out_of_the_ids(
     hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -232,17 +271,7 @@ def test_a_variant_driver_is_bound_per_device_and_kept_out_of_the_ids(
     assert "ids=10de:22ba\n" in (root / "etc/modprobe.d/passthrough-vfio.conf").read_text()
     grub = (root / "etc/default/grub.d/99-passthrough.cfg").read_text()
     assert "vfio-pci.ids=10de:22ba" in grub and "10de:2684" not in grub
-    drivers = root / "sys/bus/pci/drivers"
-    for addr, driver in ((CARD, VARIANT), ("0000:01:00.1", "vfio-pci")):
-        (drivers / driver).mkdir(exist_ok=True)
-        link = root / "sys/bus/pci/devices" / addr / "driver"
-        link.unlink()
-        link.symlink_to(f"../../../../bus/pci/drivers/{driver}")
-        uevent = link.parent / "uevent"
-        lines = uevent.read_text().splitlines()
-        uevent.write_text(
-            "".join(f"DRIVER={driver}\n" if ln.startswith("DRIVER=") else ln + "\n" for ln in lines)
-        )
+    _as_after_the_reboot(root)
     main(["verify", "--root", str(root), "--json"])
     checks = {c["id"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
     assert checks[f"vfio {CARD}"]["level"] == "PASS", checks[f"vfio {CARD}"]

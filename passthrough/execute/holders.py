@@ -22,6 +22,7 @@ from passthrough.execute import files
 from passthrough.execute.bind import BindFailed, BindRefused
 from passthrough.execute.state import STATE, ensure_dir, own
 from passthrough.host.holders import Holder
+from passthrough.host.modalias import is_vfio
 from passthrough.host.root import HostRoot
 from passthrough.model import Host
 
@@ -85,10 +86,6 @@ def units_to_stop(host: Host, held: dict[str, list[Holder]]) -> list[Unit]:
     ]
 
 
-def _on_vfio(driver: str) -> bool:
-    return "vfio" in driver  # vfio-pci and its variants (nvgrace_gpu_vfio_pci, mlx5_vfio_pci)
-
-
 def reason_left(root: HostRoot, host: Host, unit: Unit, bound: set[str]) -> str | None:
     """Why ``unit`` is worth starting again: a display function that is not in ``bound``
     and not on a vfio driver, on a driver the unit used (or any, for a unit that held a DRM
@@ -98,7 +95,7 @@ def reason_left(root: HostRoot, host: Host, unit: Unit, bound: set[str]) -> str 
         if not f.is_display or str(f.address) in bound:
             continue
         driver = root.link_name(f"sys/bus/pci/devices/{f.address}/driver")
-        if driver and not _on_vfio(driver):
+        if driver and not is_vfio(driver):
             kept.setdefault(driver, []).append(str(f.address))
     same = sorted(a for d in unit.drivers for a in kept.get(d, []))
     if same:
