@@ -96,8 +96,8 @@ def test_a_holder_outside_any_unit_is_refused_by_name(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == (
-        "passthrough: error: python3 (pid 4242) holds /dev/dri/renderD128: not in a systemd "
-        "unit, and --stop-holders stops only units (it never kills a process): end it, then "
+        "passthrough: error: python3 (pid 4242) holds /dev/dri/renderD128: not in a system "
+        "service, and --stop-holders stops only those (it never kills a process): end it, then "
         "bind\n"
     )
     assert _files(root) == before
@@ -247,3 +247,23 @@ def test_a_start_that_fails_is_reported_and_stays_journaled(
     assert out.started == []
     assert log.read_text().splitlines()[-1] == "start gdm.service"
     assert [u.name for u in journaled(r)] == ["gdm.service"]
+
+
+def test_a_holder_in_a_users_session_is_not_a_unit_to_stop(
+    hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CUDA job started from a desktop runs below the user's manager (user@1000.service):
+    stopping that would end the session, so it is refused like a bare pid."""
+    root = _units_hold(hosts, tmp_path)
+    job = root / "proc/5150"
+    (job / "fd").mkdir(parents=True)
+    (job / "comm").write_text("python3\n")
+    (job / "cgroup").write_text(
+        "0::/user.slice/user-1000.slice/user@1000.service/app.slice/jupyter.service\n"
+    )
+    os.symlink("/dev/nvidia0", job / "fd/7")
+    assert main(["bind", "--root", str(root), "--stop-holders"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "passthrough: error: python3 (pid 5150) holds /dev/nvidia0: not in a system service"
+    ), err

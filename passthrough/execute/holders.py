@@ -64,7 +64,7 @@ def units_to_stop(host: Host, held: dict[str, list[Holder]]) -> list[Unit]:
     )
     if loose:
         raise BindRefused(
-            f"{'; '.join(loose)}: not in a systemd unit, and --stop-holders stops only units "
+            f"{'; '.join(loose)}: not in a system service, and --stop-holders stops only those "
             "(it never kills a process): end it, then bind"
         )
     drivers: dict[str, set[str]] = {}
