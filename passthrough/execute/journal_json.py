@@ -154,4 +154,7 @@ def record(f: Fields) -> PlanRecord:
     args.texts("remove")
     Binding(f.text("binding", Binding.IDS.value))
     BootloaderKind(f.text("bootloader", BootloaderKind.UNKNOWN.value))
+    drivers = f.obj("vfio_drivers")
+    for address in drivers.d:
+        drivers.text(address)
     return PlanRecord.from_json(f.d)

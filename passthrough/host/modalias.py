@@ -30,6 +30,12 @@ class VfioAlias:
         return sum(1 for c in self.pattern if c not in "*?[]")
 
 
+def is_vfio(driver: str | None) -> bool:
+    """vfio-pci or one of its variant drivers (every one upstream is named ``*_vfio_pci``:
+    nvgrace_gpu_vfio_pci, mlx5_vfio_pci, hisi_acc_vfio_pci, ...)."""
+    return bool(driver) and (driver == PLAIN or str(driver).replace("-", "_").endswith("_vfio_pci"))
+
+
 def vfio_aliases(root: HostRoot, release: str | None) -> list[VfioAlias]:
     """The ``alias vfio_pci:…`` lines of ``lib/modules/<release>/modules.alias``."""
     if not release:

@@ -8,7 +8,6 @@ import os
 
 from passthrough.errors import NotAHostRoot, ReadOnlyRoot
 
-
 # unpacked directory -> the archive the user named: what output calls the root
 _UNPACKED: dict[str, str] = {}
 

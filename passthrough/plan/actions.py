@@ -86,15 +86,23 @@ class PlanRecord:
     kernel_args: ArgChange  # what the next boot must have: the target, not the edit
     binding: Binding
     bootloader: BootloaderKind
+    # the vfio driver of each function, where it is a variant (absent: vfio-pci)
+    drivers: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "cards": [c.to_json() for c in self.cards],
             "functions": list(self.functions),
             "kernel_args": self.kernel_args.to_json(),
             "binding": self.binding.value,
             "bootloader": self.bootloader.value,
         }
+        if self.drivers:
+            out["vfio_drivers"] = dict(self.drivers)
+        return out
+
+    def driver(self, address: str) -> str:
+        return self.drivers.get(address, "vfio-pci")
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> PlanRecord:
@@ -106,6 +114,7 @@ class PlanRecord:
             # a record without them is read as the planner's defaults
             binding=Binding(d.get("binding", Binding.IDS.value)),
             bootloader=BootloaderKind(d.get("bootloader", BootloaderKind.UNKNOWN.value)),
+            drivers={str(k): str(v) for k, v in (d.get("vfio_drivers") or {}).items()},
         )
 
 
@@ -133,6 +142,7 @@ class Plan:
             kernel_args=ArgChange(set=self.target_args.set, drop=self.target_args.drop),
             binding=self.binding,
             bootloader=self.bootloader,
+            drivers={a: d for a, d in self.drivers.items() if d != "vfio-pci"},
         )
 
     @property

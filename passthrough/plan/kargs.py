@@ -127,6 +127,9 @@ def invert(before: Sequence[str], change: ArgChange) -> ArgChange:
 class KargOptions:
     iommu_pt: bool = True
     vfio_ids: tuple[str, ...] = ()  # empty: bind per device instead
+    # IDs bound per device to a vfio variant driver: never kept from the configuration's
+    # vfio-pci.ids (vfio-pci would claim those devices first)
+    variant_ids: tuple[str, ...] = ()
     boot_gpu: bool = False
     hugepages_1g: int = 0
 
@@ -204,12 +207,18 @@ def desired(host: Host, opts: KargOptions, configured: Sequence[str] = ()) -> Ar
         why["iommu"] = "identity-maps host devices (usually faster for the host)"
     if opts.vfio_ids:
         others = _other_ids(configured, opts.vfio_ids)
+        gone = [i for i in others if i in opts.variant_ids]
+        others = [i for i in others if i not in opts.variant_ids]
         to_set["vfio-pci.ids"] = "vfio-pci.ids=" + ",".join([*opts.vfio_ids, *others])
-        why["vfio-pci.ids"] = "binds the cards' functions to vfio-pci at boot" + (
-            f"; keeps {','.join(others)} (another device's, already configured: one "
-            "vfio-pci.ids= is read, so both sets go in ours)"
-            if others
-            else ""
+        why["vfio-pci.ids"] = (
+            "binds the cards' functions to vfio-pci at boot"
+            + (
+                f"; keeps {','.join(others)} (another device's, already configured: one "
+                "vfio-pci.ids= is read, so both sets go in ours)"
+                if others
+                else ""
+            )
+            + (f"; drops {','.join(gone)} (bound to a vfio variant driver)" if gone else "")
         )
     elif k.arg("vfio-pci.ids") is not None or k.arg("vfio_pci.ids") is not None:
         drop.add("vfio-pci.ids")
