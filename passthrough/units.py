@@ -9,6 +9,20 @@ MIB = 1 << 20
 GIB = 1 << 30
 TIB = 1 << 40
 
+# libvirt's size units (``<memory unit='...'>``, virScaleInteger): a bare letter or an IEC
+# name is binary, an SI name decimal; case does not matter. Bytes per unit.
+LIBVIRT_UNITS = {"b": 1, "bytes": 1}
+for _i, _letter in enumerate("kmgtpe", start=1):
+    LIBVIRT_UNITS.update({_letter: 1024**_i, f"{_letter}ib": 1024**_i, f"{_letter}b": 1000**_i})
+
+
+def libvirt_size(value: int, unit: str | None, default: str = "KiB") -> int | None:
+    """``value`` in ``unit`` (libvirt's default: KiB) as bytes; None for a unit libvirt
+    does not know."""
+    factor = LIBVIRT_UNITS.get((unit or default).lower())
+    return None if factor is None else value * factor
+
+
 _FACTORS = {"": 1, "K": KIB, "M": MIB, "G": GIB, "T": TIB}
 # "16G", "16g", "16GiB", "16GB", "16 G" (a GB is a GiB here, as in QEMU and libvirt's "G")
 _SIZE_RE = re.compile(r"^(\d+)\s*(?:([KMGT])(?:I?B)?|B)?$", re.IGNORECASE)

@@ -12,8 +12,9 @@ import jinja2
 
 from passthrough import resources
 from passthrough.vm.spec import VmSpec
+from passthrough.vm.xmlns import POLICY_NS
 
-POLICY_NS = "https://passthrough.dev/xmlns/policy/1"
+__all__ = ["POLICY_NS", "environment", "render", "templates_dir"]
 
 
 def templates_dir() -> Path:

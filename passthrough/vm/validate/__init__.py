@@ -13,6 +13,8 @@ The catalogue of codes is in :mod:`.rules`; reports in :mod:`.reports`. Start-up
 
 from __future__ import annotations
 
+from passthrough.vm.xmlfield import sourceline
+
 from .rules import DomainFinding, Selection, make
 from .schema import DomainSchema, faults, load
 
@@ -64,7 +66,7 @@ def _parse(text: bytes, name: str) -> tuple[Any, list[DomainFinding]]:
                 f"not a libvirt domain (the root element is <{doc.tag}>, not <domain>)",
                 name,
                 doc.getroottree().getpath(doc),
-                doc.sourceline or 0,
+                sourceline(doc),
             )
         ]
     return doc, []
@@ -85,7 +87,7 @@ def check(text: bytes, name: str, opts: Options) -> list[DomainFinding]:
     if opts.schema is not None:
         for fault in faults(opts.schema.rng(), doc):
             el = fault.element
-            out.append(make("schema", fault.message, name, tree.getpath(el), el.sourceline or 0))
+            out.append(make("schema", fault.message, name, tree.getpath(el), sourceline(el)))
     if opts.schema_only:
         return out
     from .domain import check as policy
