@@ -108,8 +108,6 @@ class HostDev(Device):
 
     __slots__ = ()
     type = XMLField("@type", STR)
-    mode = XMLField("@mode", STR)
-    managed = XMLField("@managed", STR)
     source = PciAddressField("source/address", typed=False)
 
 
@@ -177,15 +175,6 @@ class QemuArg(XMLObject):
     value = XMLField("@value", STR)
 
 
-class Loader(XMLObject):
-    """``<os><loader readonly='yes' type='pflash'>/path/OVMF_CODE.fd</loader>``."""
-
-    __slots__ = ()
-    path = XMLField(".", STR)
-    readonly = XMLField("@readonly", STR)
-    type = XMLField("@type", STR)
-
-
 class PolicyMarker(XMLObject):
     """render's ``<metadata><passthrough:policy hide='on'/>``: written only into domains
     render made, for whole GPU cards."""
@@ -197,12 +186,9 @@ class PolicyMarker(XMLObject):
 class Domain(XMLObject):
     __slots__ = ()
     type = XMLField("@type", STR)
-    name = XMLField("name", STR)
-    uuid = XMLField("uuid", STR)
     memory = XMLChild(Memory, "memory")
     cpu = XMLChild(Cpu, "cpu")
     features = XMLChild(Features, "features")
-    loader = XMLChild(Loader, "os/loader")
     policy = XMLChild(PolicyMarker, "metadata/passthrough:policy")
     devices = XMLChildren(Device, "devices/*")
     hostdevs = XMLChildren(HostDev, "devices/hostdev")
