@@ -31,6 +31,7 @@ COLLECTIONS = REPO / "playbooks"
 ROUND_TRIPS: list[tuple[type[XMLObject], str, object, str]] = [
     (domxml.Domain, "type", "kvm", "<domain type='kvm'/>"),
     (domxml.HostDev, "type", "pci", "<hostdev type='pci'/>"),
+    (domxml.Device, "multifunction", True, "<video><address multifunction='on'/></video>"),
     (domxml.Console, "target_type", "serial", "<console><target type='serial'/></console>"),
     (domxml.VendorId, "state", True, "<vendor_id state='on'/>"),
     (domxml.VendorId, "value", "passthrough", "<vendor_id value='passthrough'/>"),

@@ -90,6 +90,8 @@ class Device(XMLObject):
 
     __slots__ = ()
     address = PciAddressField("address")
+    # on function 0: whether the slot's other functions show (left out, libvirt decides)
+    multifunction = XMLField("address/@multifunction", ON_OFF)
 
     @property
     def tag(self) -> str:

@@ -16,8 +16,6 @@ from .rules import DomainFinding, make
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
     from passthrough.model import Finding, Host, PciFunction
     from passthrough.pciaddr import PciAddress as Address
     from passthrough.vm.xmlfield import Element
@@ -40,19 +38,21 @@ class Hostdev:
 
 
 class _Ctx:
-    def __init__(self, doc: Any, file: str) -> None:
+    def __init__(self, doc: Element, file: str) -> None:
         self.doc = doc
         self.tree = doc.getroottree()
         self.file = file
         self.out: list[DomainFinding] = []
 
-    def add(self, code: str, el: Any, message: str, devices: tuple[Address, ...] = ()) -> None:
+    def add(
+        self, code: str, el: Element | None, message: str, devices: tuple[Address, ...] = ()
+    ) -> None:
         el = self.doc if el is None else el
         self.out.append(
             make(code, message, self.file, self.tree.getpath(el), sourceline(el), devices)
         )
 
-    def add_finding(self, f: Finding, el: Any) -> None:
+    def add_finding(self, f: Finding, el: Element | None) -> None:
         """A host policy's own Finding, kept as it is, placed on ``el``."""
         el = self.doc if el is None else el
         path = self.tree.getpath(el)
@@ -93,7 +93,7 @@ def hostdevs(doc: Element | Domain, host: Host | None) -> list[Hostdev]:
     return [Hostdev(h, rendered or h.source in on_host) for h in dom.pci_hostdevs]
 
 
-def check(doc: Any, file: str, host: Host | None) -> list[DomainFinding]:
+def check(doc: Element, file: str, host: Host | None) -> list[DomainFinding]:
     ctx = _Ctx(doc, file)
     devs = hostdevs(doc, host)
     seen: dict[Address, Hostdev] = {}
@@ -122,38 +122,37 @@ def _guest_slots(ctx: _Ctx, devs: list[Hostdev]) -> None:
     """Every device's guest PCI address is unique; a slot that holds a hostdev has a
     function 0, and function 0 is not multifunction='off' there when the slot holds more
     than one function (left out, libvirt's QEMU driver turns it on itself)."""
-    seen: dict[Address, Any] = {}
-    slots: dict[Slot, dict[int, Any]] = {}
+    seen: dict[Address, Device] = {}
+    slots: dict[Slot, dict[int, Device]] = {}
     dom = Domain.of(ctx.doc)
     alias = dom.console_alias
     for device in dom.devices:
         a = device.guest
         if a is None or (alias is not None and device.element is alias.element):
             continue
-        el = Device.address.node(device)
         if a in seen:
             ctx.add(
                 "pci-address-duplicate",
                 device.element,
                 f"guest PCI address {a} is already used by <{seen[a].tag}>",
             )
-        seen.setdefault(a, device.element)
-        slots.setdefault(a.slot, {})[a.function] = el
+        seen.setdefault(a, device)
+        slots.setdefault(a.slot, {})[a.function] = device
     for slot in sorted({d.guest.slot for d in devs if d.guest is not None}):
         functions = slots.get(slot, {})
         label = f"{slot[0]:04x}:{slot[1]:02x}:{slot[2]:02x}"
         if 0 not in functions:
-            first = functions[min(functions)].getparent()
+            first = functions[min(functions)].element
             ctx.add(
                 "pci-function0",
                 first,
                 f"guest slot {label} has no function 0, so the guest never finds "
                 f"function {min(functions):x} there",
             )
-        elif len(functions) > 1 and functions[0].get("multifunction") == "off":
+        elif len(functions) > 1 and functions[0].multifunction is False:
             ctx.add(
                 "pci-multifunction",
-                functions[0].getparent(),
+                functions[0].element,
                 f"guest slot {label} holds {len(functions)} functions but function 0 says "
                 "multifunction='off': QEMU exposes only function 0",
             )
