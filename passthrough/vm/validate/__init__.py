@@ -13,8 +13,6 @@ The catalogue of codes is in :mod:`.rules`; reports in :mod:`.reports`. Start-up
 
 from __future__ import annotations
 
-from passthrough.vm.xmlfield import sourceline
-
 from .rules import DomainFinding, Selection, make
 from .schema import DomainSchema, faults, load
 
@@ -54,6 +52,8 @@ class Options:
 def _parse(text: bytes, name: str) -> tuple[Any, list[DomainFinding]]:
     from lxml import etree
 
+    from passthrough.vm.xmlfield import sourceline
+
     try:
         doc = etree.fromstring(text, etree.XMLParser(resolve_entities=False, no_network=True))
     except etree.XMLSyntaxError as exc:
@@ -83,6 +83,8 @@ def check(text: bytes, name: str, opts: Options) -> list[DomainFinding]:
     doc, out = _parse(text, name)
     if doc is None:
         return out
+    from passthrough.vm.xmlfield import sourceline
+
     tree = doc.getroottree()
     if opts.schema is not None:
         for fault in faults(opts.schema.rng(), doc):
