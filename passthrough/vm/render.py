@@ -12,7 +12,7 @@ import jinja2
 
 from passthrough import resources
 from passthrough.vm.spec import VmSpec
-from passthrough.vm.xmlns import POLICY_NS
+from passthrough.vm.xmlns import POLICY_NS, QEMU_NS
 
 __all__ = ["POLICY_NS", "environment", "render", "templates_dir"]
 
@@ -38,4 +38,8 @@ def environment() -> jinja2.Environment:
 
 
 def render(spec: VmSpec) -> str:
-    return environment().get_template("domain.xml.j2").render(spec=spec, policy_ns=POLICY_NS)
+    return (
+        environment()
+        .get_template("domain.xml.j2")
+        .render(spec=spec, policy_ns=POLICY_NS, qemu_ns=QEMU_NS)
+    )
