@@ -17,10 +17,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from xml.etree import ElementTree
+from pathlib import Path
 
 from passthrough.host.discover import discover
 from passthrough.model import PciAddress
+from passthrough.vm.domxml import Domain
 from passthrough.vm.layout import plan_layout
 from passthrough.vm.layout_check import layout_findings
 from passthrough.vm.render import render
@@ -29,7 +30,7 @@ from passthrough.vm.versions import read_versions
 
 
 def check(path: str) -> int:
-    findings = layout_findings(ElementTree.parse(path).getroot(), discover("/"))
+    findings = layout_findings(Domain.parse(Path(path).read_bytes()), discover("/"))
     print(json.dumps([{"code": f.code, "message": f.message} for f in findings]))
     return 0
 

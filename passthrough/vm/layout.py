@@ -36,7 +36,6 @@ FOUR_GIB = 4 * GIB
 # windows OVMF places in the same aperture. A window sized exactly to the cards leaves the
 # largest card BAR out — the lab saw it: a 64 GiB BAR in a 64 GiB window, "no space".
 DEVICE_ROOM = GIB
-QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 X_PCIMMIO64 = "opt/ovmf/X-PciMmio64Mb"
 
 

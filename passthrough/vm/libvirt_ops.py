@@ -201,18 +201,14 @@ def status(uri: str, name: str) -> dict[str, Any]:
 
 
 def _status(dom: Any, uri: str) -> dict[str, Any]:
-    from lxml import etree
-
-    from passthrough.vm.validate.domain import pci_address
+    from passthrough.vm.domxml import Domain
 
     state, _reason = dom.state()
-    doc = etree.fromstring(dom.XMLDesc(0).encode())
     hostdevs = []
-    for h in doc.findall("devices/hostdev"):
-        host = pci_address(h.find("source/address"))
-        if h.get("type") != "pci" or host is None:
+    for h in Domain.parse(str(dom.XMLDesc(0))).pci_hostdevs:
+        host, guest = h.source, h.address
+        if host is None:
             continue
-        guest = pci_address(h.find("address"))
         # the guest side without its PCI domain (always 0 in a guest): 01:00.0
         hostdevs.append({"host": str(host), "guest": str(guest)[5:] if guest else None})
     return {

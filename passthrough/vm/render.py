@@ -12,8 +12,9 @@ import jinja2
 
 from passthrough import resources
 from passthrough.vm.spec import VmSpec
+from passthrough.vm.xmlns import POLICY_NS, QEMU_NS
 
-POLICY_NS = "https://passthrough.dev/xmlns/policy/1"
+__all__ = ["POLICY_NS", "environment", "render", "templates_dir"]
 
 
 def templates_dir() -> Path:
@@ -37,4 +38,8 @@ def environment() -> jinja2.Environment:
 
 
 def render(spec: VmSpec) -> str:
-    return environment().get_template("domain.xml.j2").render(spec=spec, policy_ns=POLICY_NS)
+    return (
+        environment()
+        .get_template("domain.xml.j2")
+        .render(spec=spec, policy_ns=POLICY_NS, qemu_ns=QEMU_NS)
+    )
