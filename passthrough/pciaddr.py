@@ -11,7 +11,7 @@ from passthrough.errors import InvalidPciAddress
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Protocol
+    from typing import Protocol
 
     class Attributes(Protocol):
         """An element's attributes (an lxml or ElementTree ``attrib``, or a dict)."""
@@ -144,14 +144,3 @@ def libvirt_attrs(a: PciAddress) -> dict[str, str]:
         "slot": f"0x{a.device:02x}",
         "function": f"0x{a.function:x}",
     }
-
-
-def libvirt_address(el: Any) -> PciAddress | None:
-    """A libvirt ``<address>`` element (lxml or ElementTree: a hostdev's source, a guest
-    address) read as libvirt reads it, or None where there is none or libvirt refuses it."""
-    if el is None:
-        return None
-    try:
-        return PciAddress.from_libvirt(el.attrib)
-    except InvalidPciAddress:
-        return None

@@ -15,7 +15,16 @@ from lxml import etree
 
 from passthrough.pciaddr import PciAddress
 from passthrough.vm import domxml
-from passthrough.vm.domxml import Domain, HostDev, Memory
+from passthrough.vm.domxml import (
+    Cpu,
+    Domain,
+    HostDev,
+    Interface,
+    Memory,
+    MemoryDevice,
+    NumaCell,
+    StorageSource,
+)
 from passthrough.vm.xmlfield import INT, XMLField, XMLObject, sourceline
 from passthrough.vm.xmlfield import Path as FieldPath
 from passthrough.vm.xmlns import NSMAP, POLICY_NS, QEMU_NS
@@ -30,7 +39,13 @@ COLLECTIONS = REPO / "playbooks"
 # domxml's classes has a row (a test below checks that none is missing)
 ROUND_TRIPS: list[tuple[type[XMLObject], str, object, str]] = [
     (domxml.Domain, "type", "kvm", "<domain type='kvm'/>"),
+    (domxml.Domain, "arch", "ppc64le", "<domain><os><type arch='ppc64le'/></os></domain>"),
     (domxml.HostDev, "type", "pci", "<hostdev type='pci'/>"),
+    (domxml.HostDev, "mode", "subsystem", "<hostdev mode='subsystem'/>"),
+    (domxml.HostDev, "driver", "vfio", "<hostdev><driver name='vfio'/></hostdev>"),
+    (domxml.StorageSource, "type", "nvme", "<backingStore type='nvme'/>"),
+    (domxml.Controller, "type", "pci", "<controller type='pci'/>"),
+    (domxml.Controller, "model", "pci-root", "<controller model='pci-root'/>"),
     (domxml.Device, "multifunction", True, "<video><address multifunction='on'/></video>"),
     (domxml.Console, "target_type", "serial", "<console><target type='serial'/></console>"),
     (domxml.VendorId, "state", True, "<vendor_id state='on'/>"),
@@ -47,6 +62,8 @@ ROUND_TRIPS: list[tuple[type[XMLObject], str, object, str]] = [
     (domxml.MaxPhysAddr, "bits", 46, "<maxphysaddr bits='46'/>"),
     (domxml.MaxPhysAddr, "limit", 39, "<maxphysaddr limit='39'/>"),
     (domxml.Cpu, "mode", "host-passthrough", "<cpu mode='host-passthrough'/>"),
+    (domxml.NumaCell, "memory", 1048576, "<cell memory='1048576'/>"),
+    (domxml.NumaCell, "unit", "MiB", "<cell unit='MiB'/>"),
     (domxml.FwCfgEntry, "name", "opt/ovmf/X-PciMmio64Mb", "<entry name='opt/ovmf/X-PciMmio64Mb'/>"),
     (domxml.FwCfgEntry, "value", "65536", "<entry>65536</entry>"),
     (domxml.QemuArg, "value", "-fw_cfg", "<arg value='-fw_cfg'/>"),
@@ -173,6 +190,73 @@ def test_children_are_added_and_listed() -> None:
     assert [a.value for a in again.qemu_args] == ["-fw_cfg"]
 
 
+def test_the_memlock_estimates_children_are_written_and_read_back() -> None:
+    """What the memlock estimate reads (vm/memlock.py): sizes, markers, the interfaces,
+    disks (with their backing chain), controllers and memory devices, each made through
+    its declaration and read back from the XML written."""
+    dom = Domain(etree.Element("domain"))
+    for child, size in ((Domain.max_memory, 64), (Domain.hard_limit, 20)):
+        mem = child.make(dom)
+        mem.value, mem.unit = size, "GiB"
+    Domain.locked.make(dom)
+    cpu = Domain.cpu.make(dom)
+    for _ in range(2):
+        cell = Cpu.numa_cells.add(cpu)
+        cell.memory, cell.unit = 2, "GiB"
+    Domain.memory_devices.add(dom)
+    dimm = MemoryDevice.size.make(Domain.memory_devices.add(dom))
+    dimm.value = 524288  # KiB: libvirt's default unit
+    Domain.interfaces.add(dom).type = "vdpa"
+    nic = Domain.interfaces.add(dom)
+    nic.type, nic.driver, nic.source = "hostdev", "vfio", PciAddress(0, 0x3B, 0, 2)
+    Interface.placed.make(nic)  # an <address> of no type: placed all the same
+    Domain.disks.add(dom).type = "file"
+    disk = Domain.disks.add(dom)
+    disk.type = "file"
+    layer = StorageSource(etree.SubElement(disk.element, "backingStore"))
+    layer.type = "file"
+    StorageSource(etree.SubElement(layer.element, "backingStore")).type = "nvme"
+    root = Domain.controllers.add(dom)
+    root.type, root.model = "pci", "pci-root"
+    Domain.iommu.make(dom)
+
+    again = Domain.parse(dom.tostring())
+    assert again.max_memory is not None and again.max_memory.bytes == 64 << 30
+    assert again.hard_limit is not None and again.hard_limit.bytes == 20 << 30
+    assert again.locked is not None and again.iommu is not None
+    assert again.cpu is not None and [c.bytes for c in again.cpu.numa_cells] == [2 << 30] * 2
+    assert [m.size.bytes if m.size else None for m in again.memory_devices] == [None, 512 << 20]
+    assert [(i.type, i.driver, i.source) for i in again.interfaces] == [
+        ("vdpa", None, None),
+        ("hostdev", "vfio", PciAddress(0, 0x3B, 0, 2)),
+    ]
+    assert [i.placed is not None for i in again.interfaces] == [False, True]
+    assert [[layer.type for layer in d.chain] for d in again.disks] == [
+        ["file"],
+        ["file", "file", "nvme"],
+    ]
+    assert [(c.type, c.model) for c in again.controllers] == [("pci", "pci-root")]
+    # what is not there reads as not there
+    bare = Domain.parse("<domain><devices><disk type='file'/></devices></domain>")
+    assert (bare.max_memory, bare.hard_limit, bare.locked, bare.iommu, bare.arch) == (None,) * 5
+    assert bare.disks[0].backing_store is None
+    # libvirt follows the first <backingStore> child of each layer (virXPathNode), nothing
+    # elsewhere: the nvme one under <source> and the second sibling are no layers of it
+    stray = Domain.parse(
+        "<domain><devices><disk type='file'><source><backingStore type='nvme'/></source>"
+        "<backingStore type='file'/><backingStore type='nvme'/></disk></devices></domain>"
+    )
+    assert [layer.type for layer in stray.disks[0].chain] == ["file", "file"]
+
+
+def test_a_size_is_read_as_libvirt_reads_its_text() -> None:
+    """``<memory>`` and a NUMA cell's ``memory`` read by units.libvirt_size on the text as
+    written: what it refuses (a sign, an underscore) is no size, as it is to memlock."""
+    for text, want in (("1024", 1 << 20), (" 1024 ", 1 << 20), ("+1024", None), ("1_024", None)):
+        assert Memory(etree.fromstring(f"<memory>{text}</memory>")).bytes == want, text
+        assert NumaCell(etree.fromstring(f"<cell memory='{text}'/>")).bytes == want, text
+
+
 def test_a_rendered_domain_reads_as_render_wrote_it() -> None:
     dom = Domain.parse((GOLDEN / "consumer-2fn.xml").read_bytes())
     assert dom.type == "kvm"
@@ -235,6 +319,16 @@ def _read_everything(dom: Domain) -> tuple[object, ...]:
         dom.console_alias,
         [(e.name, e.value) for e in dom.fwcfg],
         [a.value for a in dom.qemu_args],
+        # what the memlock estimate reads
+        dom.arch,
+        [s.bytes if s else None for s in (dom.max_memory, dom.hard_limit)],
+        (dom.locked is None, dom.iommu is None),
+        [cell.bytes for cell in c.numa_cells] if c else None,
+        [m.size.bytes if m.size else None for m in dom.memory_devices],
+        [(h.mode, h.driver, h.placed is None) for h in dom.hostdevs],
+        [(i.type, i.driver, i.source, i.placed is None) for i in dom.interfaces],
+        [[layer.type for layer in d.chain] for d in dom.disks],
+        [(k.type, k.model) for k in dom.controllers],
     )
 
 

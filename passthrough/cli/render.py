@@ -65,12 +65,10 @@ def vm_options(args: argparse.Namespace) -> VmOptions:
 def memlock_warnings(xml: str, host: Host) -> list[str]:
     """The memlock estimate of the rendered domain against the host's limits: the same
     check as ``validate --host-root`` on that file."""
-    from lxml import etree
-
     from passthrough.vm import memlock
+    from passthrough.vm.domxml import Domain
 
-    doc = etree.fromstring(xml.encode())
-    return [f"{f.message} [{f.code}]" for f, _ in memlock.check(doc, host)]
+    return [f"{f.message} [{f.code}]" for f, _ in memlock.check(Domain.parse(xml), host)]
 
 
 def run(args: argparse.Namespace, stack: list[str]) -> int:

@@ -1,5 +1,6 @@
 """A libvirt domain, read (and written) through declared fields: the one reader of domain XML
-for validate, the layout check, ``vm status`` and the collection's domain comparison.
+for validate, the layout check, the memlock estimate, ``vm status`` and the collection's
+domain comparison.
 
 Only the fields those callers use are declared; each is one :class:`XMLField` (path and
 converter, see :mod:`passthrough.vm.xmlfield`), so what is read is what would be written.
@@ -33,6 +34,13 @@ from passthrough.vm.xmlfield import (
 )
 
 __all__ = ["Domain", "HostDev", "PciAddressField"]
+
+
+class Marker(XMLObject):
+    """An element that says what it says by being there (``<memoryBacking><locked/>``, a
+    device's ``<address>`` of any type, ``<iommu>``)."""
+
+    __slots__ = ()
 
 
 class PciAddressField:
@@ -90,6 +98,8 @@ class Device(XMLObject):
 
     __slots__ = ()
     address = PciAddressField("address")
+    # any <address>, of whatever type: the device is placed already
+    placed = XMLChild(Marker, "address")
     # on function 0: whether the slot's other functions show (left out, libvirt decides)
     multifunction = XMLField("address/@multifunction", ON_OFF)
 
@@ -110,7 +120,56 @@ class HostDev(Device):
 
     __slots__ = ()
     type = XMLField("@type", STR)
+    mode = XMLField("@mode", STR)  # left out: libvirt's "subsystem"
     source = PciAddressField("source/address", typed=False)
+    driver = XMLField("driver/@name", STR)  # left out: QEMU's default, vfio
+
+
+class Interface(HostDev):
+    """``<interface>``: of ``type='hostdev'`` it is a PCI hostdev to libvirt (the same
+    ``<source><address>``, ``<driver name>`` and guest address), of ``type='vdpa'`` a vDPA
+    device."""
+
+    __slots__ = ()
+
+
+class StorageSource(XMLObject):
+    """A disk or one of its ``<backingStore>`` layers: ``type='nvme'`` is a host NVMe
+    controller handed to QEMU's userspace driver (over VFIO)."""
+
+    __slots__ = ()
+    type = XMLField("@type", STR)
+
+    @property
+    def backing_store(self) -> StorageSource | None:
+        """The next layer down (``<backingStore>``); None at the bottom."""
+        # declared below the class: the XMLChild names the class it is on
+        return _BACKING_STORE.__get__(self, StorageSource)
+
+    @property
+    def chain(self) -> list[StorageSource]:
+        """This layer and every one below it, top first."""
+        layers: list[StorageSource] = []
+        layer: StorageSource | None = self
+        while layer is not None:
+            layers.append(layer)
+            layer = layer.backing_store
+        return layers
+
+
+_BACKING_STORE = XMLChild(StorageSource, "backingStore")
+
+
+class Disk(Device, StorageSource):
+    """``<disk>``: a device whose storage is a chain of :class:`StorageSource` layers."""
+
+    __slots__ = ()
+
+
+class Controller(Device):
+    __slots__ = ()
+    type = XMLField("@type", STR)
+    model = XMLField("@model", STR)
 
 
 class Console(XMLObject):
@@ -134,7 +193,9 @@ class Features(XMLObject):
 
 
 class Memory(XMLObject):
-    """``<memory unit='KiB'>N</memory>`` (libvirt's default unit is KiB)."""
+    """A size as libvirt writes one: ``<memory unit='KiB'>N</memory>`` (libvirt's default
+    unit is KiB); ``<maxMemory>``, ``<memtune><hard_limit>``, a memory device's
+    ``<target><size>`` alike."""
 
     __slots__ = ()
     value = XMLField(".", INT)
@@ -142,9 +203,29 @@ class Memory(XMLObject):
 
     @property
     def bytes(self) -> int | None:
-        """The size in bytes; None where the number or the unit is unreadable."""
-        value = self.value
-        return None if value is None else libvirt_size(str(value), self.unit)
+        """The size in bytes, the text read as libvirt reads it; None where the number or
+        the unit is unreadable."""
+        return libvirt_size(Memory.value.raw(self), self.unit)
+
+
+class MemoryDevice(Device):
+    """``<devices><memory>`` (a DIMM, virtio-mem...): its size is ``<target><size>``."""
+
+    __slots__ = ()
+    size = XMLChild(Memory, "target/size")
+
+
+class NumaCell(XMLObject):
+    """``<cpu><numa><cell memory='N' unit='KiB'/>``."""
+
+    __slots__ = ()
+    memory = XMLField("@memory", INT)
+    unit = XMLField("@unit", STR)
+
+    @property
+    def bytes(self) -> int | None:
+        """The cell's memory in bytes (as :attr:`Memory.bytes` reads a size)."""
+        return libvirt_size(NumaCell.memory.raw(self), self.unit)
 
 
 class MaxPhysAddr(XMLObject):
@@ -160,6 +241,7 @@ class Cpu(XMLObject):
     __slots__ = ()
     mode = XMLField("@mode", STR)
     maxphysaddr = XMLChild(MaxPhysAddr, "maxphysaddr")
+    numa_cells = XMLChildren(NumaCell, "numa/cell")
 
 
 class FwCfgEntry(XMLObject):
@@ -188,12 +270,21 @@ class PolicyMarker(XMLObject):
 class Domain(XMLObject):
     __slots__ = ()
     type = XMLField("@type", STR)
+    arch = XMLField("os/type/@arch", STR)
     memory = XMLChild(Memory, "memory")
+    max_memory = XMLChild(Memory, "maxMemory")
+    hard_limit = XMLChild(Memory, "memtune/hard_limit")
+    locked = XMLChild(Marker, "memoryBacking/locked")
     cpu = XMLChild(Cpu, "cpu")
     features = XMLChild(Features, "features")
     policy = XMLChild(PolicyMarker, "metadata/passthrough:policy")
     devices = XMLChildren(Device, "devices/*")
     hostdevs = XMLChildren(HostDev, "devices/hostdev")
+    interfaces = XMLChildren(Interface, "devices/interface")
+    disks = XMLChildren(Disk, "devices/disk")
+    controllers = XMLChildren(Controller, "devices/controller")
+    memory_devices = XMLChildren(MemoryDevice, "devices/memory")
+    iommu = XMLChild(Marker, "devices/iommu")
     console = XMLChild(Console, "devices/console")
     serial = XMLChild(Device, "devices/serial")
     fwcfg = XMLChildren(FwCfgEntry, "sysinfo[@type='fwcfg']/entry")

@@ -19,6 +19,11 @@ ppc64 helper ``getPPC64MemLockLimitBytes``:
 The guest's memory here is libvirt's "total memory": ``<memory>``, or, when that is absent,
 the NUMA cells' memory plus the memory devices'.
 
+The domain is read through :mod:`passthrough.vm.domxml`, as everything else reads it: a
+container libvirt's schema allows once (``<devices>``, ``<memtune>``) is read where it first
+stands, and a disk's backing chain is each layer's first ``<backingStore>``, as libvirt
+follows it.
+
 :func:`shortfalls` compares what the devices need (the VFIO rule, without the hard limit)
 with what applies: the domain's ``hard_limit``, and the daemon's own ``LimitMEMLOCK`` where
 the daemon cannot raise a child's limit above it (libvirt raises it with ``prlimit``, which
@@ -31,21 +36,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from passthrough.analysis.codes import MEMLOCK_SHORT
 from passthrough.model import Finding, Host, LibvirtDaemon, PciAddress, Severity
-from passthrough.pciaddr import libvirt_address
-from passthrough.units import GIB, KIB, format_size, libvirt_size
+from passthrough.units import GIB, KIB, format_size
+from passthrough.vm.domxml import Domain, HostDev, Interface, Memory
+from passthrough.vm.xmlfield import Element
 
 # VIR_DOMAIN_MEMORY_PARAM_UNLIMITED (KiB): a hard_limit at or above it is "not set"
 _UNLIMITED_KIB = 9007199254740991
 _PPC64 = ("ppc64", "ppc64le")
-
-
-def scaled(el: Any) -> int | None:
-    """An element's size in bytes (its text in its ``unit``, KiB by default)."""
-    return None if el is None else libvirt_size(el.text, el.get("unit"))
 
 
 def _kib(size: int | None) -> int:
@@ -53,19 +53,19 @@ def _kib(size: int | None) -> int:
     return 0 if size is None else -(-size // KIB)
 
 
-def total_memory_kib(doc: Any) -> int:
+def _size_kib(size: Memory | None) -> int:
+    return 0 if size is None else _kib(size.bytes)
+
+
+def total_memory_kib(dom: Domain) -> int:
     """virDomainDefGetMemoryTotal after post-parse: ``<memory>``, or the NUMA cells plus the
     memory devices where ``<memory>`` is absent or zero."""
-    total = _kib(scaled(doc.find("memory")))
+    total = _size_kib(dom.memory)
     if total:
         return total
-    cells = sum(_kib(_cell(c)) for c in doc.iterfind("cpu/numa/cell"))
-    dimms = sum(_kib(scaled(m.find("target/size"))) for m in doc.iterfind("devices/memory"))
+    cells = sum(_kib(c.bytes) for c in dom.cpu.numa_cells) if dom.cpu is not None else 0
+    dimms = sum(_size_kib(m.size) for m in dom.memory_devices)
     return cells + dimms if cells else total
-
-
-def _cell(cell: Any) -> int | None:
-    return libvirt_size(cell.get("memory"), cell.get("unit"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,36 +78,25 @@ class Devices:
     pci_hostdevs: tuple[tuple[PciAddress | None, bool], ...]  # (host address, guest-addressed)
 
 
-def _is_vfio_pci(h: Any) -> bool:
-    driver = h.find("driver")
-    # QEMU's default backend for a PCI hostdev is vfio (the legacy "kvm" one is refused)
-    return driver is None or driver.get("name") in (None, "vfio")
-
-
-def count_devices(doc: Any) -> Devices:
+def count_devices(dom: Domain) -> Devices:
     vfio = 0
     pci: list[tuple[PciAddress | None, bool]] = []
     # an <interface type='hostdev'> is a PCI hostdev too (libvirt adds it to the hostdevs)
-    hostdevs = [
-        *doc.iterfind("devices/hostdev"),
-        *doc.iterfind("devices/interface[@type='hostdev']"),
+    hostdevs: list[HostDev] = [
+        *(h for h in dom.hostdevs if h.mode in (None, "subsystem")),
+        *(i for i in dom.interfaces if i.type == "hostdev"),
     ]
     for h in hostdevs:
-        if h.tag == "hostdev" and h.get("mode", "subsystem") != "subsystem":
-            continue
-        kind = h.get("type") if h.tag == "hostdev" else "pci"
+        kind = "pci" if isinstance(h, Interface) else h.type
         if kind == "mdev":
             vfio += 1
-        elif kind == "pci" and _is_vfio_pci(h):
+        # QEMU's default backend for a PCI hostdev is vfio (the legacy "kvm" one is refused)
+        elif kind == "pci" and h.driver in (None, "vfio"):
             vfio += 1
-            addr = h.find("address")
-            pci.append((libvirt_address(h.find("source/address")), addr is not None))
-    for disk in doc.iterfind("devices/disk"):
-        chain = [disk, *disk.iter("backingStore")]
-        if any(el.get("type") == "nvme" for el in chain):
-            vfio += 1
-    vdpa = len(doc.findall("devices/interface[@type='vdpa']"))
-    return Devices(vfio, vdpa, doc.find("devices/iommu") is not None, tuple(pci))
+            pci.append((h.source, h.placed is not None))
+    vfio += sum(any(layer.type == "nvme" for layer in d.chain) for d in dom.disks)
+    vdpa = sum(i.type == "vdpa" for i in dom.interfaces)
+    return Devices(vfio, vdpa, dom.iommu is not None, tuple(pci))
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,13 +112,13 @@ class Estimate:
 
 
 def _ppc64_need(
-    doc: Any, devices: Devices, group_of: Callable[[PciAddress], int | None]
+    dom: Domain, devices: Devices, group_of: Callable[[PciAddress], int | None]
 ) -> tuple[int, str]:
     """getPPC64MemLockLimitBytes (libvirt 9.0), in bytes. NVLink2 GPUs (POWER9 with V100
     SXM2) are not recognised: they would raise the limit, never lower it."""
-    memory = total_memory_kib(doc)
-    max_memory = _kib(scaled(doc.find("maxMemory"))) or memory
-    roots = len(doc.findall("devices/controller[@type='pci'][@model='pci-root']"))
+    memory = total_memory_kib(dom)
+    max_memory = _size_kib(dom.max_memory) or memory
+    roots = sum(c.type == "pci" and c.model == "pci-root" for c in dom.controllers)
     # On pSeries every host device is isolated by its host IOMMU group: libvirt gives each
     # group a PCI host bridge of its own (qemuDomainFillDeviceIsolationGroup) unless the
     # domain already places the devices (a dumped domain lists those bridges itself).
@@ -152,20 +141,22 @@ def _ppc64_need(
     return (base + passthrough) * KIB, why
 
 
-def libvirt_limit(doc: Any, group_of: Callable[[PciAddress], int | None] | None = None) -> Estimate:
-    """The RLIMIT_MEMLOCK libvirt sets for the domain ``doc`` (an lxml ``<domain>``), by
-    qemuDomainGetMemLockLimitBytes (libvirt 9.0). ``group_of`` gives a host function's
-    IOMMU group (pSeries isolation); without it each device counts as its own group."""
-    devices = count_devices(doc)
-    os_type = doc.find("os/type")
-    arch = os_type.get("arch") if os_type is not None else None
-    if arch in _PPC64 and doc.get("type") == "kvm":
-        need, why = _ppc64_need(doc, devices, group_of or (lambda a: None))
+def libvirt_limit(
+    doc: Domain | Element, group_of: Callable[[PciAddress], int | None] | None = None
+) -> Estimate:
+    """The RLIMIT_MEMLOCK libvirt sets for the domain ``doc`` (a :class:`Domain`, or an lxml
+    ``<domain>``), by qemuDomainGetMemLockLimitBytes (libvirt 9.0). ``group_of`` gives a
+    host function's IOMMU group (pSeries isolation); without it each device counts as its
+    own group."""
+    dom = Domain.of(doc)
+    devices = count_devices(dom)
+    if dom.arch in _PPC64 and dom.type == "kvm":
+        need, why = _ppc64_need(dom, devices, group_of or (lambda a: None))
     elif devices.vfio or devices.vdpa:
         factor = devices.vdpa
         if devices.vfio:
             factor += devices.vfio if devices.viommu else 1
-        memory = total_memory_kib(doc) * KIB
+        memory = total_memory_kib(dom) * KIB
         need = factor * memory + GIB
         per = (
             f"{devices.vfio} VFIO device(s) behind a vIOMMU"
@@ -177,11 +168,10 @@ def libvirt_limit(doc: Any, group_of: Callable[[PciAddress], int | None] | None 
         why += " + 1 GiB"
     else:
         need, why = 0, "no VFIO or vDPA device: libvirt leaves the limit as inherited"
-    hard = _kib(scaled(doc.find("memtune/hard_limit")))
+    hard = _size_kib(dom.hard_limit)
     if hard and hard < _UNLIMITED_KIB:
         return Estimate(hard * KIB, "hard_limit", need, why)
-    backing = doc.find("memoryBacking/locked")
-    if backing is not None:
+    if dom.locked is not None:
         return Estimate(None, "locked", need, why)
     return Estimate(need, "devices" if need else "none", need, why)
 
@@ -232,7 +222,7 @@ def daemons_in_use(host: Host) -> tuple[LibvirtDaemon, ...]:
     return enabled or host.libvirt_daemons
 
 
-def check(doc: Any, host: Host | None) -> list[tuple[Finding, str]]:
+def check(doc: Domain | Element, host: Host | None) -> list[tuple[Finding, str]]:
     """``memlock-short`` warnings for the domain ``doc`` (against the host's daemons when a
     host is given), each with the element it is about."""
 
