@@ -57,6 +57,7 @@ def _compared(entry: dict[str, Any]) -> dict[str, Any]:
 
 MODULE_UTILS = COLLECTIONS / "ansible_collections/passthrough/gpu/plugins/module_utils"
 GENERATED_SOURCE = '''\
+# SPDX-License-Identifier: Apache-2.0
 # Generated from passthrough/{table}, the one table of {kind} options, by
 # tests/test_options_ansible.py (pytest --regenerate-golden rewrites it): do not edit.
 """The {module} module's {kind} options as Ansible argument_spec entries, here so that
