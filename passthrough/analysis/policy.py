@@ -9,21 +9,21 @@ domain XML meet the same refusals.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from passthrough.analysis import viability
 
-# every code is the policy's too (policy.LARGE_BAR, policy.CODES): callers name them here
+# every code is the policy's too (policy.LARGE_BAR, policy.POLICY): callers name them here
 from passthrough.analysis.codes import *  # noqa: F403
 from passthrough.analysis.codes import (
     ACS_OVERRIDE,
+    ALLOW_BOOT_GPU,
     BMC_VGA,
     BOOT_GPU,
     BRIDGE_SELECTED,
     GROUP_OTHER_GPU,
     GROUP_SHARED,
-    HOST_HARM,
     INTEL_IGPU,
     LAPTOP_3D,
     LARGE_BAR,
@@ -38,6 +38,8 @@ from passthrough.analysis.codes import (
     UNKNOWN_DEVICE,
     VFIO_BOUND,
     VFIO_PARTLY,
+    harms_host,
+    severity,
 )
 from passthrough.analysis.viability import (
     describe,
@@ -61,8 +63,12 @@ from passthrough.model import (
 from passthrough.pciclass import SUBCLASS_3D, SUBCLASS_OTHER_BRIDGE
 from passthrough.units import format_size
 
-ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 INTEL = 0x8086
+
+
+def _severity(code: str, overrides: Collection[str] = ()) -> Severity:
+    """A finding's severity, as the policy table (``analysis/codes.py``) gives it."""
+    return Severity(severity(code, overrides))
 
 
 class Refused(PassthroughError):
@@ -70,7 +76,7 @@ class Refused(PassthroughError):
 
     def __init__(self, findings: Sequence[Finding], hint: str = "") -> None:
         # what no flag can override is told first
-        self.findings = tuple(sorted(findings, key=lambda f: f.code not in HOST_HARM))
+        self.findings = tuple(sorted(findings, key=lambda f: not harms_host(f.code)))
         first = self.findings[0]
         others = [c for c in dict.fromkeys(f.code for f in self.findings) if c != first.code]
         more = f" (also: {', '.join(others)})" if others else ""
@@ -100,10 +106,6 @@ class HostIndex:
                 if f.vendor_id == NVIDIA and f.subclass == SUBCLASS_OTHER_BRIDGE
             ),
         )
-
-
-def errors(findings: Iterable[Finding]) -> list[Finding]:
-    return [f for f in findings if f.severity is ERROR]
 
 
 def _console_arg(host: Host) -> str:
@@ -138,7 +140,7 @@ def _group_findings(
             found.append(
                 Finding(
                     GROUP_OTHER_GPU,
-                    ERROR,
+                    _severity(GROUP_OTHER_GPU),
                     f"IOMMU group {number} also holds another GPU: {describe(other)}{extra}; "
                     "both cards would have to go to the same guest",
                     (other.address,),
@@ -148,7 +150,7 @@ def _group_findings(
             found.append(
                 Finding(
                     GROUP_SHARED,
-                    ERROR,
+                    _severity(GROUP_SHARED),
                     f"IOMMU group {number} also holds a device outside the card: "
                     f"{describe(other)}; it would have to go to the same guest",
                     (other.address,),
@@ -164,7 +166,7 @@ def _critical(host: Host, where: str, addresses: Iterable[PciAddress]) -> list[F
             found.append(
                 Finding(
                     ROOT_DISK,
-                    ERROR,
+                    _severity(ROOT_DISK),
                     f"{where} holds the host's root-disk controller {addr} "
                     f"({host.critical.root_device or '/'}): binding it to vfio-pci would cut "
                     "the host off its root filesystem — refused",
@@ -175,7 +177,7 @@ def _critical(host: Host, where: str, addresses: Iterable[PciAddress]) -> list[F
             found.append(
                 Finding(
                     ROUTE_NIC,
-                    ERROR,
+                    _severity(ROUTE_NIC),
                     f"{where} holds the default-route NIC {addr} ({host.critical.default_nic}): "
                     "binding it to vfio-pci would cut the host off the network — refused",
                     (addr,),
@@ -190,10 +192,12 @@ def _function_findings(fn: PciFunction) -> list[Finding]:
     if fn.is_display and fn.vendor_id in BMC_VGA_VENDORS:
         bmc = BMC_VGA_VENDORS[fn.vendor_id]
         why = f"{fn.address}: server management VGA ({bmc}): the host console through the BMC"
-        found.append(Finding(BMC_VGA, ERROR, why + ", never a candidate", (fn.address,)))
+        found.append(
+            Finding(BMC_VGA, _severity(BMC_VGA), why + ", never a candidate", (fn.address,))
+        )
     if fn.is_bridge_like:
         why = f"{describe(fn)} is a bridge: bridges and root ports stay with the host"
-        found.append(Finding(BRIDGE_SELECTED, ERROR, why, (fn.address,)))
+        found.append(Finding(BRIDGE_SELECTED, _severity(BRIDGE_SELECTED), why, (fn.address,)))
     return found
 
 
@@ -210,7 +214,9 @@ def _grouping_findings(
                 if host.machine.guest
                 else "no IOMMU groups on this host: the IOMMU is off or absent"
             )
-            found.append(Finding(NO_IOMMU, ERROR, why, tuple(f.address for f in chosen)))
+            found.append(
+                Finding(NO_IOMMU, _severity(NO_IOMMU), why, tuple(f.address for f in chosen))
+            )
         found += _critical(host, "the selection", (f.address for f in chosen))
         return found
     ungrouped = [f for f in chosen if f.iommu_group is None and not f.is_bridge_like]
@@ -218,7 +224,7 @@ def _grouping_findings(
         found.append(
             Finding(
                 NO_IOMMU_GROUP,
-                ERROR,
+                _severity(NO_IOMMU_GROUP),
                 "no IOMMU group for " + ", ".join(str(f.address) for f in ungrouped),
                 tuple(f.address for f in ungrouped),
             )
@@ -238,7 +244,8 @@ def _boot_vga_finding(host: Host, fn: PciFunction, allow_boot_gpu: bool) -> Find
         else f"{fn.address} is the boot VGA (the host console draws on it); "
         "--allow-boot-gpu takes it knowingly"
     )
-    return Finding(BOOT_GPU, WARNING if allow_boot_gpu else ERROR, why, (fn.address,))
+    overrides = (ALLOW_BOOT_GPU,) if allow_boot_gpu else ()
+    return Finding(BOOT_GPU, _severity(BOOT_GPU, overrides), why, (fn.address,))
 
 
 def selection_findings(
@@ -257,7 +264,12 @@ def selection_findings(
         fn = index.by_addr.get(addr)
         if fn is None:
             found.append(
-                Finding(UNKNOWN_DEVICE, ERROR, f"{addr} is no PCI function on this host", (addr,))
+                Finding(
+                    UNKNOWN_DEVICE,
+                    _severity(UNKNOWN_DEVICE),
+                    f"{addr} is no PCI function on this host",
+                    (addr,),
+                )
             )
             continue
         chosen.append(fn)
@@ -275,8 +287,8 @@ def card_findings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostInde
     """Everything scan says about one card: refusals first, then warnings."""
     found = selection_findings(host, (f.address for f in gpu.functions), True, index)
     if any(f.code == BMC_VGA for f in found):
-        return [f for f in found if f.severity is ERROR]
-    found.sort(key=lambda f: f.severity is not ERROR)  # stable: refusals first
+        return [f for f in found if f.severity is Severity.ERROR]
+    found.sort(key=lambda f: f.severity is not Severity.ERROR)  # stable: refusals first
     return found + card_warnings(host, gpu, all_gpus, index)
 
 
@@ -306,8 +318,8 @@ def card_warnings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostInde
         # a guest's own GPU cannot be passed on: what passing it on would need is no advice
         return found
 
-    def warn(code: str, message: str, severity: Severity = WARNING) -> None:
-        found.append(Finding(code, severity, message, (primary.address,)))
+    def warn(code: str, message: str) -> None:
+        found.append(Finding(code, _severity(code), message, (primary.address,)))
 
     # A 3D controller (0x0302, e.g. a data-centre GPU) has no display output: handing it over
     # takes no console away, and it does not count as one of the host's displays.
@@ -366,7 +378,7 @@ def card_warnings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostInde
         warn(SRIOV_VF, f"SR-IOV virtual function of {primary.physfn}")
     bound = [f for f in gpu.functions if f.driver == "vfio-pci"]
     if bound and len(bound) == len(gpu.functions):
-        warn(VFIO_BOUND, "already bound to vfio-pci: ready for a guest", INFO)
+        warn(VFIO_BOUND, "already bound to vfio-pci: ready for a guest")
     elif bound:
         warn(
             VFIO_PARTLY,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from passthrough.analysis import policy
+from passthrough.analysis import codes, policy
 from passthrough.errors import PassthroughError
 from passthrough.kube.build import refuse_laptop
 from passthrough.kube.layout import plan_kubevirt
@@ -79,7 +79,7 @@ def _bound(v: GpuVerdict) -> CheckResult:
 
 def _policy(host: Host, v: GpuVerdict) -> list[CheckResult]:
     where = v.gpu.primary.address
-    errors = policy.errors(v.findings)
+    errors = codes.refusals(v.findings, codes.PREPARED)
     if not errors:
         return [
             CheckResult(
@@ -89,7 +89,7 @@ def _policy(host: Host, v: GpuVerdict) -> list[CheckResult]:
             )
         ]
     return [
-        CheckResult(f.code, Level.FAIL, f"{where}: {f.message}", policy.CODES.get(f.code))
+        CheckResult(f.code, Level.FAIL, f"{where}: {f.message}", codes.POLICY[f.code].meaning)
         for f in errors
     ]
 

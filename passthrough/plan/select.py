@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from passthrough.analysis import policy
+from passthrough.analysis import codes, policy
 from passthrough.analysis.viability import default_cards
 from passthrough.errors import PassthroughError, quote
 from passthrough.model import (
@@ -104,13 +104,14 @@ def select(
                 )
     findings = policy.selection_findings(host, taken, allow_boot_gpu)
     # The plan turns the IOMMU on: groups are told after the reboot, not a refusal here.
-    refusals = [f for f in policy.errors(findings) if f.code != policy.NO_IOMMU]
+    # (--include-group is no override here: it widens the selection, which is judged again.)
+    overrides = {codes.PLAN, codes.ALLOW_BOOT_GPU} if allow_boot_gpu else {codes.PLAN}
+    refusals = codes.refusals(findings, overrides)
     if refusals:
-        grouped = {f.code for f in refusals} <= {policy.GROUP_SHARED, policy.GROUP_OTHER_GPU}
         hint = (
             "; select every GPU of the group (--gpu), or --include-group hands the whole group "
             "over knowingly"
-            if grouped
+            if codes.lifted_by(refusals) == {codes.INCLUDE_GROUP}
             else ""
         )
         raise SelectionRefused(refusals, hint)

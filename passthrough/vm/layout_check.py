@@ -5,6 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from passthrough.analysis.codes import (
+    BITS_ABOVE_IOMMU,
+    MMIO_ABOVE_LIMIT,
+    MMIO_TOO_SMALL,
+    severity,
+)
 from passthrough.model import Finding, Host, PciFunction, Severity
 from passthrough.pciaddr import libvirt_address
 from passthrough.units import GIB, KIB, MIB, TIB, format_size
@@ -106,8 +112,8 @@ def layout_findings(domain: Any, host: Host, versions: Versions | None = None) -
     if iommu and bits > iommu:
         out.append(
             Finding(
-                "guest-bits-above-iommu",
-                Severity.ERROR,
+                BITS_ABOVE_IOMMU,
+                Severity(severity(BITS_ABOVE_IOMMU)),
                 f"the guest addresses {bits} bits ({bits_why}) but the host IOMMU maps only "
                 f"{iommu}: DMA mapping fails once anything sits above 2^{iommu} = "
                 f"{format_size(1 << iommu)}; add <maxphysaddr> with {iommu} bits",
@@ -127,8 +133,8 @@ def layout_findings(domain: Any, host: Host, versions: Versions | None = None) -
     if need + DEVICE_ROOM > window.size:
         out.append(
             Finding(
-                "mmio-window-too-small",
-                Severity.ERROR,
+                MMIO_TOO_SMALL,
+                Severity(severity(MMIO_TOO_SMALL)),
                 f"the hostdevs' 64-bit BARs need {format_size(need)} packed and the domain's "
                 f"other devices {format_size(DEVICE_ROOM)}, but {how} gives "
                 f"{format_size(window.size)} ({need} + {DEVICE_ROOM} > {window.size} bytes): "
@@ -140,8 +146,8 @@ def layout_findings(domain: Any, host: Host, versions: Versions | None = None) -
     elif window.end > limit:
         out.append(
             Finding(
-                "mmio-window-above-limit",
-                Severity.ERROR,
+                MMIO_ABOVE_LIMIT,
+                Severity(severity(MMIO_ABOVE_LIMIT)),
                 f"{how} puts {format_size(window.size)} at {window.base:#x}..{window.end:#x}, above "
                 f"the guest's address limit 2^{limit.bit_length() - 1} = {format_size(limit)} "
                 f"({bits} bits: {bits_why}; {format_size(memory * MIB)} of RAM)",

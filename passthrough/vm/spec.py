@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from passthrough.analysis import policy
+from passthrough.analysis import codes, policy
 from passthrough.analysis.viability import default_cards
 from passthrough.model import GpuVerdict, Host, PciAddress, PciFunction, Severity
 from passthrough.vm.layout import Layout, plan_layout
@@ -189,7 +189,7 @@ def _choose(host: Host, opts: VmOptions) -> tuple[list[GpuVerdict], list[str]]:
     findings = policy.verdict_findings(
         host, (f.address for v in chosen for f in v.gpu.functions), allow_boot_gpu=True
     )
-    refused = policy.errors(findings)
+    refused = codes.refusals(findings, codes.PREPARED)
     if refused:
         raise policy.Refused(refused)
     told = [f for f in findings if f.severity is Severity.WARNING]
