@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,43 @@ def test_refusals_exit_2_and_write_nothing(
         err = capsys.readouterr().err
         assert needle in err and err.count("\n") == 1, err
     assert tree_hash(path) == before
+
+
+def test_every_command_reads_gpu_the_same_way(
+    hosts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One choose_cards(): a vendor:device ID takes the same cards in plan, render and
+    kubevirt (hgx-h100: eight H100 SXM, 10de:2330), and a value that names no card is the
+    same one-line refusal, exit 2, in each."""
+    root = str(hosts["hgx-h100"])
+    assert main(["plan", "--root", root, "--gpu", "10de:2330", "--json"]) == 0
+    planned = {c["address"] for c in json.loads(capsys.readouterr().out)["cards"]}
+    assert len(planned) == 8
+    assert main(["render", "--root", root, "--name", "g", "--gpu", "10de:2330", "--json"]) == 0
+    xml = json.loads(capsys.readouterr().out)["xml"]
+    assert main(["render", "--root", root, "--name", "g", "--gpu", "18:00.0", "--json"]) == 0
+    one = json.loads(capsys.readouterr().out)["xml"]
+    rendered = {
+        f"{int(d, 16):04x}:{int(b, 16):02x}:{int(s, 16):02x}.{int(f, 16)}"
+        for d, b, s, f in re.findall(
+            r"<source>\s*<address domain='(\w+)' bus='(\w+)' slot='(\w+)' function='(\w+)'",
+            xml,
+        )
+    }
+    assert rendered == planned and one.count("<hostdev") == 1
+    assert main(["kubevirt", "preflight", "--root", root, "--gpu", "10de:2330", "--json"]) in (0, 1)
+    checked = json.loads(capsys.readouterr().out)["checks"]
+    bound = [c["summary"] for c in checked if c["id"] == "kube-vfio-bound"]
+    assert sorted(s.split(": ")[0] for s in bound) == sorted(planned)
+    for argv in (
+        ["plan", "--root", root],
+        ["render", "--root", root, "--name", "g"],
+        ["kubevirt", "render", "--root", root, "--name", "g"],
+        ["kubevirt", "preflight", "--root", root],
+    ):
+        assert main([*argv, "--gpu", "10de:9999"]) == 2, argv
+        err = capsys.readouterr().err
+        assert "--gpu 10de:9999: matches no GPU on this host" in err and err.count("\n") == 1
 
 
 def test_unknown_bootloader_refuses_and_prints_the_arguments(

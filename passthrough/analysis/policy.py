@@ -66,9 +66,11 @@ from passthrough.units import format_size
 INTEL = 0x8086
 
 
-def _severity(code: str, overrides: Collection[str] = ()) -> Severity:
-    """A finding's severity, as the policy table (``analysis/codes.py``) gives it."""
-    return Severity(severity(code, overrides))
+def _finding(
+    code: str, message: str, devices: tuple[PciAddress, ...], overrides: Collection[str] = ()
+) -> Finding:
+    """A finding with the severity the policy table (``analysis/codes.py``) gives its code."""
+    return Finding(code, Severity(severity(code, overrides)), message, devices)
 
 
 class Refused(PassthroughError):
@@ -138,9 +140,8 @@ def _group_findings(
             ]
             extra = f" with its functions {', '.join(siblings)}" if siblings else ""
             found.append(
-                Finding(
+                _finding(
                     GROUP_OTHER_GPU,
-                    _severity(GROUP_OTHER_GPU),
                     f"IOMMU group {number} also holds another GPU: {describe(other)}{extra}; "
                     "both cards would have to go to the same guest",
                     (other.address,),
@@ -148,9 +149,8 @@ def _group_findings(
             )
         else:
             found.append(
-                Finding(
+                _finding(
                     GROUP_SHARED,
-                    _severity(GROUP_SHARED),
                     f"IOMMU group {number} also holds a device outside the card: "
                     f"{describe(other)}; it would have to go to the same guest",
                     (other.address,),
@@ -164,9 +164,8 @@ def _critical(host: Host, where: str, addresses: Iterable[PciAddress]) -> list[F
     for addr in addresses:
         if addr in host.critical.root_pci:
             found.append(
-                Finding(
+                _finding(
                     ROOT_DISK,
-                    _severity(ROOT_DISK),
                     f"{where} holds the host's root-disk controller {addr} "
                     f"({host.critical.root_device or '/'}): binding it to vfio-pci would cut "
                     "the host off its root filesystem — refused",
@@ -175,9 +174,8 @@ def _critical(host: Host, where: str, addresses: Iterable[PciAddress]) -> list[F
             )
         if addr in host.critical.nic_pci:
             found.append(
-                Finding(
+                _finding(
                     ROUTE_NIC,
-                    _severity(ROUTE_NIC),
                     f"{where} holds the default-route NIC {addr} ({host.critical.default_nic}): "
                     "binding it to vfio-pci would cut the host off the network — refused",
                     (addr,),
@@ -192,12 +190,10 @@ def _function_findings(fn: PciFunction) -> list[Finding]:
     if fn.is_display and fn.vendor_id in BMC_VGA_VENDORS:
         bmc = BMC_VGA_VENDORS[fn.vendor_id]
         why = f"{fn.address}: server management VGA ({bmc}): the host console through the BMC"
-        found.append(
-            Finding(BMC_VGA, _severity(BMC_VGA), why + ", never a candidate", (fn.address,))
-        )
+        found.append(_finding(BMC_VGA, why + ", never a candidate", (fn.address,)))
     if fn.is_bridge_like:
         why = f"{describe(fn)} is a bridge: bridges and root ports stay with the host"
-        found.append(Finding(BRIDGE_SELECTED, _severity(BRIDGE_SELECTED), why, (fn.address,)))
+        found.append(_finding(BRIDGE_SELECTED, why, (fn.address,)))
     return found
 
 
@@ -214,17 +210,14 @@ def _grouping_findings(
                 if host.machine.guest
                 else "no IOMMU groups on this host: the IOMMU is off or absent"
             )
-            found.append(
-                Finding(NO_IOMMU, _severity(NO_IOMMU), why, tuple(f.address for f in chosen))
-            )
+            found.append(_finding(NO_IOMMU, why, tuple(f.address for f in chosen)))
         found += _critical(host, "the selection", (f.address for f in chosen))
         return found
     ungrouped = [f for f in chosen if f.iommu_group is None and not f.is_bridge_like]
     if ungrouped:
         found.append(
-            Finding(
+            _finding(
                 NO_IOMMU_GROUP,
-                _severity(NO_IOMMU_GROUP),
                 "no IOMMU group for " + ", ".join(str(f.address) for f in ungrouped),
                 tuple(f.address for f in ungrouped),
             )
@@ -245,7 +238,7 @@ def _boot_vga_finding(host: Host, fn: PciFunction, allow_boot_gpu: bool) -> Find
         "--allow-boot-gpu takes it knowingly"
     )
     overrides = (ALLOW_BOOT_GPU,) if allow_boot_gpu else ()
-    return Finding(BOOT_GPU, _severity(BOOT_GPU, overrides), why, (fn.address,))
+    return _finding(BOOT_GPU, why, (fn.address,), overrides)
 
 
 def selection_findings(
@@ -264,12 +257,7 @@ def selection_findings(
         fn = index.by_addr.get(addr)
         if fn is None:
             found.append(
-                Finding(
-                    UNKNOWN_DEVICE,
-                    _severity(UNKNOWN_DEVICE),
-                    f"{addr} is no PCI function on this host",
-                    (addr,),
-                )
+                _finding(UNKNOWN_DEVICE, f"{addr} is no PCI function on this host", (addr,))
             )
             continue
         chosen.append(fn)
@@ -319,7 +307,7 @@ def card_warnings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostInde
         return found
 
     def warn(code: str, message: str) -> None:
-        found.append(Finding(code, _severity(code), message, (primary.address,)))
+        found.append(_finding(code, message, (primary.address,)))
 
     # A 3D controller (0x0302, e.g. a data-centre GPU) has no display output: handing it over
     # takes no console away, and it does not count as one of the host's displays.

@@ -23,6 +23,7 @@ from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK, output_file
 
 
 def add_parser(sub: Subparsers) -> None:
+    from passthrough.analysis.cards import METAVAR
     from passthrough.kube.build import PROVIDERS, ROUTES
     from passthrough.vm.options import add_flags
 
@@ -79,7 +80,7 @@ def add_parser(sub: Subparsers) -> None:
         "--gpu",
         action="append",
         default=[],
-        metavar="ADDR",
+        metavar=METAVAR,
         help="a card (repeatable); default: every NVIDIA GPU",
     )
     pre.add_argument(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from passthrough.analysis.cards import METAVAR
 from passthrough.cli.common import (
     READS,
     Subparsers,
@@ -28,7 +29,7 @@ def plan_flags(p: argparse.ArgumentParser) -> None:
         "--gpu",
         action="append",
         default=[],
-        metavar="ADDRESS|VENDOR:DEVICE",
+        metavar=METAVAR,
         help="a card to hand over (repeatable); default: every viable NVIDIA GPU",
     )
     p.add_argument(

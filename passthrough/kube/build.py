@@ -133,9 +133,9 @@ def _specs(host: Host, opts: VmOptions, per_card: bool, versions: Versions | Non
     whole = build_spec(host, opts, versions)
     if not whole.cards:
         # plan's refusal, word for word: a VM without a card is nothing to write
-        from passthrough.plan.select import _chosen
+        from passthrough.analysis.cards import choose_cards
 
-        _chosen(policy.judge_all(host), list(opts.gpus))
+        choose_cards(policy.judge_all(host), opts.gpus)
     if not per_card:
         return [whole]
     return [
