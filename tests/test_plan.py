@@ -15,7 +15,7 @@ from passthrough.cli import main
 from passthrough.execute.apply import apply
 from passthrough.host.discover import discover
 from passthrough.host.root import HostRoot
-from passthrough.plan.actions import Plan, plan_json
+from passthrough.plan.actions import Plan
 from passthrough.plan.build import PlanOptions, make_plan
 
 from .bootread import grub_line
@@ -94,7 +94,7 @@ def test_plan_matches_golden(case: str, tmp_path: Path, regenerate: bool) -> Non
     tweak(path)
     root = HostRoot(str(path))
     plan, _ = make_plan(root, discover(str(path)), opts)
-    data = plan_json(plan, root)
+    data = plan.to_json(root)
     data["root"] = "<root>"
     got = json.dumps(data, indent=2) + "\n"
     golden = GOLDEN / "plan" / f"{case}.json"
@@ -104,7 +104,7 @@ def test_plan_matches_golden(case: str, tmp_path: Path, regenerate: bool) -> Non
 def _plan(path: Path, opts: PlanOptions) -> dict[str, Any]:
     root = HostRoot(str(path))
     plan, _ = make_plan(root, discover(str(path)), opts)
-    return plan_json(plan, root)
+    return plan.to_json(root)
 
 
 def test_intel_default_on_kernel_gets_no_intel_iommu(tmp_path: Path) -> None:
@@ -241,6 +241,43 @@ def test_every_command_reads_gpu_the_same_way(
         assert main([*argv, "--gpu", "10de:9999"]) == 2, argv
         err = capsys.readouterr().err
         assert "--gpu 10de:9999: matches no GPU on this host" in err and err.count("\n") == 1
+
+
+def test_grubby_and_rpm_ostree_undo_put_back_what_the_change_replaced(
+    hosts: dict[str, Path],
+) -> None:
+    """Their undo commands come from kargs.invert: a replaced value comes back, an added
+    argument goes, a dropped one returns."""
+    from passthrough.plan.bootloaders import Grubby, RpmOstree
+    from passthrough.plan.kargs import ArgChange
+
+    change = ArgChange(
+        set={"iommu": "iommu=pt", "intel_iommu": "intel_iommu=on"}, drop=frozenset({"amd_iommu"})
+    )
+    before = ["quiet", "iommu=soft", "amd_iommu=on"]
+    path = str(hosts["epyc-v100"])
+    undo = {}
+    for cls in (Grubby, RpmOstree):
+
+        class Loader(cls):  # type: ignore[valid-type,misc]
+            def configured(self) -> list[str]:
+                return before
+
+        (run,) = Loader(HostRoot(path), discover(path)).actions(change)
+        undo[cls.__name__] = list(run.undo_argv)
+    assert undo["Grubby"] == [
+        "grubby",
+        "--update-kernel=ALL",
+        "--remove-args=iommu=pt intel_iommu=on",
+        "--args=iommu=soft amd_iommu=on",
+    ]
+    assert undo["RpmOstree"] == [
+        "rpm-ostree",
+        "kargs",
+        "--replace=iommu=soft",
+        "--delete-if-present=intel_iommu=on",
+        "--append-if-missing=amd_iommu=on",
+    ]
 
 
 def test_unknown_bootloader_refuses_and_prints_the_arguments(

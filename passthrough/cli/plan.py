@@ -165,12 +165,12 @@ def owed(root: HostRoot) -> list[list[str]]:
 def run(args: argparse.Namespace, stack: list[str]) -> int:
     import shlex
 
-    from passthrough.plan.actions import plan_json, plan_text
+    from passthrough.plan.actions import plan_text
 
     root, plan = planned(args, stack)
     pending = owed(root)
     if args.json:
-        dump({**plan_json(plan, root), "pending": pending}, "plan")
+        dump({**plan.to_json(root), "pending": pending}, "plan")
         return EXIT_OK
     print(plan_text(plan, root))
     if pending:

@@ -23,7 +23,6 @@ from passthrough.vm.options import (
 )
 from passthrough.vm.versions import Versions, host_versions
 
-OVMF_DEFAULT_MMIO = 32 << 30
 NO_NETWORK = "none"  # --network none: a guest without a NIC
 
 

@@ -21,8 +21,6 @@ if TYPE_CHECKING:
     from passthrough.model import Finding, Severity
     from passthrough.pciaddr import PciAddress as Address
 
-LAYERS = ("file", "schema", "policy", "host", "libvirt")
-
 
 class Rule:
     __slots__ = ("code", "layer", "rationale", "severity")

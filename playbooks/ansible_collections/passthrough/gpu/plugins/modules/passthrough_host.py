@@ -129,7 +129,7 @@ def main() -> None:
     with package_errors(module):
         from passthrough.host.discover import discover
         from passthrough.host.root import HostRoot
-        from passthrough.plan.actions import RemoveFile, WriteFile, plan_json
+        from passthrough.plan.actions import RemoveFile, WriteFile
         from passthrough.plan.build import PlanOptions, make_plan
 
         p = module.params
@@ -173,7 +173,7 @@ def main() -> None:
         result = {
             "changed": not plan.empty,
             "reboot_required": plan.reboot,
-            "plan": plan_json(plan, root),
+            "plan": plan.to_json(root),
             "diff": diff,
         }
         if module.check_mode or plan.empty:
