@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from contextlib import ExitStack
 
 from passthrough.cli.common import (
     CHANGES,
@@ -44,7 +45,7 @@ def add_parser(sub: Subparsers) -> None:
     yes_flag(p)
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.analysis.policy import judge_all
     from passthrough.execute.bind import bind_now
     from passthrough.host.discover import discover

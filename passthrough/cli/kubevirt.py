@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import ExitStack
 
 from passthrough.cli.common import (
     Parser,
@@ -88,7 +89,7 @@ def add_parser(sub: Subparsers) -> None:
     )
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     action = args.kubevirt_command
     if action == "render":
         return _render(args, stack)
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
     return EXIT_USAGE
 
 
-def _render(args: argparse.Namespace, stack: list[str]) -> int:
+def _render(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.cli.render import vm_options
     from passthrough.host.discover import discover
     from passthrough.kube.build import build_manifests
@@ -137,7 +138,7 @@ def _render(args: argparse.Namespace, stack: list[str]) -> int:
     return EXIT_OK
 
 
-def _validate(args: argparse.Namespace, stack: list[str]) -> int:
+def _validate(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.kube.check import check_manifests
     from passthrough.kube.io import load_stream
     from passthrough.model import Severity
@@ -169,7 +170,7 @@ def _validate(args: argparse.Namespace, stack: list[str]) -> int:
     return EXIT_CHECK_FAILED if failed else EXIT_OK
 
 
-def _preflight(args: argparse.Namespace, stack: list[str]) -> int:
+def _preflight(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.host.discover import discover
     from passthrough.kube.preflight import preflight
     from passthrough.output.text import Painter, render_checks, wants_color, write

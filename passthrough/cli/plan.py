@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from passthrough.analysis.cards import METAVAR
@@ -91,7 +92,7 @@ def plan_arguments(p: argparse.ArgumentParser, root: str = READS) -> None:
 
 
 def planned(
-    args: argparse.Namespace, stack: list[str], changing: str | None = None
+    args: argparse.Namespace, stack: ExitStack, changing: str | None = None
 ) -> tuple[HostRoot, Plan]:
     from passthrough.host.discover import discover
     from passthrough.host.root import HostRoot
@@ -162,7 +163,7 @@ def owed(root: HostRoot) -> list[list[str]]:
     return [p.argv for p in status(root).pending]
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     import shlex
 
     from passthrough.plan.actions import plan_text

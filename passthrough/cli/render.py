@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from passthrough.cli.common import (
@@ -61,7 +62,7 @@ def vm_options(args: argparse.Namespace) -> VmOptions:
     return VmOptions(**values)
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.host.discover import discover
     from passthrough.vm.render import render
     from passthrough.vm.spec import build_spec

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import ExitStack
 
 from passthrough.cli.common import EPILOG, Subparsers, command, common, dump, open_root
 from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK
@@ -26,7 +27,7 @@ def add_parser(sub: Subparsers) -> None:
     common(p)
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.execute.verify import verify
     from passthrough.host.discover import discover
     from passthrough.host.root import HostRoot
