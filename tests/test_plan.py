@@ -14,7 +14,7 @@ from passthrough import fakehost
 from passthrough.cli import main
 from passthrough.execute.apply import apply
 from passthrough.host.discover import discover
-from passthrough.host.root import HostRoot
+from passthrough.host.root import MAX_FILE, HostRoot
 from passthrough.plan.actions import Plan
 from passthrough.plan.build import PlanOptions, make_plan
 
@@ -278,6 +278,23 @@ def test_grubby_and_rpm_ostree_undo_put_back_what_the_change_replaced(
         "--delete-if-present=intel_iommu=on",
         "--append-if-missing=amd_iommu=on",
     ]
+
+
+def test_discover_reads_through_the_callers_root(hosts: dict[str, Path]) -> None:
+    """plan, bind, verify and the host module hand discover() the root reader they go on
+    using: it reads through that one (a recorder sees the reads), the same host as from
+    the path."""
+    path = str(hosts["consumer-intel"])
+
+    class Counting(HostRoot):
+        reads = 0
+
+        def read_bytes(self, rel: str, limit: int = MAX_FILE) -> bytes | None:
+            self.reads += 1
+            return super().read_bytes(rel, limit)
+
+    root = Counting(path)
+    assert discover(root) == discover(path) and root.reads > 0
 
 
 def test_unknown_bootloader_refuses_and_prints_the_arguments(

@@ -52,15 +52,13 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.host.root import HostRoot
     from passthrough.plan.select import select
 
-    root_path = open_root(args.root, stack, changing="bind")
-    host = discover(root_path)
+    root = HostRoot(open_root(args.root, stack, changing="bind"))
+    host = discover(root)
     sel = select(host, judge_all(host), list(args.gpu), args.include_group, args.allow_boot_gpu)
     moving = [str(f.address) for f in sel.functions if f.driver != "vfio-pci"]
     if moving:
         confirm(args, "bind", lambda: "bind moves to vfio-pci now: " + ", ".join(moving))
-    bound = bind_now(
-        HostRoot(root_path), host, sel.functions, args.timeout, progress=progress(args)
-    )
+    bound = bind_now(root, host, sel.functions, args.timeout, progress=progress(args))
     if args.json:
         dump({"bound": bound, "functions": [str(f.address) for f in sel.functions]}, "bind")
     elif bound:

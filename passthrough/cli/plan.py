@@ -98,8 +98,7 @@ def planned(
     from passthrough.host.root import HostRoot
     from passthrough.plan.build import PlanOptions, make_plan
 
-    root_path = open_root(args.root, stack, changing)
-    root = HostRoot(root_path)
+    root = HostRoot(open_root(args.root, stack, changing))
     gpus, notes = selection(root, args)
     opts = PlanOptions(
         gpus=gpus,
@@ -110,7 +109,7 @@ def planned(
         iommu_only=args.iommu_only,
         notes=notes,
     )
-    plan, _sel = make_plan(root, discover(root_path), opts)
+    plan, _sel = make_plan(root, discover(root), opts)
     return root, plan
 
 

@@ -34,8 +34,8 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.output.json import verify_json
     from passthrough.output.text import Painter, render_checks, wants_color
 
-    root_path = open_root(args.root, stack)
-    results = verify(HostRoot(root_path), discover(root_path))
+    root = HostRoot(open_root(args.root, stack))
+    results = verify(root, discover(root))
     report = verify_json(results)
     if args.json:
         dump(report, "verify")

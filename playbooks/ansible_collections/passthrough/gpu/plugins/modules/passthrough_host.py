@@ -145,7 +145,7 @@ def main() -> None:
             module.exit_json(
                 changed=bool(restored), reboot_required=bool(restored), restored=restored
             )
-        host = discover(p["root"])
+        host = discover(root)
         opts = PlanOptions(
             gpus=tuple(p["gpus"]),
             include_group=p["include_group"],
