@@ -73,7 +73,9 @@ class Manifests:
 
 def refuse_laptop(host: Host, functions: list[PciFunction]) -> None:
     """A muxless laptop GPU may need its vBIOS from ACPI, given to QEMU as a ROM file;
-    KubeVirt's hostDevices and gpus have no ROM field, so the cluster path cannot give it."""
+    KubeVirt's hostDevices and gpus have no ROM field, so the cluster path cannot give it.
+    The policy table (analysis/codes.py) has laptop-3d a warning, for render's guest, which
+    can take the ROM (--rom): the refusal here is the cluster path's own, not a severity."""
     if not host.dmi.is_portable:
         return
     found = [
