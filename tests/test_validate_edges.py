@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from passthrough.analysis.codes import CODES, LAYOUT_CODES, UNKNOWN_DEVICE
+from passthrough.analysis.codes import POLICY, UNKNOWN_DEVICE
 from passthrough.cli import main
 from passthrough.errors import InvalidPciAddress
 from passthrough.model import PciAddress
@@ -157,7 +157,7 @@ def test_list_rules_holds_every_policy_and_layout_code(
 ) -> None:
     assert main(["validate", "--list-rules", "--json"]) == 0
     listed = {r["code"]: r for r in json.loads(capsys.readouterr().out)}
-    wanted = (set(CODES) - {UNKNOWN_DEVICE}) | set(LAYOUT_CODES)
+    wanted = set(POLICY) - {UNKNOWN_DEVICE}
     assert wanted <= set(listed)
     assert all(listed[c]["layer"] == "host" for c in wanted)
     assert listed["group-other-gpu"]["severity"] == "error"

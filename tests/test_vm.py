@@ -150,7 +150,7 @@ def test_bad_values_never_reach_the_xml(
         (["--name", "ok", "--seed", "/tmp/a\nb"], "seed: "),
         (["--name", "ok", "--vendor-id", "thirteenchars"], "--vendor-id: "),
         (["--name", "ok", "--vendor-id", "a,b"], "--vendor-id: "),
-        (["--name", "ok", "--gpu", "0000:99:00.0"], "not a GPU on this host"),
+        (["--name", "ok", "--gpu", "0000:99:00.0"], "matches no GPU on this host"),
         (
             ["--name", "ok", "--disk", "/nonexistent/disk.qcow2"],
             "disk: /nonexistent/disk.qcow2 does not exist",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from passthrough.analysis.policy import BMC_VGA
+from passthrough.analysis.codes import BMC_VGA
 from passthrough.kernel import kernel_version
 from passthrough.model import CheckResult, GpuVerdict, Host, Level
 

@@ -93,9 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     verbosity(args)
-    stack: list[str] = []  # temporary directories (unpacked snapshots, samples) to remove
+    # temporary directories (unpacked snapshots, samples): removed whatever happens
+    stack = contextlib.ExitStack()
     try:
-        code: int = args.run(args, stack)
+        with stack:
+            code: int = args.run(args, stack)
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code
     except PassthroughError as exc:
@@ -118,12 +120,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write(f"passthrough: error: {Interrupted()}\n")
         return EXIT_INTERRUPTED
-    finally:
-        if stack:  # shutil only where there is something to remove
-            import shutil
-
-            for tmp in stack:
-                shutil.rmtree(tmp, ignore_errors=True)
 
 
 __all__ = ["EPILOG", "build_parser", "main"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from passthrough.cli.common import (
@@ -87,7 +88,7 @@ def _report(args: argparse.Namespace, out: Outcome | None, recovered: bool = Fal
         print(mark + line)
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.analysis.policy import judge_all
     from passthrough.execute.bind import bind_now
     from passthrough.execute.holders import (
@@ -104,9 +105,8 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
     from passthrough.host.root import HostRoot
     from passthrough.plan.select import select
 
-    root_path = open_root(args.root, stack, changing="bind")
-    root = HostRoot(root_path)
-    host = discover(root_path)
+    root = HostRoot(open_root(args.root, stack, changing="bind"))
+    host = discover(root)
     quiet = args.json or getattr(args, "quiet", False)
     systemctl = Systemctl(root.is_live, args.stop_timeout, (lambda _c: None) if quiet else print)
     if root.is_live and root.exists(STOPPED):

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any, Protocol
 
 from passthrough.errors import EXIT_USAGE, NotConfirmed, echo
@@ -25,7 +26,7 @@ docs: README.md, docs/ (JSON schema: passthrough/schemas/scan-v1.schema.json)
 """
 
 # A command's body: the parsed flags, and a list of temporary directories main() removes.
-Run = Callable[[argparse.Namespace, list[str]], int]
+Run = Callable[[argparse.Namespace, ExitStack], int]
 
 
 class Subparsers(Protocol):

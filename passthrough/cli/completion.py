@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import ExitStack
 
 from passthrough.cli.common import Subparsers, command, common
 from passthrough.errors import EXIT_OK
@@ -16,7 +17,7 @@ def add_parser(sub: Subparsers) -> None:
     common(p, root=None)
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     import shtab
 
     from passthrough.cli import build_parser

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import ExitStack
 
 from passthrough.cli.common import (
     GUEST,
@@ -58,7 +59,7 @@ def add_parser(sub: Subparsers) -> None:
     )
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.guest.check import run_guest_checks
     from passthrough.guest.report import FAIL, WARN, render
     from passthrough.guest.root import GuestRoot, find_root

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from passthrough.cli.common import (
@@ -52,17 +53,16 @@ def plan_arguments(p: argparse.ArgumentParser, root: str = READS) -> None:
 
 
 def planned(
-    args: argparse.Namespace, stack: list[str], changing: str | None = None
+    args: argparse.Namespace, stack: ExitStack, changing: str | None = None
 ) -> tuple[HostRoot, Plan]:
     from passthrough.execute.selection import plan_options
     from passthrough.host.discover import discover
     from passthrough.host.root import HostRoot
     from passthrough.plan.build import make_plan
 
-    root_path = open_root(args.root, stack, changing)
-    root = HostRoot(root_path)
+    root = HostRoot(open_root(args.root, stack, changing))
     opts = plan_options(root, values(args))
-    plan, _sel = make_plan(root, discover(root_path), opts)
+    plan, _sel = make_plan(root, discover(root), opts)
     return root, plan
 
 
@@ -74,15 +74,15 @@ def owed(root: HostRoot) -> list[list[str]]:
     return [p.argv for p in status(root).pending]
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     import shlex
 
-    from passthrough.plan.actions import plan_json, plan_text
+    from passthrough.plan.actions import plan_text
 
     root, plan = planned(args, stack)
     pending = owed(root)
     if args.json:
-        dump({**plan_json(plan, root), "pending": pending}, "plan")
+        dump({**plan.to_json(root), "pending": pending}, "plan")
         return EXIT_OK
     print(plan_text(plan, root))
     if pending:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from passthrough.cli.common import (
@@ -71,7 +72,7 @@ def memlock_warnings(xml: str, host: Host) -> list[str]:
     return [f"{f.message} [{f.code}]" for f, _ in memlock.check(Domain.parse(xml), host)]
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.host.discover import discover
     from passthrough.vm.render import render
     from passthrough.vm.spec import build_spec

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from contextlib import ExitStack
 
 from passthrough.cli.common import EPILOG, Subparsers, command, common, open_root
 
@@ -22,7 +23,7 @@ def add_parser(sub: Subparsers) -> None:
     common(p, root=None)
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.vm.validate.main import run as validate
 
     return validate(args, lambda path: open_root(path, stack))

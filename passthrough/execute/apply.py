@@ -17,7 +17,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 from passthrough.errors import EXIT_HOST_STEP, PassthroughError
 from passthrough.execute import files
@@ -76,7 +76,10 @@ def saved(journal: Journal) -> str | None:
 # -- running commands --------------------------------------------------------------------
 
 
-def command_mode(root: HostRoot) -> str:
+CommandMode = Literal["host", "chroot", "list"]
+
+
+def command_mode(root: HostRoot) -> CommandMode:
     """ "host" on the live root, "chroot" for a full OS tree when we may chroot, else "list"."""
     if root.is_live:
         return "host"

@@ -56,16 +56,14 @@ def group_functions(functions: list[PciFunction]) -> tuple[IommuGroup, ...]:
     )
 
 
-def discover(
-    root_path: str,
-    pci_source: PciSource | None = None,
-    root_factory: Callable[[str], HostRoot] = HostRoot,
-) -> Host:
-    """Read a host. ``pci_source`` replaces the sysfs reader (pyudev on a live host);
-    ``root_factory`` lets a snapshot record what is read."""
-    root = root_factory(root_path)
+def discover(root: HostRoot | str, pci_source: PciSource | None = None) -> Host:
+    """Read a host through the caller's root reader (the one it goes on to plan, verify or
+    bind with; a snapshot's records what is read), or a path to open one on.
+    ``pci_source`` replaces the sysfs reader (pyudev on a live host)."""
+    if isinstance(root, str):
+        root = HostRoot(root)
     if not root.isdir("sys/bus/pci") and not root.isdir("proc"):
-        raise NotAHostRoot(root_path, "does not look like a host root (no sys/bus/pci, no proc)")
+        raise NotAHostRoot(root.path, "does not look like a host root (no sys/bus/pci, no proc)")
     functions = (pci_source or root_pci_source)(root)
     kernel = facts.read_kernel(root)
     packages = read_packages(root)

@@ -5,6 +5,7 @@ commands share it without an upward import."""
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 
 from passthrough.errors import NotAHostRoot, ReadOnlyRoot
 
@@ -18,19 +19,20 @@ def shown_root(path: str) -> str:
     return _UNPACKED.get(path, path)
 
 
-def open_root(path: str, stack: list[str], changing: str | None = None) -> str:
-    """A .tar.gz snapshot is unpacked to a temporary directory (removed on exit); a
-    command that changes the host (``changing`` names it) refuses one."""
+def open_root(path: str, stack: ExitStack, changing: str | None = None) -> str:
+    """A .tar.gz snapshot is unpacked to a temporary directory, which ``stack`` removes when
+    it closes; a command that changes the host (``changing`` names it) refuses one."""
     if os.path.isfile(path) and path.endswith((".tar.gz", ".tgz", ".tar")):
         if changing:
             raise ReadOnlyRoot(changing, path)
+        import shutil
         import tempfile
 
         from passthrough.guest.root import find_root
         from passthrough.host.snapshot import unpack
 
         tmp = tempfile.mkdtemp(prefix="passthrough-root-")
-        stack.append(tmp)
+        stack.callback(shutil.rmtree, tmp, ignore_errors=True)
         # a snapshot holds the root at its top; a copy made with tar may hold it in one folder
         top = find_root(unpack(path, tmp))
         if not os.path.isdir(os.path.join(top, "sys")) and not os.path.isdir(

@@ -231,22 +231,16 @@ def capture(
     ``also`` reads more through the same recorder first (what ``plan`` reads, for one)."""
     from passthrough.host.discover import discover, pci_source_for, root_pci_source
 
-    recorder: list[RecordingRoot] = []
-
-    def factory(path: str) -> RecordingRoot:
-        r = RecordingRoot(path)
-        recorder.append(r)
-        return r
-
+    recorder = RecordingRoot(root_path)
     source = pci_source_for(root_path)
-    host = discover(root_path, pci_source=source, root_factory=factory)
+    host = discover(recorder, pci_source=source)
     if source is not None:
         # pyudev read the PCI tree behind the recorder's back: read it again through it.
-        root_pci_source(recorder[0])
+        root_pci_source(recorder)
     from passthrough.host.recorded import record_guest_check
 
     if host.machine.guest:
-        record_guest_check(recorder[0])
+        record_guest_check(recorder)
     elif also is not None:
-        also(recorder[0], host)
-    return host, write_snapshot(recorder[0], host, out_path)
+        also(recorder, host)
+    return host, write_snapshot(recorder, host, out_path)

@@ -194,11 +194,6 @@ def action_json(action: Action, root: HostRoot) -> dict[str, Any]:
     return {"kind": "run", "argv": list(action.argv), "why": action.why}
 
 
-def plan_json(plan: Plan, root: HostRoot) -> dict[str, Any]:
-    """The name the CLI and the host module call; the shape is ``Plan.to_json``."""
-    return plan.to_json(root)
-
-
 def plan_text(plan: Plan, root: HostRoot) -> str:
     lines: list[str] = []
     cards = ", ".join(f"{c.address} ({c.name})" for c in plan.cards) or "none"

@@ -112,11 +112,12 @@ def needed(args: Sequence[str], change: ArgChange) -> ArgChange:
 
 
 def invert(before: Sequence[str], change: ArgChange) -> ArgChange:
-    """The change that turns ``edit(before, change)`` back into ``before`` (same keys)."""
-    present: dict[str, str] = {}
-    for arg in before:
-        present.setdefault(key_of(arg), arg)
-    keys = set(change.set) | set(change.drop)
+    """The change that turns ``edit(before, change)`` back into ``before`` for the keys
+    ``change`` touches: each one's value before (the last, the one the kernel reads) set
+    again, or dropped where ``before`` had none; keys in ``change``'s order (set, then drop
+    sorted). What a bootloader's undo command puts back."""
+    present = {key_of(arg): arg for arg in before}
+    keys = [*change.set, *sorted(change.drop - change.set.keys())]
     return ArgChange(
         set={k: present[k] for k in keys if k in present},
         drop=frozenset(k for k in keys if k not in present),

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from passthrough.analysis.cards import METAVAR
+
 Kind = Literal["bool", "int", "list"]
 
 
@@ -51,7 +53,7 @@ OPTIONS: tuple[PlanOption, ...] = (
         "a card to hand over (repeatable); default: every viable NVIDIA GPU",
         "PCI addresses or vendor:device IDs; empty means every viable NVIDIA GPU",
         default=(),
-        metavar="ADDRESS|VENDOR:DEVICE",
+        metavar=METAVAR,
         bind=True,
     ),
     PlanOption(

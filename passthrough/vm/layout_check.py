@@ -3,6 +3,12 @@ the planner (layout.py), applied to XML someone else wrote (validate's "host" ru
 
 from __future__ import annotations
 
+from passthrough.analysis.codes import (
+    BITS_ABOVE_IOMMU,
+    MMIO_ABOVE_LIMIT,
+    MMIO_TOO_SMALL,
+    severity,
+)
 from passthrough.model import Finding, Host, PciFunction, Severity
 from passthrough.units import MIB, format_size
 from passthrough.vm.domxml import Domain
@@ -98,8 +104,8 @@ def layout_findings(
     if iommu and bits > iommu:
         out.append(
             Finding(
-                "guest-bits-above-iommu",
-                Severity.ERROR,
+                BITS_ABOVE_IOMMU,
+                Severity(severity(BITS_ABOVE_IOMMU)),
                 f"the guest addresses {bits} bits ({bits_why}) but the host IOMMU maps only "
                 f"{iommu}: DMA mapping fails once anything sits above 2^{iommu} = "
                 f"{format_size(1 << iommu)}; add <maxphysaddr> with {iommu} bits",
@@ -119,8 +125,8 @@ def layout_findings(
     if need + DEVICE_ROOM > window.size:
         out.append(
             Finding(
-                "mmio-window-too-small",
-                Severity.ERROR,
+                MMIO_TOO_SMALL,
+                Severity(severity(MMIO_TOO_SMALL)),
                 f"the hostdevs' 64-bit BARs need {format_size(need)} packed and the domain's "
                 f"other devices {format_size(DEVICE_ROOM)}, but {how} gives "
                 f"{format_size(window.size)} ({need} + {DEVICE_ROOM} > {window.size} bytes): "
@@ -132,8 +138,8 @@ def layout_findings(
     elif window.end > limit:
         out.append(
             Finding(
-                "mmio-window-above-limit",
-                Severity.ERROR,
+                MMIO_ABOVE_LIMIT,
+                Severity(severity(MMIO_ABOVE_LIMIT)),
                 f"{how} puts {format_size(window.size)} at {window.base:#x}..{window.end:#x}, above "
                 f"the guest's address limit 2^{limit.bit_length() - 1} = {format_size(limit)} "
                 f"({bits} bits: {bits_why}; {format_size(memory * MIB)} of RAM)",

@@ -5,6 +5,7 @@ whole toolkit, which is what a per-file pre-commit or CI hook pays for every fil
 from __future__ import annotations
 
 import sys
+from contextlib import ExitStack  # loaded by site already: no start-up cost
 
 from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, PassthroughError, output_file
 
@@ -179,9 +180,10 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """``passthrough-validate``: errors as one line with the documented exit code."""
     args = parse(sys.argv[1:] if argv is None else argv)
-    stack: list[str] = []
+    stack = ExitStack()  # temporary directories (an unpacked --host-root), removed at the end
     try:
-        return run(args, lambda path: _open_root(path, stack))
+        with stack:
+            return run(args, lambda path: _open_root(path, stack))
     except PassthroughError as exc:
         if args.debug:
             raise
@@ -195,15 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         sys.stderr.write(f"passthrough-validate: error: {where}{exc.strerror or exc}\n")
         return EXIT_USAGE
-    finally:
-        if stack:
-            import shutil
-
-            for tmp in stack:
-                shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _open_root(path: str, stack: list[str]) -> str:
+def _open_root(path: str, stack: ExitStack) -> str:
     from passthrough.host.opening import open_root  # only with --host-root
 
     return open_root(path, stack)

@@ -152,7 +152,7 @@ def main() -> None:
         from passthrough.execute.selection import plan_options
         from passthrough.host.discover import discover
         from passthrough.host.root import HostRoot
-        from passthrough.plan.actions import RemoveFile, WriteFile, plan_json
+        from passthrough.plan.actions import RemoveFile, WriteFile
         from passthrough.plan.build import make_plan
         from passthrough.plan.options import values
 
@@ -169,7 +169,7 @@ def main() -> None:
             module.exit_json(
                 changed=bool(restored), reboot_required=bool(restored), restored=restored
             )
-        host = discover(p["root"])
+        host = discover(root)
         opts = plan_options(root, values(p, module=True), via="module")
         plan, _sel = make_plan(root, host, opts)
         if not plan.empty:  # the checks guard a change; with nothing to change, none is due
@@ -191,7 +191,7 @@ def main() -> None:
         result = {
             "changed": not plan.empty,
             "reboot_required": plan.reboot,
-            "plan": plan_json(plan, root),
+            "plan": plan.to_json(root),
             "diff": diff,
         }
         if module.check_mode or plan.empty:

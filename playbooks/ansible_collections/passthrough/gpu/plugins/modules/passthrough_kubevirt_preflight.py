@@ -20,7 +20,7 @@ options:
     type: str
     default: /
   gpus:
-    description: PCI addresses of the cards; empty takes every NVIDIA GPU
+    description: PCI addresses or vendor:device IDs of the cards; empty takes every NVIDIA GPU
     type: list
     elements: str
     default: []

@@ -32,7 +32,7 @@ options:
     type: str
     required: true
   gpus:
-    description: PCI addresses of the cards; empty means every viable NVIDIA GPU
+    description: PCI addresses or vendor:device IDs of the cards; empty means every viable NVIDIA GPU
     type: list
     elements: str
     default: []

@@ -94,12 +94,6 @@ class GuestRoot:
         finally:
             os.close(fd)
 
-    def mtime(self, rel: str) -> float | None:
-        try:
-            return os.stat(self.real(rel)).st_mtime
-        except OSError:
-            return None
-
     def link_name(self, rel: str) -> str | None:
         try:
             return posixpath.basename(os.readlink(self.real(rel, follow_final=False)).rstrip("/"))
