@@ -388,3 +388,24 @@ def test_a_known_no_reset_family_is_named(
         "(its reset leaves it unusable until the host reboots)"
     ]
     assert "vendor-reset" in risk[0]["fix"]
+
+
+def test_the_policy_counts_a_variant_driver_as_handed_over(
+    hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    """vfio-bound, not vfio-partly, for a card on its variant driver beside vfio-pci; and the
+    plan asks no softdep for the variant (it is vfio itself)."""
+    from passthrough.analysis.policy import judge_all
+    from passthrough.host.root import HostRoot
+    from passthrough.plan.vfio import softdeps
+
+    root = tmp_path / "root"
+    shutil.copytree(hosts["consumer-intel"], root, symlinks=True)
+    _as_after_the_reboot(root)
+    host = discover(str(root))
+    verdict = next(v for v in judge_all(host) if str(v.gpu.address) == CARD)
+    codes = {f.code: f.message for f in verdict.findings}
+    assert "vfio-partly" not in codes, codes
+    assert codes["vfio-bound"] == f"already bound to vfio (vfio-pci, {VARIANT}): ready for a guest"
+    card = [f for f in host.functions if str(f.address).startswith("0000:01:00.")]
+    assert VARIANT not in softdeps(HostRoot(str(root)), host, card)

@@ -47,6 +47,7 @@ from passthrough.analysis.viability import (
     mmio_window,
 )
 from passthrough.errors import PassthroughError
+from passthrough.host.modalias import is_vfio
 from passthrough.kernel import kernel_version
 from passthrough.model import (
     BMC_VGA_VENDORS,
@@ -364,9 +365,12 @@ def card_warnings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostInde
         )
     if primary.physfn is not None:
         warn(SRIOV_VF, f"SR-IOV virtual function of {primary.physfn}")
-    bound = [f for f in gpu.functions if f.driver == "vfio-pci"]
+    # vfio-pci or a variant of it (nvgrace_gpu_vfio_pci, ...): handed over either way
+    bound = [f for f in gpu.functions if is_vfio(f.driver)]
     if bound and len(bound) == len(gpu.functions):
-        warn(VFIO_BOUND, "already bound to vfio-pci: ready for a guest")
+        variants = sorted({str(f.driver) for f in bound} - {"vfio-pci"})
+        to = f"vfio ({', '.join(['vfio-pci', *variants])})" if variants else "vfio-pci"
+        warn(VFIO_BOUND, f"already bound to {to}: ready for a guest")
     elif bound:
         warn(
             VFIO_PARTLY,

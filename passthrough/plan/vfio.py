@@ -10,7 +10,7 @@ from __future__ import annotations
 import fnmatch
 import re
 
-from passthrough.host.modalias import PLAIN
+from passthrough.host.modalias import PLAIN, is_vfio
 from passthrough.host.root import HostRoot
 from passthrough.kernel import kernel_version
 from passthrough.model import Host, InitramfsKind, PciFunction
@@ -75,7 +75,7 @@ def softdeps(root: HostRoot, host: Host, functions: list[PciFunction]) -> dict[s
     """module → why it needs ``softdep … pre: vfio-pci``."""
     why: dict[str, str] = {}
     for f in functions:
-        if f.driver and f.driver != "vfio-pci":
+        if f.driver and not is_vfio(f.driver):
             module = module_of_driver(root, f.driver) or _norm(f.driver)
             why.setdefault(module, f"bound to {f.address} now")
     for module, addrs in alias_modules(root, host, functions).items():
