@@ -212,7 +212,9 @@ def test_a_link_in_our_state_directory_is_refused_and_never_followed(
     assert (elsewhere / "precious").read_text() == "someone else's file\n"
 
 
-def test_a_temporary_file_left_by_a_kill_is_removed_by_the_next_run(tmp_path: Path) -> None:
+def test_a_temporary_file_left_by_a_kill_is_listed_then_removed_by_the_next_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     steady = fresh(tmp_path)
     assert main(["apply", "--root", str(steady)]) == 0
     assert main(["undo", "--root", str(steady)]) == 0
@@ -226,11 +228,22 @@ def test_a_temporary_file_left_by_a_kill_is_removed_by_the_next_run(tmp_path: Pa
         root = tmp_path / f"r{n}"
         shutil.copytree(steady, root, symlinks=True)
         assert in_child(cli(root, "apply"), Faults("kill", n), err) == -9
-        assert temps(root), n
+        left = sorted("/" + t for t in temps(root))
+        assert left, n
+        capsys.readouterr()
+        assert main(["status", "--root", str(root), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["temporary_files"] == left, n
         assert main(["status", "--root", str(root)]) == 0
-        assert temps(root), n  # status changes nothing
-        assert main(["undo", "--root", str(root)]) == 0
+        (line,) = [x for x in capsys.readouterr().out.splitlines() if "Temporary files" in x]
+        assert line.endswith("removes them): " + ", ".join(left)), line
+        assert sorted("/" + t for t in temps(root)) == left, n  # status changes nothing
+        # the next run, apply or undo, removes them; then status lists none
+        assert main(["apply" if n % 2 else "undo", "--root", str(root)]) == 0
         assert temps(root) == [], n
+        assert main(["undo", "--root", str(root)]) == 0
+        capsys.readouterr()
+        assert main(["status", "--root", str(root), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["temporary_files"] == [], n
 
 
 def test_status_describes_an_undo_cut_off_mid_write(

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -365,16 +367,27 @@ class Journal:
             if s.backup and s.state is not StepState.UNDONE
         }
 
-    def remove_temps(self) -> None:
-        """Temporary files a killed run left beside the files it was writing."""
+    def _written_through_temps(self) -> Iterator[str]:
+        """Every file a run of ours writes through a temporary file: the journal, the
+        paths its steps name, their backups."""
         root = self.root
-        files.remove_temp(own(root, JOURNAL))
+        yield own(root, JOURNAL)
         for tx in self.transactions:
             for s in tx.file_steps():
                 if s.path:
-                    files.remove_temp(root.real(s.path))
+                    yield root.real(s.path)
                 if s.backup:
-                    files.remove_temp(own(root, s.backup))
+                    yield own(root, s.backup)
+
+    def temps(self) -> list[str]:
+        """The temporary files a killed run left (absolute paths): status lists them."""
+        found = {files.temp_of(p) for p in self._written_through_temps()}
+        return sorted(t for t in found if os.path.lexists(t))
+
+    def remove_temps(self) -> None:
+        """Temporary files a killed run left beside the files it was writing."""
+        for path in self._written_through_temps():
+            files.remove_temp(path)
 
     def settle(self) -> bool:
         """Steps cut off (or failed) before they changed their file: nothing of theirs is
