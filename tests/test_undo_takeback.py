@@ -79,6 +79,26 @@ KEPT = {
         MOD_APPLIED + "options kvm ignore_msrs=1\n",
         MOD_BEFORE + "options kvm ignore_msrs=1\n",
     ),
+    # mkinitcpio: apply filled MODULES=(); the admin added a module of theirs
+    "mkinitcpio-array": (
+        (
+            "etc/mkinitcpio.conf",
+            "MODULES=()\nHOOKS=(base)\n",
+            "MODULES=(vfio_pci vfio)\nHOOKS=(base)\n",
+        ),
+        "MODULES=(vfio_pci vfio nvme)  # disk\nHOOKS=(base udev)\n",
+        "MODULES=(nvme)  # disk\nHOOKS=(base udev)\n",
+    ),
+    "grub-single-quotes-and-export": (
+        (GRUB, "export GRUB_CMDLINE_LINUX='a b'\n", "export GRUB_CMDLINE_LINUX='a'\n"),
+        "export GRUB_CMDLINE_LINUX='c a'\n",
+        "export GRUB_CMDLINE_LINUX='c a b'\n",
+    ),
+    "grub-unquoted-one-word": (
+        (GRUB, "GRUB_CMDLINE_LINUX=iommu=off\n", "GRUB_CMDLINE_LINUX=\n"),
+        "GRUB_CMDLINE_LINUX= # none\n",
+        "GRUB_CMDLINE_LINUX=iommu=off # none\n",
+    ),
     "modprobe-made-by-apply": ((MODPROBE, "", "ours\n"), "ours\nmine\n", "mine\n"),
     "modprobe-made-by-apply-emptied": ((MODPROBE, "", "ours\n"), "", None),
 }
@@ -97,6 +117,11 @@ REFUSED = {
     "grub-second-command": (
         GRUB_CASE,
         'GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet splash" ; echo\n',
+    ),
+    # unquoted, a second word would be a command: only a quoted value holds more words
+    "grub-unquoted-two-words": (
+        (GRUB, "GRUB_CMDLINE_LINUX=iommu=off\n", "GRUB_CMDLINE_LINUX=\n"),
+        "GRUB_CMDLINE_LINUX=quiet\n",
     ),
     "cmdline-our-word-changed": (CMD_CASE, CMD_APPLIED.replace("2504", "2505")),
     "cmdline-our-word-removed": (CMD_CASE, CMD_APPLIED.replace(" iommu=pt", "")),

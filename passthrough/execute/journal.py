@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -367,26 +365,19 @@ class Journal:
             if s.backup and s.state is not StepState.UNDONE
         }
 
-    def _written_through_temps(self) -> Iterator[str]:
-        """Every file a run of ours writes through a temporary file: the journal, the
-        paths its steps name, their backups."""
+    def written_through_temps(self) -> list[str]:
+        """Every file a run of ours writes through a temporary file (the journal, the paths
+        its steps name, their backups): where a killed run may have left one."""
         root = self.root
-        yield own(root, JOURNAL)
+        out = [own(root, JOURNAL)]
         for tx in self.transactions:
             for s in tx.file_steps():
-                if s.path:
-                    yield root.real(s.path)
-                if s.backup:
-                    yield own(root, s.backup)
-
-    def temps(self) -> list[str]:
-        """The temporary files a killed run left (absolute paths): status lists them."""
-        found = {files.temp_of(p) for p in self._written_through_temps()}
-        return sorted(t for t in found if os.path.lexists(t))
+                out += [root.real(s.path)] if s.path else []
+                out += [own(root, s.backup)] if s.backup else []
+        return out
 
     def remove_temps(self) -> None:
-        """Temporary files a killed run left beside the files it was writing."""
-        for path in self._written_through_temps():
+        for path in self.written_through_temps():
             files.remove_temp(path)
 
     def settle(self) -> bool:

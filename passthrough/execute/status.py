@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from passthrough.execute.files import read_file
+from passthrough.execute.files import read_file, temp_of
 from passthrough.execute.journal import Journal, Step, StepKind, StepState, TxKind, TxState, sha256
 from passthrough.host.root import HostRoot
 
@@ -128,8 +128,9 @@ def status(root: HostRoot) -> Status:
         PendingCommand(s.argv, s.state.value, tx.id, s.regenerate, s.error)
         for tx, s in journal.pending()
     ]
-    temps = ["/" + os.path.relpath(t, root.path) for t in journal.temps()]
-    return Status(root.path, out, pending, temps)
+    temps = {temp_of(p) for p in journal.written_through_temps()}
+    left = sorted("/" + os.path.relpath(t, root.path) for t in temps if os.path.lexists(t))
+    return Status(root.path, out, pending, left)
 
 
 def status_json(st: Status) -> dict[str, Any]:

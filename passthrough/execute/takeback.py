@@ -21,7 +21,7 @@ import difflib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from passthrough.execute.drift import CMDLINE_FILES, Ambiguous, Unpicked
 from passthrough.plan.linefiles import cmdline_arg_line, options_line
@@ -36,15 +36,17 @@ _UNSAFE = re.compile(r"[\\`]|\$\(")  # what a word list cannot be taken apart th
 
 
 @dataclass(frozen=True)
-class _Hunk:
+class _Hunk(Generic[T]):
+    """``base[start:end]`` becomes ``items``."""
+
     start: int
     end: int
-    lines: tuple[object, ...]
+    items: tuple[T, ...]
 
 
-def _hunks(base: Sequence[T], other: Sequence[T], alike: Alike[T] | None) -> list[_Hunk]:
+def _hunks(base: Sequence[T], other: Sequence[T], alike: Alike[T] | None) -> list[_Hunk[T]]:
     matcher = difflib.SequenceMatcher(None, base, other, autojunk=False)
-    out: list[_Hunk] = []
+    out: list[_Hunk[T]] = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "replace" and alike is not None:
             out += _paired(base, other, (i1, i2, j1, j2), alike)
@@ -55,7 +57,7 @@ def _hunks(base: Sequence[T], other: Sequence[T], alike: Alike[T] | None) -> lis
 
 def _paired(
     base: Sequence[T], other: Sequence[T], block: tuple[int, int, int, int], alike: Alike[T]
-) -> list[_Hunk]:
+) -> list[_Hunk[T]]:
     """A block of changed lines as one hunk per line changed in place (a line paired with
     the next one like it); what lies between the pairs stays one hunk, replaced whole."""
     i1, i2, j1, j2 = block
@@ -66,7 +68,7 @@ def _paired(
         if k is not None:
             pairs.append((i, k))
             j = k + 1
-    out: list[_Hunk] = []
+    out: list[_Hunk[T]] = []
     at, to = i1, j1
     for i, k in [*pairs, (i2, j2)]:
         if at < i or to < k:
@@ -77,7 +79,7 @@ def _paired(
     return out
 
 
-def _clash(a: _Hunk, b: _Hunk) -> bool:
+def _clash(a: _Hunk[T], b: _Hunk[T]) -> bool:
     if a.start == a.end and b.start == b.end:
         return a.start == b.start  # two insertions at one place: which goes first?
     return a.start < b.end and b.start < a.end
@@ -115,24 +117,26 @@ def merge(
     # an insertion at a place where the other side replaced goes before the replacement
     for h in sorted(chosen, key=lambda h: (h.start, h.end != h.start)):
         out.extend(base[at : h.start])
-        out.extend(h.lines)  # type: ignore[arg-type]
+        out.extend(h.items)
         at = h.end
     out.extend(base[at:])
     return out
 
 
-def _settle(base: Sequence[T], h: _Hunk, y: _Hunk, resolve: Resolve[T] | None) -> _Hunk | None:
+def _settle(
+    base: Sequence[T], h: _Hunk[T], y: _Hunk[T], resolve: Resolve[T] | None
+) -> _Hunk[T] | None:
     """Both sides replaced the same items one for one: ``resolve`` merges them pairwise."""
     n = h.end - h.start
     if (
         resolve is None
         or (y.start, y.end) != (h.start, h.end)
-        or not n == len(h.lines) == len(y.lines)
+        or not n == len(h.items) == len(y.items)
     ):
         return None
-    merged = []
-    for b, o, t in zip(base[h.start : h.end], h.lines, y.lines, strict=True):
-        m = resolve(b, o, t)  # type: ignore[arg-type]
+    merged: list[T] = []
+    for b, o, t in zip(base[h.start : h.end], h.items, y.items, strict=True):
+        m = resolve(b, o, t)
         if m is None:
             return None
         merged.append(m)
@@ -147,31 +151,32 @@ class _Words:
     head: str  # everything before the first word: "options ", 'GRUB_CMDLINE_LINUX="'
     words: tuple[str, ...]
     tail: str  # everything after the last: '"', ")", a comment
+    bare: bool = False  # an unquoted shell value: one word at most
 
 
 def _assignment(line: str) -> _Words | None:
+    """``NAME="a b"``, ``NAME='a b'``, ``NAME=(a b)`` or ``NAME=a``, a comment after it."""
     m = _NAME.match(line)
     if not m:
         return None
     rest = line[m.end() :]
     quote = rest[:1]
     if quote in _CLOSE:
-        close = rest.find(_CLOSE[quote], 1)
-        if close < 0:
+        end = rest.find(_CLOSE[quote], 1)
+        if end < 0:
             return None
-        inner, after = rest[1:close], rest[close + 1 :]
-        head, tail_q = m.group(0) + quote, _CLOSE[quote]
+        inner, close, after = rest[1:end], _CLOSE[quote], rest[end + 1 :]
         if quote != "'" and ('"' in inner or "'" in inner or _UNSAFE.search(inner)):
             return None
     else:
+        quote = close = ""
         inner, _, after = rest.partition(" ")
         after = " " + after if after else ""
-        head, tail_q = m.group(0), ""
         if any(c in inner for c in "\"'()") or _UNSAFE.search(inner):
             return None
     if after.strip() and not after.lstrip().startswith("#"):
         return None  # a second command on the line
-    return _Words(head, tuple(inner.split()), tail_q + after)
+    return _Words(m.group(0) + quote, tuple(inner.split()), close + after, bare=not quote)
 
 
 def _words(path: str, line: str) -> _Words | None:
@@ -200,8 +205,8 @@ def _word_resolver(path: str) -> Resolve[str]:
         if b is None or o is None or t is None or len({_name(x) for x in (b, o, t)}) != 1:
             return None
         words = merge(b.words, o.words, t.words)
-        if words is None:
-            return None
+        if words is None or (t.bare and len(words) > 1):
+            return None  # VAR=a b would run b: only a quoted value holds more words
         return t.head + " ".join(words) + t.tail
 
     return resolve
