@@ -19,6 +19,7 @@ from passthrough.execute.takeback import merge, take_back
 from .conftest import tree_hash
 from .test_apply import changed, snapshot_tree
 from .test_plan import build
+from .test_undo_drift import _cmdline
 
 GRUB = "etc/default/grub"
 CMDLINE = "etc/kernel/cmdline"
@@ -210,3 +211,27 @@ def test_undo_after_an_edit_of_our_word_refuses_and_names_the_file(
     assert f"/{CMDLINE} (changed since apply where apply changed it)" in line
     assert "--force" in line
     assert tree_hash(path) == frozen
+
+
+def test_undo_after_an_admins_word_in_etc_default_grub(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """apply removes amd_iommu=on where it was written in /etc/default/grub; an admin then
+    adds a word to that line and changes another: undo puts amd_iommu=on back where it
+    was and keeps both, as a real sh sources the file."""
+    path = build(tmp_path, "amd-b550-chipset", {})
+    grub = path / GRUB
+    grub.write_text(grub.read_text().replace('DEFAULT="', 'DEFAULT="amd_iommu=on '))
+    before = snapshot_tree(path)
+    argv = ["--root", str(path), "--gpu", "0000:2d:00.0", "--allow-boot-gpu"]
+    assert main(["apply", *argv]) == 0
+    assert 'DEFAULT="quiet splash iommu=pt"' in grub.read_text()
+    edited = grub.read_text().replace("iommu=pt", "iommu=pt nomodeset")
+    grub.write_text(edited.replace("GRUB_TIMEOUT=5", "GRUB_TIMEOUT=1"))
+    capsys.readouterr()
+    assert main(["undo", "--root", str(path)]) == 0
+    assert f"remove our lines from /{GRUB}" in capsys.readouterr().err
+    want = before[GRUB].decode().replace("iommu=pt", "iommu=pt nomodeset")
+    assert grub.read_text() == want.replace("GRUB_TIMEOUT=5", "GRUB_TIMEOUT=1")
+    assert changed(before, snapshot_tree(path)) == [GRUB]
+    assert _cmdline(path) == "amd_iommu=on quiet splash iommu=pt nomodeset"
