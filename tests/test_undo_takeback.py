@@ -11,13 +11,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from passthrough.cli import main
 from passthrough.execute.drift import Ambiguous, Unpicked
 from passthrough.execute.takeback import merge, take_back
+from passthrough.plan.kargs import ArgChange
+from passthrough.plan.linefiles import cmdline_arg_line, edit_lines
 
 from .conftest import tree_hash
 from .test_apply import changed, snapshot_tree
+from .test_kargs import ARG, changes
 from .test_plan import build
 from .test_undo_drift import _cmdline
 
@@ -235,3 +240,41 @@ def test_undo_after_an_admins_word_in_etc_default_grub(
     assert grub.read_text() == want.replace("GRUB_TIMEOUT=5", "GRUB_TIMEOUT=1")
     assert changed(before, snapshot_tree(path)) == [GRUB]
     assert _cmdline(path) == "amd_iommu=on quiet splash iommu=pt nomodeset"
+
+
+# -- properties: against the planner's own edit (plan/linefiles.py) ----------------------
+
+ADMIN = "zz_admin.word=1"  # a word no change draws
+
+
+def cmdline_case(args: list[str], change: ArgChange) -> tuple[str, str, list[str]]:
+    original = "# kernel-install reads the lines that are not comments\n" + " ".join(args) + "\n"
+    written = edit_lines(original, change, cmdline_arg_line, "")
+    return original, written, written.split("\n")
+
+
+@settings(max_examples=300)
+@given(st.lists(ARG, min_size=1, max_size=10), changes())
+def test_a_file_nobody_touched_comes_back_byte_for_byte(args: list[str], change: ArgChange) -> None:
+    original, written, _lines = cmdline_case(args, change)
+    got = take_back(CMDLINE, original.encode(), written.encode(), written.encode())
+    assert got == Unpicked(original.encode())
+
+
+@settings(max_examples=300)
+@given(st.lists(ARG, min_size=1, max_size=10), changes())
+def test_a_word_added_at_the_end_is_kept_and_ours_go(args: list[str], change: ArgChange) -> None:
+    """Where apply only appended, always taken apart. Otherwise taken apart exactly, or
+    refused in the one collision there is: apply removed the line's last word, which
+    goes back at the very end, where the admin's word went too."""
+    original, written, lines = cmdline_case(args, change)
+    lines[1] += " " + ADMIN
+    got = take_back(CMDLINE, original.encode(), written.encode(), "\n".join(lines).encode())
+    comment, line, _ = original.split("\n")
+    want = f"{comment}\n{line} {ADMIN}\n".encode()
+    if isinstance(got, Ambiguous):
+        assert args[-1] not in written.split(), (written, got)
+    else:
+        assert got == Unpicked(want)
+    appended_only = lines[1].split()[: len(args)] == args
+    assert got == Unpicked(want) or not appended_only

@@ -205,9 +205,12 @@ def _word_resolver(path: str) -> Resolve[str]:
         if b is None or o is None or t is None or len({_name(x) for x in (b, o, t)}) != 1:
             return None
         words = merge(b.words, o.words, t.words)
-        if words is None or (t.bare and len(words) > 1):
+        if words is None or ((t.bare or o.bare) and len(words) > 1):
             return None  # VAR=a b would run b: only a quoted value holds more words
-        return t.head + " ".join(words) + t.tail
+        # what frames the words goes back too, unless the admin changed it
+        head = o.head if t.head == b.head else t.head
+        tail = o.tail if t.tail == b.tail else t.tail
+        return head + " ".join(words) + tail
 
     return resolve
 
