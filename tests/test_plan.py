@@ -357,6 +357,25 @@ def test_grub_admin_edit_after_apply_takes_effect_with_ours(tmp_path: Path) -> N
     assert make_plan(HostRoot(str(path)), discover(str(path)), PlanOptions())[0].empty
 
 
+@pytest.mark.parametrize("iommu_pt", [True, False])
+def test_grub_iommu_off_goes_where_it_was_written(tmp_path: Path, iommu_pt: bool) -> None:
+    """An admin's iommu=off beside iommu=pt: with iommu=pt planned, setting the key replaces
+    the off (never a refusal naming our own drop-in); without it, the key is dropped (every
+    value of it: removal goes by key)."""
+    path = build(tmp_path, "consumer-intel", {})
+    grub = path / "etc/default/grub"
+    grub.write_text(
+        'GRUB_CMDLINE_LINUX=""\nGRUB_CMDLINE_LINUX_DEFAULT="quiet iommu=pt iommu=off"\n'
+    )
+    plan = _apply_plan(path, PlanOptions(iommu_pt=iommu_pt))
+    line = grub_line(path, tmp_path)
+    assert "iommu=off" not in line and "iommu=off" not in grub.read_text()
+    assert ("iommu=pt" in line) is iommu_pt, line
+    assert ("iommu" in plan.kernel_args.drop) is not iommu_pt
+    if iommu_pt:
+        assert "replaces iommu=off" in plan.kernel_args.why["iommu"]
+
+
 def test_grub_d_after_ours_that_appends_composes_and_one_that_replaces_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -200,12 +200,17 @@ def desired(host: Host, opts: KargOptions, configured: Sequence[str] = ()) -> Ar
                 if "on" in arg.split(",")
                 else "amd_iommu=off turns the IOMMU off"
             )
-    if k.arg("iommu") == "off":
+    iommu_off = k.arg("iommu") == "off"
+    if opts.iommu_pt:
+        # setting the key replaces every other value of it where it is written: iommu=off
+        # goes by that, never by dropping the key (which would drop iommu=pt with it)
+        to_set["iommu"] = "iommu=pt"
+        why["iommu"] = "identity-maps host devices (usually faster for the host)" + (
+            "; replaces iommu=off, which turns the IOMMU off" if iommu_off else ""
+        )
+    elif iommu_off:
         drop.add("iommu")
         why["iommu"] = "iommu=off turns the IOMMU off"
-    if opts.iommu_pt:
-        to_set["iommu"] = "iommu=pt"
-        why["iommu"] = "identity-maps host devices (usually faster for the host)"
     if opts.vfio_ids:
         others = _other_ids(configured, opts.vfio_ids)
         gone = [i for i in others if i in opts.variant_ids]
