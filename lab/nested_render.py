@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run inside the lab host: the nested guest's domain, rendered by the library.
 
     python3 nested_render.py NAME CARD BIG MEMORY_MIB

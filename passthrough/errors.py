@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One error hierarchy for the whole toolkit.
 
 Every error carries its own data and renders a one-line message; the CLI prints that

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Frozen, typed facts shared by every stage of the pipeline.
 
 Discovery produces these; analysis, planning and rendering only read them.

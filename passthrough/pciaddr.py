@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The one PCI address type: parsed once (from sysfs names, command lines and libvirt's
 XML attributes), formatted in one place. ``passthrough.model`` re-exports it."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Sizes, parsed and formatted in one place (binary units throughout)."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One command per job on a fresh Debian 12 machine (README "Quick start"):
 #   bash scripts/setup.sh demo   install what passthrough needs, then run the main job
 #                                 (check + scan) on a bundled sample host

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared fixtures: every bundled sample host built once per session as a real tree."""
 
 from __future__ import annotations

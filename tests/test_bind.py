@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Binding now, under umockdev: real pyudev events from a UMockdev test bed."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The CLI as a user meets it: exit codes, one-line errors, JSON, help, completion."""
 
 from __future__ import annotations

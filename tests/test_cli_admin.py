@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The CLI on a host an admin runs it on (issue 22 item 5): plan and apply tell the same
 story, an IOMMU-only plan, earlier cards kept, verify on any host."""
 

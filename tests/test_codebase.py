@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The size rule of issue 11: no module in passthrough/ (or the collection's plugins) over 400
 lines, no function over 80 lines, except data tables named here with the reason.
 

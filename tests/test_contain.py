@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The one containment walk (plugins/module_utils/passthrough_guest/contain.py, linked as
 passthrough/guest/contain.py): the host's root reader and the guest checks' root reader
 resolve every path of a hostile tree to the same place inside the root, and stop a link loop

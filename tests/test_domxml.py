@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The one domain-XML reader (passthrough/vm/domxml.py over vm/xmlfield.py): each declared
 field written and read back by the same declaration, PCI addresses read in libvirt's base 0,
 libvirt's own test domains read without error, and the collection's comparison agreeing with

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Faults at every point of apply and undo: a SIGKILL, a full disk, a short write.
 
 The harness forks a child per fault point and runs the real CLI in it on a real tree,

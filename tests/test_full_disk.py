@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A real full disk: the host laid on a small tmpfs the kernel fills, apply and undo run
 until each of their writes in turn meets a real ENOSPC (no fault hook involved).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Hostile input: archives and roots built to reach outside, and what the CLI does then.
 
 Every case runs the real CLI in a subprocess on real files (real tar archives, real

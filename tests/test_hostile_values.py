@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every value checked at the edge: a bad option, spec key, seed value or host file is one
 line naming the field, exit 2, and nothing written (no output file, the host tree as it was).
 

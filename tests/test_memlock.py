@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The memlock estimate: the limit libvirt sets for a domain (libvirt 9.0's rule), the
 libvirt daemons' units as discovery reads them, and ``memlock-short`` where the limits that
 apply leave less than the VFIO devices pin (``validate --host-root``, ``render``).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The memlock estimate against libvirt's own test of the rule it follows.
 
 libvirt's ``tests/qemumemlocktest.c`` checks ``qemuDomainGetMemLockLimitBytes`` on the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Ansible side of the VM options table (passthrough/vm/options.py): the passthrough_vm
 module's argument_spec is generated from it, and what Ansible reads as static text (the
 module's DOCUMENTATION, the role's argument_specs, defaults and task) is checked against

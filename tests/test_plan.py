@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Plans for each distro family, as golden files (diffs and commands), and the refusals."""
 
 from __future__ import annotations

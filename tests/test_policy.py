@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The safety policy, by its codes: what a card is, what plan/render refuse, and that no plan
 ever hands a host device outside the card to vfio-pci.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Preflight: processes holding a card's device nodes, in check and bind (sample trees)."""
 
 from __future__ import annotations
@@ -406,6 +407,6 @@ def test_the_policy_counts_a_variant_driver_as_handed_over(
     verdict = next(v for v in judge_all(host) if str(v.gpu.address) == CARD)
     codes = {f.code: f.message for f in verdict.findings}
     assert "vfio-partly" not in codes, codes
-    assert codes["vfio-bound"] == f"already bound to vfio (vfio-pci, {VARIANT}): ready for a guest"
+    assert codes["vfio-bound"] == f"already bound to vfio ({VARIANT}, vfio-pci): ready for a guest"
     card = [f for f in host.functions if str(f.address).startswith("0000:01:00.")]
     assert VARIANT not in softdeps(HostRoot(str(root)), host, card)

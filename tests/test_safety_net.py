@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The safety net against what the world does to it: a swapped or cut backup, a hostile
 journal, links planted in our state directory, any umask, files with unusual modes,
 owners and extended attributes, directories apply made."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``bind --stop-holders``: the units holding a card stopped around the binding, journaled,
 and started again where a card is left for them (sample trees; systemctl printed there).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Undo takes out only our words (execute/takeback.py): an admin's edit to a file apply
 edited in place survives undo where it does not touch our words; where it does, undo
 stops and names the file, as for any drift.

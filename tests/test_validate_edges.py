@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """validate where libvirt's own reading decides: base-0 PCI addresses, the console that is
 serial 0, multifunction as libvirt's QEMU driver sets it, a host device passed twice, and a
 rule catalogue fixed before any file is read (every policy and layout code selectable)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Guest XML: golden files, libvirt's schema, libvirt's test driver, a real libvirtd with
 the QEMU driver (domxml-to-native), policy findings on broken files, bad input."""
 

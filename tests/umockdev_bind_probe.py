@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run under `umockdev-wrapper`: a UMockdev test bed holds the recorded PCI devices, and a
 thread stands in for the kernel (a stand-in, named as such: no real driver core exists
 here) — it honours writes to unbind / driver_override / drivers_probe and emits the

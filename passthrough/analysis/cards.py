@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which cards a command takes: the one answer for plan, apply, bind, render and kubevirt.
 
 A card is named by any of its functions' PCI addresses (``0000:01:00.0``, ``01:00.0``) or by

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Readiness checks, in the spirit of virt-host-validate, each with a one-line fix."""
 
 from __future__ import annotations

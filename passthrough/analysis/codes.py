@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every finding code of the safety policy and of the address check, with what decides
 about it: one table (:data:`POLICY`), read by the policy that makes the findings, by plan,
 bind, render, kubevirt preflight and validate when they judge them. A code's entry says how

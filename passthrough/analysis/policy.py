@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The safety policy: the one place that decides what may be handed to a guest.
 
 Every refusal and warning is a :class:`~passthrough.model.Finding` with a stable code
@@ -365,19 +366,19 @@ def card_warnings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostInde
         )
     if primary.physfn is not None:
         warn(SRIOV_VF, f"SR-IOV virtual function of {primary.physfn}")
-    # vfio-pci or a variant of it (nvgrace_gpu_vfio_pci, ...): handed over either way
-    bound = [f for f in gpu.functions if is_vfio(f.driver)]
-    if bound and len(bound) == len(gpu.functions):
-        variants = sorted({str(f.driver) for f in bound} - {"vfio-pci"})
-        to = f"vfio ({', '.join(['vfio-pci', *variants])})" if variants else "vfio-pci"
-        warn(VFIO_BOUND, f"already bound to {to}: ready for a guest")
-    elif bound:
-        warn(
-            VFIO_PARTLY,
-            "partly bound to vfio-pci: "
-            + ", ".join(f"{f.address} → {f.driver or 'no driver'}" for f in gpu.functions),
-        )
+    if handed := _handed_over(gpu):
+        warn(*handed)
     return found
+
+
+def _handed_over(gpu: Gpu) -> tuple[str, str] | None:
+    """vfio-bound or vfio-partly: on vfio-pci or a variant (nvgrace_gpu_vfio_pci...) either way."""
+    bound = {str(f.driver) for f in gpu.functions if is_vfio(f.driver)}
+    if bound and all(is_vfio(f.driver) for f in gpu.functions):
+        to = f"vfio ({', '.join(sorted(bound))})" if bound != {"vfio-pci"} else "vfio-pci"
+        return VFIO_BOUND, f"already bound to {to}: ready for a guest"
+    drivers = ", ".join(f"{f.address} → {f.driver or 'no driver'}" for f in gpu.functions)
+    return (VFIO_PARTLY, f"partly bound to vfio-pci: {drivers}") if bound else None
 
 
 def judge(

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What a card is (the display function and the functions that belong to it), and the
 sizes and words the verdicts use. The verdicts themselves: ``analysis/policy.py``."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Command line: one module per command (``passthrough/cli/<name>.py``, the names in
 COMMANDS), each with its parser block and its ``run``; here the top-level parser, and the
 one place errors become exit codes and one-line messages.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough apply``: the planned host changes, made (atomic, backed up, journaled)."""
 
 from __future__ import annotations

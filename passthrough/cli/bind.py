@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough bind``: idle cards onto vfio-pci now, without a reboot (live host)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough check``: readiness checks, each with a fix."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What every command shares: the parser class, the common flags, opening a root, printing."""
 
 from __future__ import annotations

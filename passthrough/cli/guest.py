@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough guest check``: inside a VM, does it see its GPU and is the stack wired?
 
 Standard library only, like the guest package: ``python3 -m passthrough guest check``

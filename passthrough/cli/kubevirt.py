@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough kubevirt``: the same cards, options and policy as ``render``, for a cluster —
 manifests (KubeVirt device-plugin route or NVIDIA's DRA driver), their validation, and the
 node preflight that decides the passthrough label."""

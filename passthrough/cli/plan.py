@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough plan``: the host changes, shown, not made (``apply`` makes them)."""
 
 from __future__ import annotations

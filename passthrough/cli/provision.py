@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough provision``: the playbooks (host → vm → guest) through ansible-runner."""
 
 from __future__ import annotations

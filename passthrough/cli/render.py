@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough render``: domain XML for a guest with the whole card(s)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough sample``: the bundled sample hosts (list, build, umockdev)."""
 
 from __future__ import annotations

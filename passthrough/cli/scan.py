@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough scan``: IOMMU groups, GPUs and a verdict for each."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough snapshot``: capture what discovery reads into a .tar.gz."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough status``: what apply and undo did to this host, drift since, pending commands."""
 
 from __future__ import annotations

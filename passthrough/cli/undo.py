@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough undo``: every file apply changed back to its original, then regenerate."""
 
 from __future__ import annotations

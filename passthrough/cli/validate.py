@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough validate``: the validate package's own command line, as a subcommand."""
 
 from __future__ import annotations

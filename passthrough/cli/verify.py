@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough verify``: after the reboot, is the host what apply made it?"""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough vm``: seed, define, start, stop, undefine and inspect guests (libvirt)."""
 
 from __future__ import annotations

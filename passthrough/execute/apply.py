@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Executing a Plan: lock, backups, a journal written before every step, atomic writes.
 
 State lives under ``ROOT/var/lib/passthrough``: ``journal.json`` (see journal.py) and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Binding idle cards to their vfio driver now, without a reboot.
 
 For each function: unbind it from its driver, set ``driver_override`` to its vfio driver

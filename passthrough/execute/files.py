@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Small, careful file primitives: a crash leaves each file entirely old or entirely new.
 
 apply, undo and the journal write through these; so does ``render -o``. Every write is

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``bind --stop-holders``: the systemd units that hold a card open, stopped around the
 binding and started again after it where they still have a card to use.
 

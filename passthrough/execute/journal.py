@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The journal of changes made to a host: typed in memory, JSON only on disk.
 
 ``ROOT/var/lib/passthrough/journal.json`` holds every transaction, apply and undo alike,

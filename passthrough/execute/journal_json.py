@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reading the journal's JSON strictly: every field has the type it must have, or the whole
 journal is refused before anything is done with it.
 

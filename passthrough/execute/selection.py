@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which cards a new plan takes on a host an earlier ``apply`` prepared: one rule for the
 CLI and the Ansible module. The earlier cards are kept unless released by name, so a
 second ``plan --gpu X`` adds X and never silently drops what is bound (the selection is

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`passthrough status`: what the journal says was done to this host, and what is left.
 
 Per transaction: its id, time and state, the files and kernel arguments it changed, and

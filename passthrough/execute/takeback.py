@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Undo takes out only our words: a three-way merge of a file edited in place.
 
 Apply turned ``original`` into ``written``; since then someone turned ``written`` into

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Undo's decision for each path, made before anything changes: put the original back,
 take only our lines out, leave it (nothing to do, or a backup missing or damaged), or
 refuse (changed since apply in a way that cannot be taken apart). See undo.py.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """After the reboot: did the host come back the way the last apply meant it to?"""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The libvirt daemons' systemd units under a root: the locked-memory limit they run under.
 
 A unit is read as systemd loads it: the first of ``etc``, ``run``, ``lib``/``usr/lib``

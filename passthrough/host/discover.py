@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Discovery: everything the toolkit knows about a host, read from a root."""
 
 from __future__ import annotations

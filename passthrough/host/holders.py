@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Who holds a card's device nodes open: the processes an unbind would wait on forever.
 
 A process with ``/dev/nvidiaN`` (the card's minor, from ``/proc/driver/nvidia/gpus``) or the

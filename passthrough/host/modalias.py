@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which vfio driver a function gets: the running kernel's ``modules.alias`` decides.
 
 A vfio variant driver declares the devices it serves with ``vfio_pci:`` aliases

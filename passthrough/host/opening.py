@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Opening a ``--root`` argument: a directory as it is, a snapshot archive unpacked to a
 temporary directory first. Here, below the CLI, so the validator's ``--host-root`` and the
 commands share it without an upward import."""

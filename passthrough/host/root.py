@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reading a host root: the live ``/``, an unpacked snapshot, or a test fixture.
 
 Every reader and writer of the host goes through :class:`HostRoot`, so nothing below

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Capturing a host: exactly what discovery reads, as a tar.gz of a host root.
 
 A :class:`RecordingRoot` runs the ordinary discovery and remembers every file it read,

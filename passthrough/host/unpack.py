@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Unpacking a snapshot archive: contained (no member lands or writes outside the
 directory) and bounded (see :data:`LIMITS`), so an archive from someone else can neither
 write elsewhere nor fill the disk, the memory or the afternoon.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The cluster manifests for a host: cards chosen, checked and laid out exactly as ``render``
 does it (vm/spec.py's build_spec), then written as KubeVirt and Kubernetes objects.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Manifests in and out: a YAML stream with a comment header; files read with a bound."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough kubevirt preflight``: what a node must show before it is labelled for GPU
 passthrough VMs — every function of each card on vfio-pci (or on no driver yet), the cards'
 IOMMU groups viable under the same policy as plan and render, the large-BAR fit of a

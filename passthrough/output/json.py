@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The scan report: one object for machines (``scan --json``), schema passthrough.scan/v1.
 
 The JSON Schema lives in ``passthrough/schemas/scan-v1.schema.json``.

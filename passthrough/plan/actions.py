@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A Plan: ordered actions plus whether a reboot is needed. Shown, then applied.
 
 The same Plan feeds ``passthrough plan`` (diffs, commands, JSON), Ansible's check mode

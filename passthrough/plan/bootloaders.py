@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kernel arguments through the bootloader the host really uses — one small class each.
 
 Each knows where its configured arguments live (``configured``) and how to change them

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """From discovery to a Plan: selection, kernel arguments, vfio binding, initramfs."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kernel command-line arguments: what this host needs, and editing a list of them.
 
 Editing keeps every unrelated argument where it was, is idempotent, and adding then

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The host options as one table, as :mod:`passthrough.vm.options` is for guests: each
 option's field of :class:`~passthrough.plan.build.PlanOptions`, its flag on ``plan`` and
 ``apply`` (and ``bind``, where it takes it), its name in the ``passthrough_host`` Ansible

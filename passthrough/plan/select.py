@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which cards go to vfio-pci, and the refusals that protect the host."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Binding the selected cards to vfio-pci at boot: modprobe.d, initramfs, per-device overrides.
 
 Softdeps are derived, not listed: every module bound to a card's function now, and every

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A thin, typed wrapper over ansible-runner: runs the playbooks, turns runner events into
 progress lines, and never reports success after a failure — ansible-runner itself does not
 raise when a playbook fails, so ``status`` and ``rc`` are checked here."""

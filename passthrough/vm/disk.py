@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The qcow2 overlay ``vm define --base-image`` (and the VM module) makes for a guest.
 
 A file already at the overlay's path may be a guest's disk holding its data, so it is

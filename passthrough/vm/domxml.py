@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A libvirt domain, read (and written) through declared fields: the one reader of domain XML
 for validate, the layout check, the memlock estimate, ``vm status`` and the collection's
 domain comparison.

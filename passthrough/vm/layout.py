@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The guest's address layout for large BARs: the 64-bit MMIO window, the guest's physical
 address bits, and the elements that carry them — decided before any domain exists.
 

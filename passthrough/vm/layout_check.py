@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The address-space check of a hand-written domain: the same firmware and CPU model as
 the planner (layout.py), applied to XML someone else wrote (validate's "host" rules)."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """libvirt-python: define, start, stop, undefine and inspect guests.
 
 Errors become one-line PassthroughErrors naming the URI or domain; libvirt's own error

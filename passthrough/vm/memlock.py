@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The locked-memory limit of a guest's QEMU process, and whether the limits that apply
 leave room for it.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The VM options as one table: name, type, range or pattern, default, help, and where
 each comes from (a ``render`` flag, a key of ``--spec FILE.yaml``).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Domain XML from a VmSpec through the Jinja2 template in templates/.
 
 StrictUndefined (a missing value is an error, not an empty string) and autoescaping (a

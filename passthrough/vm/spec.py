@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A guest's specification, built from discovery and options; every decision made here.
 
 The template only loops and branches over what this module computed: guest PCI

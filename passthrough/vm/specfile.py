@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``render --spec FILE.yaml``: VM options from YAML, through the options table.
 
 YAML 1.1 (what PyYAML and Ansible read) turns some unquoted scalars into numbers the writer

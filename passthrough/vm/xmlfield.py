@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Declarative fields over an lxml element: a field is declared once, as a path and a
 converter, and that one declaration both reads and writes it.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The XML namespaces of a libvirt domain, named in one place.
 
 Small and import-free on purpose: validate imports it, and validate's start-up time matters

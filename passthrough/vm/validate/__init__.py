@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Validating domain XML — ours or anyone's — in layers, as a CI gate.
 
 1. ``file``: readable, well-formed, a ``<domain>``;

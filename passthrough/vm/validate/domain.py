@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The policy and host layers over a parsed domain.
 
 Generic rules (guest PCI addresses, function 0, multifunction, vendor_id values) apply to

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``validate``'s command line, shared by ``passthrough validate`` and the lean
 ``passthrough-validate`` entry point (the same flags and output; it skips importing the
 whole toolkit, which is what a per-file pre-commit or CI hook pays for every file)."""

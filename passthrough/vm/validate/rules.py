@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The rule catalogue: every code ``validate`` can report, its layer, severity and why.
 
 Codes are stable (CI configs select and ignore them); layers say which part of the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Generated from passthrough/plan/options.py, the one table of host options, by
 # tests/test_options_ansible.py (pytest --regenerate-golden rewrites it): do not edit.
 """The passthrough_host module's host options as Ansible argument_spec entries, here so that

@@ -1,4 +1,5 @@
 #!/usr/bin/python
+# SPDX-License-Identifier: Apache-2.0
 """Ansible module: prepare a host for GPU passthrough through the passthrough library.
 
 The plan logic exists once, in the library; this module only maps its Plan onto Ansible's

@@ -1,4 +1,5 @@
 #!/usr/bin/python
+# SPDX-License-Identifier: Apache-2.0
 """Ansible module: the KubeVirt node preflight (passthrough kubevirt preflight) as facts."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 #!/usr/bin/python
+# SPDX-License-Identifier: Apache-2.0
 """Ansible module: render, validate and define/start a GPU guest through the passthrough library."""
 
 from __future__ import annotations

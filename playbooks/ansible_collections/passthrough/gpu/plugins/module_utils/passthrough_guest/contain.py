@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Resolving a path inside a root the way a chroot would, standard library only: the one
 containment walk of the host side (``passthrough.host.root.HostRoot``) and the guest checks
 (``GuestRoot``, which travel alone to guests as Ansible module_utils).

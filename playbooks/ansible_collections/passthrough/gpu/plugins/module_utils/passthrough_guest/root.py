@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A minimal reader of a guest root (``/`` or an unpacked capture), standard library only.
 
 The host side has :class:`passthrough.host.root.HostRoot`; this package cannot import it
