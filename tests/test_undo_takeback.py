@@ -195,7 +195,7 @@ def test_undo_after_an_admins_word_keeps_it(
     (path / rel).write_text("# the admin's\n" + edited)
     capsys.readouterr()
     assert main(["undo", "--root", str(path)]) == 0
-    assert f"remove our lines from /{rel}" in capsys.readouterr().err
+    assert f"take out what apply added to /{rel}" in capsys.readouterr().err
     want = original.replace(" quiet", " quiet nomodeset", 1) if entry else None
     if want is None:  # /etc/kernel/cmdline: ours was last on the line
         want = original.rstrip("\n") + " nomodeset\n"
@@ -236,7 +236,7 @@ def test_undo_after_an_admins_word_in_etc_default_grub(
     grub.write_text(edited.replace("GRUB_TIMEOUT=5", "GRUB_TIMEOUT=1"))
     capsys.readouterr()
     assert main(["undo", "--root", str(path)]) == 0
-    assert f"remove our lines from /{GRUB}" in capsys.readouterr().err
+    assert f"take out what apply added to /{GRUB}" in capsys.readouterr().err
     want = before[GRUB].decode().replace("iommu=pt", "iommu=pt nomodeset")
     assert grub.read_text() == want.replace("GRUB_TIMEOUT=5", "GRUB_TIMEOUT=1")
     assert changed(before, snapshot_tree(path)) == [GRUB]

@@ -96,11 +96,13 @@ class UndoStopped(PassthroughError):
 
     exit_code = EXIT_HOST_STEP
 
-    def __init__(self, why: str) -> None:
-        super().__init__(
-            f"{why}; undo stopped part-way (`passthrough status` shows where): make room, "
-            "then run `passthrough undo` again"
+    def __init__(self, why: str, changed: bool = True) -> None:
+        where = (
+            "undo stopped part-way (`passthrough status` shows where)"
+            if changed
+            else "undo stopped before it put anything back (nothing on the host changed)"
         )
+        super().__init__(f"{why}; {where}: make room, then run `passthrough undo` again")
 
 
 @dataclass
@@ -217,7 +219,7 @@ def _files(
             if d.action == "drifted":
                 _say_force(root, d, say)
             elif d.action == "unpick":
-                say(f"remove our lines from /{d.path} (changed since apply: the rest is kept)")
+                say(f"take out what apply added to /{d.path} (changed since apply: the rest is kept)")
             else:
                 say(f"restore /{d.path}")
             _put(journal, tx, d)
@@ -261,7 +263,8 @@ def undo(
                 return _rerun_pending(journal, runner, say, result)
             return _undo(journal, targets, decisions, runner, say, force, result)
         except OSError as exc:
-            raise UndoStopped(why(exc)) from None
+            changed = result.restored or result.unpicked or result.forced
+            raise UndoStopped(why(exc), changed=bool(changed)) from None
 
 
 def _undo(
