@@ -219,7 +219,9 @@ def _files(
             if d.action == "drifted":
                 _say_force(root, d, say)
             elif d.action == "unpick":
-                say(f"take out what apply added to /{d.path} (changed since apply: the rest is kept)")
+                say(
+                    f"take out what apply added to /{d.path} (changed since apply: the rest is kept)"
+                )
             else:
                 say(f"restore /{d.path}")
             _put(journal, tx, d)
