@@ -172,3 +172,25 @@ def test_verbose_names_each_file_and_command(host: Path) -> None:
         check=False,
     )
     assert plain.returncode == 0 and "  | " not in plain.stderr, plain.stderr
+
+
+def test_a_second_apply_still_names_what_the_first_could_only_list(
+    host: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An image prepared in two applies: the second changes GRUB only, yet the first one's
+    initramfs rebuild is still owed, and both the text and the JSON say so."""
+    assert main(["apply", "--root", str(host), "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)["commands_not_run"]
+    assert ["update-initramfs", "-u", "-k", "all"] in first
+    assert main(["apply", "--root", str(host), "--hugepages-1g", "2", "--json"]) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert second["changed"] and ["update-grub"] in second["commands_not_run"]
+    assert ["update-initramfs", "-u", "-k", "all"] in second["pending"], second
+    assert not any(argv in second["commands_not_run"] for argv in second["pending"])
+    assert main(["undo", "--root", str(host), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["apply", "--root", str(host)]) == 0
+    assert main(["apply", "--root", str(host), "--hugepages-1g", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "Still pending from an earlier apply" in text, text
+    assert "update-initramfs -u -k all" in text.split("Still pending from an earlier apply")[1]

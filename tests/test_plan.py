@@ -190,6 +190,8 @@ REFUSALS = [
     ("consumer-intel", ["--gpu", "01:00"], "neither a PCI address"),
     ("consumer-intel", ["--gpu", "10de:zzzz"], "neither a PCI address"),
     ("bmc-only-server", [], "no viable NVIDIA GPU"),
+    # the IOMMU off: the way forward is to turn it on, not to name a card
+    ("iommu-off", [], "`passthrough plan --iommu-only` turns it on"),
     ("consumer-intel", ["--gpu", "10de:9999"], "matches no GPU"),
 ]
 

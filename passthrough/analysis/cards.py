@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
+from passthrough.analysis.codes import NO_IOMMU
 from passthrough.errors import InvalidPciAddress, PassthroughError, quote
 from passthrough.model import NVIDIA, GpuVerdict
 from passthrough.pciaddr import PciAddress
@@ -56,6 +57,18 @@ def default_cards(verdicts: Iterable[GpuVerdict], default: Default = "viable") -
     return [v for v in nvidia if v.viable and v.gpu.primary.physfn is None]
 
 
+def _why_none(verdicts: Sequence[GpuVerdict]) -> str:
+    """Why no card is taken by default, with the way forward: an IOMMU that is off is
+    turned on first (its groups exist only after that reboot), not worked around."""
+    nvidia = default_cards(verdicts, "nvidia")
+    if any(f.code == NO_IOMMU for v in nvidia for f in v.findings):
+        return (
+            "no IOMMU groups on this host (the IOMMU is off): `passthrough plan --iommu-only` "
+            "turns it on; after that reboot, plan the cards"
+        )
+    return "no viable NVIDIA GPU on this host; name cards with --gpu (see `passthrough scan`)"
+
+
 def choose_cards(
     verdicts: Sequence[GpuVerdict],
     requested: Iterable[str],
@@ -70,9 +83,7 @@ def choose_cards(
     if not tokens:
         chosen = default_cards(verdicts, default)
         if not chosen and required:
-            raise NoSuchCard(
-                "no viable NVIDIA GPU on this host; name cards with --gpu (see `passthrough scan`)"
-            )
+            raise NoSuchCard(_why_none(verdicts))
         return chosen
     chosen = []
     for token in tokens:

@@ -45,8 +45,10 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     if not plan.empty:
         confirm(args, "apply", lambda: plan_text(plan, root))
     tx = apply(root, plan, plan.record(), progress=progress(args))
-    # nothing to do here, but commands an earlier apply could only list are still owed
-    still = owed(root) if tx is None else []
+    # commands an earlier apply could only list are still owed, whether or not this run
+    # changed anything (this run's own listed commands are named apart)
+    now = listed(tx)
+    still = [argv for argv in owed(root) if argv not in now]
     if args.json:
         dump(apply_json(tx, plan, still), "apply")
         return EXIT_OK
@@ -61,7 +63,11 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
             f"Not run ({command_mode(root)} mode: --root is not a full OS tree, or not root): "
             "run them inside it:"
         )
-        for argv in listed(tx):
+        for argv in now:
+            print("  " + shlex.join(argv))
+    if still:
+        print("Still pending from an earlier apply (run them inside the root too):")
+        for argv in still:
             print("  " + shlex.join(argv))
     print("Reboot, then run `passthrough verify`." if plan.reboot else "No reboot required.")
     return EXIT_OK

@@ -49,21 +49,22 @@ def add_parser(sub: Subparsers) -> None:
         type=float,
         default=10.0,
         metavar="SECONDS",
-        help="wait this long for bind events",
+        help="wait this long for bind events (default: 10)",
     )
     p.add_argument(
         "--stop-holders",
         action="store_true",
         help="stop the systemd units that hold the cards open (nvidia-persistenced, a display "
         "manager), bind, then start them again where a card is left for them; a process in no "
-        "unit is refused, never killed. Not the live host: the systemctl commands are printed",
+        "unit is refused, never killed. On another root (--root DIR) the systemctl commands it would "
+        "run for that root's holders are printed; binding itself needs the live host",
     )
     p.add_argument(
         "--stop-timeout",
         type=float,
         default=30.0,
         metavar="SECONDS",
-        help="with --stop-holders: wait this long for each systemctl stop or start",
+        help="with --stop-holders: wait this long for each systemctl stop or start (default: 30)",
     )
     yes_flag(p)
 

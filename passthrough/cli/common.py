@@ -23,7 +23,7 @@ exit codes:
   3    a host step failed part-way: `passthrough undo` puts back what was changed
   4    libvirt or Ansible failed underneath
   130  interrupted (Ctrl-C)
-docs: README.md, docs/ (JSON schema: passthrough/schemas/scan-v1.schema.json)
+docs: README.md, docs/ (--json: passthrough/schemas/COMMAND-v1.schema.json, named by its "schema" key)
 """
 
 # A command's body: the parsed flags, and a list of temporary directories main() removes.
