@@ -28,9 +28,13 @@ Stage one (each stage prints what it does and how long it took):
              PCI view; every BAR at full size at the promised addresses, the big one in the
              planned window — and without the planner's window and bits, the kernel must
              report that BAR unassigned (lab/nested.py, lab/nested_render.py)
+  admin      the admin edits /etc/default/grub after apply (one more kernel argument) and
+             runs update-grub; the break's reboot boots it, and /proc/cmdline must have the
+             admin's argument and ours
   break      the companion function's override is taken out of the applied udev rule; after a
              reboot `passthrough verify` must fail and name that function
-  undo       `passthrough undo`, a reboot: the original files, arguments and drivers
+  undo       `passthrough undo`, a reboot: the original files (the admin's /etc/default/grub
+             with their edit), arguments (the admin's kept, ours gone) and drivers
 On failure the console log, the Ansible logs and every command's output stay in the
 artifacts directory (PASSTHROUGH_LAB_ARTIFACTS, default ./lab-artifacts).
 """
@@ -38,7 +42,9 @@ artifacts directory (PASSTHROUGH_LAB_ARTIFACTS, default ./lab-artifacts).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -71,10 +77,18 @@ NESTED_MIB = 256
 # to its 32 GiB window (TCG's "max" CPU says AuthenticAMD, whose 40 bits OVMF does trust).
 BREAK_BITS = 38
 NESTED_TIMEOUT = 1500
+# The admin's edit after apply: a dotted parameter no kernel code claims, which the kernel
+# ignores and still shows in /proc/cmdline
+ADMIN_ARG = "lab.admin_edit=1"
+ADMIN_GRUB = "/etc/default/grub"
 
 
 class LabFailed(Exception):
     pass
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class Lab:
@@ -90,6 +104,8 @@ class Lab:
         self.baseline = ""
         self._inventory: Path | None = None
         self.artifact_files: list[Path] = []
+        self.ours: list[str] = []  # the arguments our GRUB drop-in appends
+        self.admin_grub = ""  # sha256 of /etc/default/grub as the admin's edit left it
 
     def stage(self, name: str, fn: Callable[[], Any]) -> Any:
         self.say(f"[lab] {name} ...")
@@ -489,6 +505,62 @@ class Lab:
             for a in addresses
         }
 
+    def admin_edit(self) -> dict[str, Any]:
+        """The admin, after apply, edits /etc/default/grub as they always have (one more
+        argument on GRUB_CMDLINE_LINUX_DEFAULT, with sed) and runs update-grub. Our drop-in
+        appends to the value the admin sets, so grub.cfg must carry both; the break's reboot
+        boots it (`admin_cmdline` reads /proc/cmdline after it)."""
+        dropin = "/etc/default/grub.d/99-passthrough.cfg"
+        # our arguments: the drop-in sourced on an empty value, as grub-mkconfig sources it
+        ours = self.sh(
+            f"env -i bash -c 'GRUB_CMDLINE_LINUX_DEFAULT=; . {dropin}; "
+            'printf %s "$GRUB_CMDLINE_LINUX_DEFAULT"\''
+        )
+        self.ours = ours.stdout.split()
+        if ours.returncode != 0 or "iommu=pt" not in self.ours:
+            raise LabFailed(f"our drop-in does not append iommu=pt: {ours.stdout!r} {ours.stderr}")
+        text = self.sh(f"cat {ADMIN_GRUB}").stdout
+        if f"{_sha256(text)}  {ADMIN_GRUB}" not in self.baseline.splitlines():
+            raise LabFailed(f"{ADMIN_GRUB} changed between the baseline and the admin's edit")
+        # the admin's sed, and what it must leave: the line with one more argument
+        pattern = r'^(GRUB_CMDLINE_LINUX_DEFAULT="[^"]*)"$'
+        edited, n = re.subn(pattern, rf'\1 {ADMIN_ARG}"', text, flags=re.M)
+        if n != 1:
+            raise LabFailed(f"{ADMIN_GRUB} has no single GRUB_CMDLINE_LINUX_DEFAULT line: {text}")
+        self.admin_grub = _sha256(edited)
+        r = self.sh(
+            f'sed -i \'s/^\\(GRUB_CMDLINE_LINUX_DEFAULT="[^"]*\\)"$/\\1 {ADMIN_ARG}"/\' '
+            f"{ADMIN_GRUB} && sha256sum {ADMIN_GRUB} && update-grub"
+        )
+        if r.returncode != 0 or not r.stdout.startswith(self.admin_grub):
+            raise LabFailed(f"the admin's edit: {r.stdout.strip()[:200]} {r.stderr[-500:]}")
+        # the default entry (GRUB_DEFAULT=0) is the first linux line; recovery entries take
+        # GRUB_CMDLINE_LINUX only
+        linux = [
+            ln.split()
+            for ln in self.sh("cat /boot/grub/grub.cfg").stdout.splitlines()
+            if ln.split()[:1] == ["linux"]
+        ]
+        if not linux or ADMIN_ARG not in linux[0] or not set(self.ours) <= set(linux[0]):
+            raise LabFailed(f"update-grub did not put the admin's argument and ours: {linux[:1]}")
+        return {"ours": self.ours, "grub_cfg": " ".join(linux[0])}
+
+    def admin_cmdline(self) -> dict[str, Any]:
+        """After the break's reboot: the admin's argument and ours, theirs first (our drop-in
+        appends to their value)."""
+        cmdline = self.sh("cat /proc/cmdline").stdout.strip()
+        words = cmdline.split()
+        admin = ADMIN_ARG in words
+        ours = bool(self.ours) and all(a in words for a in self.ours)
+        if not (admin and ours):
+            raise LabFailed(
+                f"after the admin's edit and a reboot /proc/cmdline lacks "
+                f"{'the admin argument' if not admin else 'ours ' + str(self.ours)}: {cmdline}"
+            )
+        if words.index(ADMIN_ARG) > min(words.index(a) for a in self.ours):
+            raise LabFailed(f"our arguments come before the admin's: {cmdline}")
+        return {"cmdline": cmdline, "admin": admin, "ours": ours, "args": self.ours}
+
     def sabotage(self) -> dict[str, Any]:
         """Break something real: the binding as a plan that forgot the companion function would
         leave it — its line gone from the udev rule, and the initramfs rebuilt (initramfs-tools
@@ -530,25 +602,32 @@ class Lab:
         # never restored from a backup: the same files, without our arguments and modules
         differ = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
         differ = [d for d in differ if d.startswith("/etc/")]
+        # /etc/default/grub is the admin's: undo keeps their edit made after apply
+        if after.get(ADMIN_GRUB) == self.admin_grub:
+            differ.remove(ADMIN_GRUB)
         differ += sorted(k for k in set(before) ^ set(after) if k.startswith("/boot/"))
         if differ:
             raise LabFailed(f"undo left files changed: {differ[:10]}")
         if self.sh("grep -E 'iommu=pt|vfio' /boot/grub/grub.cfg").returncode == 0:
             raise LabFailed("undo's update-grub left our arguments in /boot/grub/grub.cfg")
+        if self.sh(f"grep -q '{ADMIN_ARG}' /boot/grub/grub.cfg").returncode != 0:
+            raise LabFailed("undo's update-grub lost the admin's argument")
         listing = self.sh("lsinitramfs /boot/initrd.img-$(uname -r)").stdout
         if "passthrough-vfio" in listing or "40-passthrough-vfio.rules" in listing:
             raise LabFailed("undo's update-initramfs left our files in the initramfs")
 
-    def back(self) -> dict[str, str]:
-        cmdline = self.sh("cat /proc/cmdline").stdout
+    def back(self) -> dict[str, Any]:
+        cmdline = self.sh("cat /proc/cmdline").stdout.strip()
         if "iommu=pt" in cmdline or "vfio" in cmdline:
             raise LabFailed(
                 f"after undo and reboot the command line still has our arguments: {cmdline}"
             )
+        if ADMIN_ARG not in cmdline.split():
+            raise LabFailed(f"after undo and reboot the admin's argument is gone: {cmdline}")
         drivers = self.drivers(CARD_FUNCTIONS)
         if any(d == "vfio-pci" for d in drivers.values()):
             raise LabFailed(f"after undo and reboot: {drivers}")
-        return drivers
+        return {"drivers": drivers, "cmdline": cmdline}
 
     def _guarded(self, stages: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """Run the stages; keep the artifacts on failure; stop the machine in any case."""
@@ -588,12 +667,16 @@ class Lab:
                 "nested break: no window, 38 bits, BAR unassigned",
                 lambda: self.nested_break(rendered),
             )
+            edit = self.stage(
+                "admin edits /etc/default/grub after apply, update-grub", self.admin_edit
+            )
             broken = self.stage(
                 "break: companion override removed, reboot, verify fails", self.sabotage
             )
+            admin = self.stage("admin's argument and ours in /proc/cmdline", self.admin_cmdline)
             self.stage("undo", self.undo)
             self.stage("reboot after undo", self.reboot)
-            drivers = self.stage("back to the original", self.back)
+            back = self.stage("back to the original", self.back)
             return {
                 "ok": True,
                 "accel": self.accel,
@@ -603,7 +686,12 @@ class Lab:
                 "nested": planned,
                 "nested_break": unplanned,
                 "break": broken,
-                "drivers_after_undo": drivers,
+                "admin_edit": {
+                    **admin,
+                    "grub_cfg": edit["grub_cfg"],
+                    "cmdline_after_undo": back["cmdline"],
+                },
+                "drivers_after_undo": back["drivers"],
             }
 
         return self._guarded(stages)

@@ -66,7 +66,9 @@ def test_full_chain_through_a_real_reboot(tmp_path: Path) -> None:
     real update-initramfs and update-grub inside) and Ansible reboots it; the card comes up on
     vfio-pci; the vm play starts a guest under the lab host's own libvirt with both functions;
     a nested guest boots a real kernel with the card and a 64 GiB BAR and reports what it
-    sees, with the planner's layout and without it; a deliberately broken binding makes verify fail; undo and a reboot bring it all back."""
+    sees, with the planner's layout and without it; the admin edits /etc/default/grub after
+    apply and their argument boots with ours; a deliberately broken binding makes verify fail;
+    undo and a reboot bring it all back, keeping the admin's edit."""
     result = _run_lab(tmp_path, "--full")
     card = ["0000:01:00.0", "0000:01:00.1"]
     assert result["guest"]["attached"] == card and result["guest"]["qemu_vfio_devices"] == 2
@@ -98,6 +100,17 @@ def test_full_chain_through_a_real_reboot(tmp_path: Path) -> None:
     assert result["break"]["drivers"]["0000:01:00.1"] not in ("", "vfio-pci")
     assert result["break"]["drivers"]["0000:01:00.0"] == "vfio-pci"
     assert all(d != "vfio-pci" for d in result["drivers_after_undo"].values())
+    # the admin's edit of /etc/default/grub after apply (one more argument, update-grub) is on
+    # the kernel's command line after the break's reboot, ahead of ours; undo keeps their edit
+    # (the lab compares that file with the baseline plus the edit) and only ours go
+    admin = result["admin_edit"]
+    assert admin["admin"] and admin["ours"] and "iommu=pt" in admin["args"]
+    words = admin["cmdline"].split()
+    assert "lab.admin_edit=1" in words and set(admin["args"]) <= set(words)
+    assert words.index("lab.admin_edit=1") < min(words.index(a) for a in admin["args"])
+    assert "lab.admin_edit=1" in admin["grub_cfg"].split()
+    after = admin["cmdline_after_undo"].split()
+    assert "lab.admin_edit=1" in after and not set(admin["args"]) & set(after)
     assert list(result["timings"]) == [
         "image",
         "boot (UEFI, GRUB from disk)",
@@ -107,7 +120,9 @@ def test_full_chain_through_a_real_reboot(tmp_path: Path) -> None:
         "nested guest: initramfs, render with the planner",
         "nested guest boots (planned layout), its view read",
         "nested break: no window, 38 bits, BAR unassigned",
+        "admin edits /etc/default/grub after apply, update-grub",
         "break: companion override removed, reboot, verify fails",
+        "admin's argument and ours in /proc/cmdline",
         "undo",
         "reboot after undo",
         "back to the original",
