@@ -53,11 +53,12 @@ def test_every_json_output_of_the_host_chain_is_valid(
         valid(out(capsys, "render", "--root", r, "--name", "g", "--gpu", "0000:01:00.0")),
         valid(out(capsys, "snapshot", "--root", r, "-o", str(tmp_path / "s.tar.gz"))),
         valid(out(capsys, "sample", "list")),
+        valid(out(capsys, "validate", "--list-rules")),
         valid(out(capsys, "sample", "build", "iommu-off", str(tmp_path / "built"))),
     ]
     assert seen == [
         *("scan", "check", "plan", "apply", "status", "verify", "undo", "render"),
-        *("snapshot", "sample-list", "sample-build"),
+        *("snapshot", "sample-list", "validate-rules", "sample-build"),
     ]
 
 

@@ -315,7 +315,7 @@ def test_validate_tells_a_daemon_that_cannot_raise_its_limit(
 
 def test_list_rules_has_memlock_short(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "--list-rules", "--json"]) == 0
-    listed = {r["code"]: r for r in json.loads(capsys.readouterr().out)}
+    listed = {r["code"]: r for r in json.loads(capsys.readouterr().out)["rules"]}
     assert listed["memlock-short"]["layer"] == "host"
     assert listed["memlock-short"]["severity"] == "warning"
 

@@ -157,7 +157,7 @@ def test_list_rules_holds_every_policy_and_layout_code(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert main(["validate", "--list-rules", "--json"]) == 0
-    listed = {r["code"]: r for r in json.loads(capsys.readouterr().out)}
+    listed = {r["code"]: r for r in json.loads(capsys.readouterr().out)["rules"]}
     wanted = set(POLICY) - {UNKNOWN_DEVICE}
     assert wanted <= set(listed)
     assert all(listed[c]["layer"] == "host" for c in wanted)

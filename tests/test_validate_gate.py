@@ -293,7 +293,7 @@ def test_selection_strict_and_config(
 
 def test_list_rules(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "--list-rules", "--json"]) == 0
-    listed = json.loads(capsys.readouterr().out)
+    listed = json.loads(capsys.readouterr().out)["rules"]
     assert [r["code"] for r in listed] == list(RULES)
     assert all(r["rationale"] and r["layer"] and r["severity"] for r in listed)
 

@@ -145,21 +145,13 @@ def text(results: Results, selection: Selection, schemas: str) -> str:
 def catalogue(as_json_list: bool = False) -> str:
     import json
 
-    if as_json_list:
+    if as_json_list:  # one object naming its schema, as every --json output does
+        rules = [
+            {"code": r.code, "layer": r.layer, "severity": r.severity, "rationale": r.rationale}
+            for r in RULES.values()
+        ]
         return (
-            json.dumps(
-                [
-                    {
-                        "code": r.code,
-                        "layer": r.layer,
-                        "severity": r.severity,
-                        "rationale": r.rationale,
-                    }
-                    for r in RULES.values()
-                ],
-                indent=2,
-            )
-            + "\n"
+            json.dumps({"schema": "passthrough.validate-rules/v1", "rules": rules}, indent=2) + "\n"
         )
     width = max(len(c) for c in RULES)
     return "".join(
