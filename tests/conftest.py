@@ -23,13 +23,15 @@ REPO = Path(__file__).parents[1]
 # -- tiers: what a test needs beyond Python decides its tier (docs/testing.md) ---------------
 # A bare `pytest` runs the quick tier (no root, no daemon, no Ansible run); CI runs them all
 # (`pytest -m ""`). A test's tier comes from this table, its fixtures, or its own marker.
-TIER_MARKERS = ("root", "libvirtd", "fleet", "umockdev", "realworld", "slow", "lab")
+TIER_MARKERS = ("root", "libvirtd", "fleet", "umockdev", "realworld", "faults", "slow", "lab")
 MODULE_TIERS: dict[str, tuple[str, ...]] = {
     # real ansible-playbook / ansible-doc / ansible-test runs: seconds to minutes each
     "test_ansible.py": ("fleet",),
     "test_collection.py": ("fleet",),
     "test_kube_guest_role.py": ("fleet",),
     "test_options_ansible.py": ("fleet",),
+    # the fault harness: SIGKILL at real syscalls (strace) and ENOSPC, a child process per point
+    "test_faults.py": ("faults",),
     # ../shared/realworld beside the checkout (CI has it; a clone elsewhere does not)
     "test_realworld_boot.py": ("realworld",),
     # libvirt's own test domains, fetched by setup.sh test into the test cache
