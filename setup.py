@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The one build step pyproject.toml cannot say: the top-level templates/ and playbooks/
 (where people and Ansible look for them in a checkout) go into the wheel as package data
 under passthrough/data/, which passthrough/resources.py finds. Everything else about the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The host role over ten local hosts against an empty play, in one run.
 
 Each host is a sample root (consumer-intel) reached through Ansible's local connection, as

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Scan a synthetic 2,000-function host and compare, in the same run, with what a user
 would otherwise type: the classic shell loop over /sys/kernel/iommu_groups calling
 `lspci -nns` per device, and one `lspci -nn`. All read the same tree; each is a whole

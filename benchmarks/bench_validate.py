@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`passthrough validate` on 1,000 generated domain files in one process, against
 `virt-xml-validate` run on each file (what a CI job would otherwise loop over), same
 files, same run. passthrough also runs its policy layer on every file.

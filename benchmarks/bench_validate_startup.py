@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Start-up: validating one file in its own process (what a per-file CI or pre-commit hook
 pays each time) — `passthrough-validate FILE` (the lean entry point) and `passthrough validate
 FILE` — against `virt-xml-validate FILE domain` on the same file, run alternately so all see

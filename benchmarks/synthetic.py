@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A synthetic host with many PCI functions, built with the same builder as the samples."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the start-up benchmarks share: timing whole processes (wall and CPU), run
 alternately so that every command sees the same machine load, and the toolkit as a
 regular (non-editable) install runs it.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The lab host image: Debian 12 from Debian's packages only, cached outside the repository
 and rebuilt when its recipe changes.
 

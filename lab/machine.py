@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A lab machine: QEMU q35 with an emulated Intel IOMMU (interrupt remapping and caching
 mode, so vfio-pci works inside), TCG, user networking with an SSH port forward, and GPU
 stand-ins on the PCI bus. Waits on real events (the SSH banner), never on sleeps alone."""

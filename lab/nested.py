@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The nested guest that boots: a real kernel through OVMF with a busybox initramfs whose
 ``init`` prints the guest's own view of its PCI functions (sysfs ``resource`` lines,
 vendor/device/class) and the kernel's BAR messages to the serial port, then powers off.

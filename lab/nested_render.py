@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run inside the lab host: the nested guest's domain, rendered by the library.
 
     python3 nested_render.py NAME CARD BIG MEMORY_MIB
@@ -17,10 +18,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from xml.etree import ElementTree
+from pathlib import Path
 
 from passthrough.host.discover import discover
 from passthrough.model import PciAddress
+from passthrough.vm.domxml import Domain
 from passthrough.vm.layout import plan_layout
 from passthrough.vm.layout_check import layout_findings
 from passthrough.vm.render import render
@@ -29,7 +31,7 @@ from passthrough.vm.versions import read_versions
 
 
 def check(path: str) -> int:
-    findings = layout_findings(ElementTree.parse(path).getroot(), discover("/"))
+    findings = layout_findings(Domain.parse(Path(path).read_bytes()), discover("/"))
     print(json.dumps([{"code": f.code, "message": f.message} for f in findings]))
     return 0
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The lab, run from outside: a real Debian 12 kernel under QEMU with an emulated Intel
 IOMMU, and the toolkit inside it.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One error hierarchy for the whole toolkit.
 
 Every error carries its own data and renders a one-line message; the CLI prints that
@@ -30,6 +31,17 @@ def echo(text: object, limit: int = ECHO_LIMIT) -> str:
     if not shown.isprintable():
         shown = shown.encode("unicode_escape").decode("ascii")
     return shown + "…" if cut else shown
+
+
+PATH_MAX = 4096  # Linux's limit on a path's length, terminating NUL included
+
+
+def echo_path(path: object) -> str:
+    """A path as shown in a message: whole up to ``PATH_MAX``, so the user can copy it back
+    (a temporary directory's path easily passes 80 characters); a longer one cannot name a
+    file, and is cut like any other input. Control characters escaped as in :func:`echo`."""
+    shown = str(path)
+    return echo(shown, PATH_MAX if len(shown) < PATH_MAX else ECHO_LIMIT)
 
 
 def quote(text: object, limit: int = ECHO_LIMIT) -> str:
@@ -81,7 +93,7 @@ class UnknownPciDevice(PassthroughError):
 
 class NotAHostRoot(PassthroughError):
     def __init__(self, root: str, why: str) -> None:
-        super().__init__(f"--root {echo(root)}: {why}")
+        super().__init__(f"--root {echo_path(root)}: {why}")
         self.root = root
         self.why = why
 
@@ -99,7 +111,7 @@ class BadDescription(PassthroughError):
     """A host description (fixture YAML) that cannot be built."""
 
     def __init__(self, source: str, why: str) -> None:
-        super().__init__(f"{echo(source)}: {why}")
+        super().__init__(f"{echo_path(source)}: {why}")
         self.source = source
         self.why = why
 
@@ -114,7 +126,7 @@ class NoOutputDirectory(PassthroughError):
     otherwise scatter directories)."""
 
     def __init__(self, option: str, path: str, directory: str) -> None:
-        super().__init__(f"{option} {echo(path)}: no such directory {echo(directory)}")
+        super().__init__(f"{option} {echo_path(path)}: no such directory {echo_path(directory)}")
         self.path = path
         self.directory = directory
 
@@ -124,7 +136,7 @@ class ReadOnlyRoot(PassthroughError):
 
     def __init__(self, command: str, root: str) -> None:
         super().__init__(
-            f"--root {echo(root)}: a snapshot archive is read-only; {command} changes a host "
+            f"--root {echo_path(root)}: a snapshot archive is read-only; {command} changes a host "
             "(unpack it into a directory of your own to try the change on a copy)"
         )
         self.root = root

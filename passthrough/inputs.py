@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Small text files a user names on the command line (a VM spec, an SSH key file):
 read whole but bounded, as UTF-8, with the reason in words when that fails."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kernel releases: the one place a release string becomes a comparable version."""
 
 from __future__ import annotations

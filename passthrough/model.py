@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Frozen, typed facts shared by every stage of the pipeline.
 
 Discovery produces these; analysis, planning and rendering only read them.
@@ -204,6 +205,20 @@ class Dmi:
 
 
 @dataclass(frozen=True, slots=True)
+class LibvirtDaemon:
+    """A libvirt daemon's systemd unit as the root has it (main file and drop-ins): the
+    locked-memory limit it runs under and whether it may raise a child's above that."""
+
+    unit: str  # libvirtd.service, virtqemud.service
+    path: str  # the unit file that defines it (drop-ins applied on top)
+    memlock: int | None  # LimitMEMLOCK's hard value in bytes; None: infinity or not set
+    memlock_text: str  # as written ("64M"); "" when not set
+    can_raise: bool  # root with CAP_SYS_RESOURCE: libvirt's prlimit may go above memlock
+    why_capped: str  # when it cannot: "as User=libvirt", "without CAP_SYS_RESOURCE"
+    enabled: bool  # linked into a .wants directory under etc/systemd/system
+
+
+@dataclass(frozen=True, slots=True)
 class Host:
     root: str
     cpu: Cpu
@@ -224,6 +239,8 @@ class Host:
     # say, what the live host's tools said (libvirt/qemu → version); see host/packages.py
     packages: dict[str, str] = field(default_factory=dict, hash=False)
     tool_versions: dict[str, str] = field(default_factory=dict, hash=False)
+    # libvirtd/virtqemud units found under the root (host/daemons.py)
+    libvirt_daemons: tuple[LibvirtDaemon, ...] = ()
 
     @property
     def group_index(self) -> dict[int, IommuGroup]:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The one PCI address type: parsed once (from sysfs names, command lines and libvirt's
 XML attributes), formatted in one place. ``passthrough.model`` re-exports it."""
 
@@ -11,8 +12,13 @@ from passthrough.errors import InvalidPciAddress
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-    from typing import Any
+    from typing import Protocol
+
+    class Attributes(Protocol):
+        """An element's attributes (an lxml or ElementTree ``attrib``, or a dict)."""
+
+        def get(self, key: str) -> str | None: ...
+
 
 _PCI_RE = re.compile(
     r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):"
@@ -57,7 +63,7 @@ class PciAddress:
             raise InvalidPciAddress(text) from None
 
     @classmethod
-    def from_libvirt(cls, attrs: Mapping[str, str]) -> PciAddress:
+    def from_libvirt(cls, attrs: Attributes) -> PciAddress:
         """The address of a libvirt ``<address type='pci'>`` (a hostdev's source or a guest
         address), its attributes read exactly as libvirt reads them: each number in base 0
         (``bus='10'`` is decimal 10, ``bus='0x10'`` is 16, ``bus='010'`` octal 8), a missing
@@ -76,7 +82,7 @@ class PciAddress:
         try:
             return cls(*values)
         except InvalidPciAddress:
-            shown = " ".join(f"{n}={attrs.get(n, '0')!r}" for n in LIBVIRT_FIELDS)
+            shown = " ".join(f"{n}={attrs.get(n) or '0'!r}" for n in LIBVIRT_FIELDS)
             raise InvalidPciAddress(
                 shown, "libvirt's ranges: bus <= 0xFF, slot <= 0x1F, function <= 7"
             ) from None
@@ -130,12 +136,12 @@ def libvirt_uint(text: str) -> int | None:
     return value if value <= 0xFFFFFFFF else None
 
 
-def libvirt_address(el: Any) -> PciAddress | None:
-    """A libvirt ``<address>`` element (lxml or ElementTree: a hostdev's source, a guest
-    address) read as libvirt reads it, or None where there is none or libvirt refuses it."""
-    if el is None:
-        return None
-    try:
-        return PciAddress.from_libvirt(el.attrib)
-    except InvalidPciAddress:
-        return None
+def libvirt_attrs(a: PciAddress) -> dict[str, str]:
+    """The attributes of a PCI ``<address>`` as libvirt writes them back (hex, fixed width:
+    ``domain='0x0000' bus='0x01' slot='0x00' function='0x0'``)."""
+    return {
+        "domain": f"0x{a.domain:04x}",
+        "bus": f"0x{a.bus:02x}",
+        "slot": f"0x{a.device:02x}",
+        "function": f"0x{a.function:x}",
+    }

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """PCI class codes: the constants decisions use, the words output shows, and what is a bridge."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Where the templates and playbooks are: in an installed wheel they are package data
 (``passthrough/data/``, copied there by setup.py's build step); in a checkout or an
 editable install they are the top-level ``templates/`` and ``playbooks/``, where people

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Sizes, parsed and formatted in one place (binary units throughout)."""
 
 from __future__ import annotations
@@ -35,3 +36,22 @@ def format_size(size: int, compact: bool = False) -> str:
         if not compact and size >= factor and size % max(factor // KIB, KIB) == 0:
             return f"{size / factor:g} {unit}iB"
     return str(size) if compact else f"{size} B"
+
+
+# libvirt's scaled units (virScaleInteger): one letter and *iB are binary, *B decimal
+_PIB = TIB << 10
+_LIBVIRT = {"b": 1, "bytes": 1, "k": KIB, "kib": KIB, "m": MIB, "mib": MIB, "g": GIB, "gib": GIB}
+_LIBVIRT.update({"t": TIB, "tib": TIB, "p": _PIB, "pib": _PIB, "e": _PIB << 10, "eib": _PIB << 10})
+_LIBVIRT.update({"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15, "eb": 10**18})
+
+
+def libvirt_size(value: str | None, unit: str | None, default: str = "KiB") -> int | None:
+    """A size of a libvirt domain (``<memory unit='GiB'>16</memory>``) in bytes, read as
+    libvirt reads it (``default`` when no unit is given); None: not a size."""
+    factor = _LIBVIRT.get((unit or default).lower())
+    text = (value or "").strip()
+    # libvirt reads an unsigned long long (20 digits): longer is no size (and int() of
+    # thousands of digits is refused by Python itself)
+    if factor is None or not text.isdigit() or not text.isascii() or len(text) > 20:
+        return None
+    return int(text) * factor

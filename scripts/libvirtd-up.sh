@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Start a real libvirtd with the QEMU driver on a machine without systemd (CI, containers).
 # Idempotent; needs root. The test suite calls it; so can you.
 set -euo pipefail

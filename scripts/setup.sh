@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One command per job on a fresh Debian 12 machine (README "Quick start"):
 #   bash scripts/setup.sh demo   install what passthrough needs, then run the main job
 #                                 (check + scan) on a bundled sample host
@@ -48,9 +49,10 @@ fi
 
 if [ "$mode" = test ]; then
     # libvirt's own test domains (tests/qemuxml*data of Debian 12's libvirt source package),
-    # read by tests/test_libvirt_corpus.py from the test cache, outside the repository.
+    # read by tests/test_libvirt_corpus.py from the test cache, outside the repository; and
+    # its memlock test (tests/qemumemlock*), read by tests/test_memlock_libvirt.py.
     corpus="${PASSTHROUGH_TEST_CACHE:-/var/cache/passthrough-test}/libvirt-src"
-    if ! ls -d "$corpus"/libvirt-*/tests/qemuxml2xmloutdata >/dev/null 2>&1; then
+    if ! ls "$corpus"/libvirt_*.orig.tar.xz >/dev/null 2>&1; then
         echo "==> fetching libvirt's test domains (apt-get source libvirt, bookworm) into $corpus"
         debsrc=/etc/apt/sources.list.d/passthrough-deb-src.sources
         if [ ! -f "$debsrc" ]; then
@@ -61,7 +63,12 @@ if [ "$mode" = test ]; then
         $SUDO apt-get update -qq
         $SUDO mkdir -p "$corpus"
         (cd "$corpus" && $SUDO apt-get source -qq --download-only libvirt/bookworm)
+    fi
+    if ! ls -d "$corpus"/libvirt-*/tests/qemuxml2xmloutdata >/dev/null 2>&1; then
         $SUDO tar -xJf "$corpus"/libvirt_*.orig.tar.xz -C "$corpus" --wildcards '*/tests/qemuxml*data/*'
+    fi
+    if ! ls "$corpus"/libvirt-*/tests/qemumemlocktest.c >/dev/null 2>&1; then
+        $SUDO tar -xJf "$corpus"/libvirt_*.orig.tar.xz -C "$corpus" --wildcards '*/tests/qemumemlock*'
     fi
 fi
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The boot tools' own reading of their configuration, for tests.
 
 Files that others wrote may run commands when sourced (``lsb_release``, ``lspci``): they

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared fixtures: every bundled sample host built once per session as a real tree."""
 
 from __future__ import annotations
@@ -53,6 +54,18 @@ def tiers_of(item: pytest.Item) -> set[str]:
         tiers.update(FIXTURE_TIERS.get(fixture, ()))
     tiers.update(m for m in TIER_MARKERS if item.get_closest_marker(m) is not None)
     return tiers
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """The quick tier runs on every core (`-n auto` in pyproject's addopts); any other tier
+    selection runs in one process. The slower tiers share one libvirtd, one lab VM, one
+    tmpfs mount point and real Ansible runs that are not safe to run side by side; a
+    contributor who wants workers there passes `-n` after `-p xdist` by hand and owns it."""
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("markexpr") != "quick":
+        config.option.numprocesses = 0
+        config.option.dist = "no"
+        config.option.tx = []
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

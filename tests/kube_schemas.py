@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Offline schema checks for cluster manifests, from files other people wrote.
 
 KubeVirt kinds against KubeVirt's own OpenAPI (swagger 2.0) in ../shared/realworld/kubernetes/,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The playbooks for real: syntax-check, ansible-lint (production), ansible-playbook through
 ansible-runner against sample host roots with the local connection (check mode, for real,
 idempotent), bad inventory values, the vm role on a real libvirtd, and every Kubernetes

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """apply / undo / verify on host trees: atomic, journaled, idempotent (faults at every
 point of apply and undo: tests/test_faults.py)."""
 

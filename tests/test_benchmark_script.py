@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The benchmark script keeps working (its figures live in the README; no timing asserted)."""
 
 from __future__ import annotations

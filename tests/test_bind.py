@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Binding now, under umockdev: real pyudev events from a UMockdev test bed."""
 
 from __future__ import annotations
@@ -65,3 +66,27 @@ def test_bind_without_a_bind_event_fails_after_the_timeout(
     data = _run(hosts, tmp_path, "no-bind")
     assert str(data["error"]).startswith("BindFailed: no bind event for 0000:01:00.0 within 2s")
     assert data["kernel_saw"] == ["unbind 0000:01:00.0", "probe 0000:01:00.0 override=vfio-pci"]
+
+
+def test_bind_moves_a_card_to_its_variant_driver_and_its_audio_to_vfio_pci(
+    hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    data = _run(hosts, tmp_path, "variant")
+    assert "error" not in data, data
+    assert data["drivers"] == {"0000:01:00.0": "my_variant_vfio_pci", "0000:01:00.1": "vfio-pci"}
+    assert data["kernel_saw"] == [
+        "unbind 0000:01:00.0",
+        "probe 0000:01:00.0 override=my_variant_vfio_pci",
+        "unbind 0000:01:00.1",
+        "probe 0000:01:00.1 override=vfio-pci",
+    ]
+
+
+def test_bind_refuses_when_the_variant_driver_is_not_loaded(
+    hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    data = _run(hosts, tmp_path, "variant-unloaded")
+    assert data["error"] == (
+        "BindRefused: my_variant_vfio_pci is not loaded: run `modprobe my_variant_vfio_pci` first"
+    )
+    assert data["kernel_saw"] == []  # nothing was written

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Readiness checks and host facts on variants of the sample hosts."""
 
 from __future__ import annotations

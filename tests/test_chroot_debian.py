@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """apply / undo on a real debootstrapped Debian 12 tree: the real update-grub and
 update-initramfs run through chroot (in a private mount namespace).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The CLI as a user meets it: exit codes, one-line errors, JSON, help, completion."""
 
 from __future__ import annotations
@@ -300,6 +301,36 @@ def test_scan_imports_only_what_it_needs(hosts: dict[str, Path]) -> None:
     assert not {m for m in loaded if m.split(".")[0] in unwanted or m.startswith(unwanted)}
 
 
+def test_unpacked_snapshots_are_removed_on_success_and_on_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--root and --host-root archives unpack under TMPDIR; the ExitStack main() closes
+    removes them whether the command succeeds, refuses after unpacking, or fails on the
+    archive itself."""
+    import tempfile
+
+    from passthrough.vm.validate.main import main as validate_main
+
+    h100 = str(Path(__file__).parent / "fixtures/h100-guest/root.tar.gz")
+    xml = Path(__file__).parent / "golden/vm/consumer-2fn.xml"
+    bad = tmp_path / "bad.tar.gz"
+    bad.write_bytes(b"not gzip")
+    unpack_here = tmp_path / "tmp"
+    unpack_here.mkdir()
+    monkeypatch.setenv("TMPDIR", str(unpack_here))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    for argv, rc in (
+        (["scan", "--root", h100, "--json"], 0),
+        (["render", "--root", h100, "--name", "g", "--gpu", "10de:9999"], 2),
+        (["scan", "--root", str(bad)], 2),
+    ):
+        assert main(argv) == rc, argv
+        assert list(unpack_here.iterdir()) == [], argv
+    assert validate_main(["--host-root", h100, str(xml)]) in (0, 1)
+    assert list(unpack_here.iterdir()) == []
+    capsys.readouterr()
+
+
 def test_archive_roots_one_folder_deep_and_errors_naming_the_archive(tmp_path: Path) -> None:
     """A root archived in one folder (`tar czf root.tar.gz root/`) is read like a snapshot;
     an archive with no root in it, or no archive at all, is named in one line (never the
@@ -307,6 +338,8 @@ def test_archive_roots_one_folder_deep_and_errors_naming_the_archive(tmp_path: P
     h100 = Path(__file__).parent / "fixtures/h100-guest/root.tar.gz"
     r = run("scan", "--root", str(h100), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["gpus"][0]["address"] == "0000:00:06.0"
+    # the JSON's root is the archive the user named, not the directory it was unpacked in
+    assert json.loads(r.stdout)["root"] == str(h100)
     empty = tmp_path / "empty.tar.gz"
     (tmp_path / "x/y").mkdir(parents=True)
     subprocess.run(["tar", "czf", str(empty), "-C", str(tmp_path / "x"), "."], check=True)

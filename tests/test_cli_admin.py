@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The CLI on a host an admin runs it on (issue 22 item 5): plan and apply tell the same
 story, an IOMMU-only plan, earlier cards kept, verify on any host."""
 
@@ -140,3 +141,34 @@ def test_notes_are_notes_and_quiet_hides_them(
     quiet = capsys.readouterr().err
     assert "note:" not in quiet
     assert [ln for ln in err.splitlines() if ln.startswith("warning: ")] == quiet.splitlines()
+
+
+def test_verbose_names_each_file_and_command(host: Path) -> None:
+    import subprocess
+    import sys
+
+    def apply(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "passthrough", "apply", "--root", str(host), *flags],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    first = apply("-v")
+    assert first.returncode == 0, first.stderr
+    logged = [line for line in first.stderr.splitlines() if line.startswith("  | ")]
+    written = [line for line in logged if line.startswith("  | wrote ")]
+    assert written and all(str(host) in line for line in written), first.stderr
+    assert not any(line.startswith("  | read ") for line in logged), "-vv only"
+    again = apply("-vv")  # nothing left to change: the read is logged, no file written
+    assert again.returncode == 0, again.stderr
+    assert any(line.startswith(f"  | read {host}") for line in again.stderr.splitlines())
+    assert not any(line.startswith("  | wrote ") for line in again.stderr.splitlines())
+    plain = subprocess.run(
+        [sys.executable, "-m", "passthrough", "undo", "--root", str(host)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert plain.returncode == 0 and "  | " not in plain.stderr, plain.stderr

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The passthrough.gpu collection as a collection: it builds with ansible-galaxy (the guest
 checks inside, one implementation with passthrough/guest), ansible-test sanity is
 clean, and its domain comparison sees what matters and nothing libvirt adds by itself."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What a GPU is, where the hardware says so: SR-IOV virtual functions (their ``physfn``
 link) and a display function the IOMMU isolates on the card's own slot. Real trees built by
 fakehost from minimal descriptions of shapes seen on real hosts (a FirePro/MxGPU host with

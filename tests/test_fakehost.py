@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """fakehost: the schema of a host description and the trees built from the samples.
 
 Every mistyped key, at every level, is an error naming the file, the key's path and the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Faults at every point of apply and undo: a SIGKILL, a full disk, a short write.
 
 The harness forks a child per fault point and runs the real CLI in it on a real tree,
@@ -30,6 +31,7 @@ from passthrough.execute.files import Faults
 from .test_plan import build
 
 MODULES = "etc/initramfs-tools/modules"
+CMDLINE = "etc/kernel/cmdline"
 STATE = "var/lib/passthrough"
 Tree = dict[str, tuple[object, ...]]
 
@@ -119,18 +121,25 @@ def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     undone (our state directory kept): each copied for every fault point."""
     base = tmp_path_factory.mktemp("faults")
     fresh = build(base / "fresh", "consumer-intel", {})
-    out = {"fresh": fresh}
+    # Proxmox: apply appends to the line in /etc/kernel/cmdline (a file edited in place)
+    out = {"fresh": fresh, "pve-fresh": build(base / "pve-fresh", "acs-override-proxmox", {})}
     for name, steps in {
         "applied": ["apply"],
         "edited": ["apply", "edit"],
         "undone": ["apply", "undo"],
+        "pve-word-edited": ["apply", "word-edit"],
     }.items():
         path = base / name
-        shutil.copytree(fresh, path, symlinks=True)
+        shutil.copytree(
+            out["pve-fresh" if name.startswith("pve-") else "fresh"], path, symlinks=True
+        )
         for step in steps:
             if step == "edit":
                 with (path / MODULES).open("a") as fh:
                     fh.write("dm_crypt\n")
+            elif step == "word-edit":  # the admin's word on the line we appended to
+                cmdline = path / CMDLINE
+                cmdline.write_text(cmdline.read_text().rstrip("\n") + " nomodeset\n")
             else:
                 assert main([step, "--root", str(path)]) == 0
         out[name] = path
@@ -159,6 +168,7 @@ SCENARIOS = {
     "undo": ("applied", "undo", "fresh"),
     "undo-after-edit": ("edited", "undo", None),  # the admin's line stays
     "apply-after-undo": ("undone", "apply", "fresh"),
+    "undo-after-word-edit": ("pve-word-edited", "undo", None),  # the admin's word stays
 }
 
 
@@ -169,8 +179,13 @@ def expected(trees: dict[str, Path], tmp: Path, scenario: str) -> Tree:
     ref = copy(trees[template], tmp / "reference")
     assert main(["undo", "--root", str(ref)]) == 0
     state = tree_state(ref)
-    assert b"dm_crypt\n" in state[MODULES][4]  # type: ignore[operator]
-    assert b"vfio" not in state[MODULES][4]  # type: ignore[operator]
+    if template == "edited":
+        assert b"dm_crypt\n" in state[MODULES][4]  # type: ignore[operator]
+        assert b"vfio" not in state[MODULES][4]  # type: ignore[operator]
+    else:  # the original line, the admin's word after it, ours gone
+        original = (trees["pve-fresh"] / CMDLINE).read_bytes().rstrip(b"\n")
+        assert state[CMDLINE][4] == original + b" nomodeset\n"
+        assert diff(state, tree_state(trees["pve-fresh"])) == [CMDLINE]
     return state
 
 

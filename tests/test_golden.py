@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """scan --json of every sample host against its golden file.
 
 Regenerate after an intended change with ``pytest --regenerate-golden`` and review the diff.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Inside the guest, on REAL data: a cloud VM with an NVIDIA H100 80GB passed through,
 captured on 2026-11-22 (tests/fixtures/h100-guest, its README says what it holds). Its tools' outputs (nvidia-smi -q -x,
 dmesg) are a RECORDING of the real machine, replayed through RecordedRunner.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The guest role for real, against a debootstrapped Debian 12 through Ansible's chroot
 connection: containerd comes from Debian; the NVIDIA Container Toolkit comes from a local
 apt repository of STAND-IN packages (NVIDIA's repository cannot be reached here), so the

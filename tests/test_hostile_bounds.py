@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Issue 19 item 4: every reader has a bound (docs/limits.md).
 
 Each hostile input runs through the real CLI in a subprocess with an address-space limit

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Hostile input: archives and roots built to reach outside, and what the CLI does then.
 
 Every case runs the real CLI in a subprocess on real files (real tar archives, real
@@ -477,6 +478,20 @@ def test_echoed_input_is_truncated(argv: list[str]) -> None:
     assert r.returncode == 2
     line = one_error_line(r)
     assert len(line) < 400 and "…" in line, line[:500]
+
+
+def test_a_long_real_path_comes_back_whole(tmp_path: Path) -> None:
+    # a path is shown whole up to PATH_MAX, so the user can copy it back: a deep temporary
+    # directory passes 80 characters easily; only a longer-than-PATH_MAX value is cut
+    from passthrough.errors import PATH_MAX, echo_path
+
+    deep = tmp_path / ("d" * 120) / ("e" * 120) / "no-such-root"
+    r = run("scan", "--root", str(deep))
+    assert r.returncode == 2
+    line = one_error_line(r)
+    assert str(deep) in line and "…" not in line, line
+    assert echo_path("p" * PATH_MAX).endswith("…") and len(echo_path("p" * PATH_MAX)) == 81
+    assert echo_path("/a\nb") == "/a\\nb"
 
 
 def test_validate_reports_an_unreadable_file_name_shortened() -> None:

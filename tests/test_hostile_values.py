@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every value checked at the edge: a bad option, spec key, seed value or host file is one
 line naming the field, exit 2, and nothing written (no output file, the host tree as it was).
 
@@ -59,13 +60,23 @@ def host(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("count", ["-1", "0", "100000", "57", "abc", "1e3"])
 def test_hugepages_out_of_range_changes_nothing(host: Path, command: str, count: str) -> None:
     before = tree_hash(host)
-    refused(run(command, "--root", str(host), f"--hugepages={count}"), "hugepages")
+    refused(run(command, "--root", str(host), f"--hugepages-1g={count}"), "hugepages")
+    assert tree_hash(host) == before
+
+
+@pytest.mark.parametrize("command", ["plan", "apply"])
+def test_the_old_hugepages_spelling_is_refused_with_the_new(host: Path, command: str) -> None:
+    """plan's --hugepages N became --hugepages-1g N (render's --hugepages is a switch for the
+    guest's memory): the old spelling is refused naming the new one, never read as either."""
+    before = tree_hash(host)
+    for argv in (["--hugepages=8"], ["--hugepages", "8"], ["--hugepages"]):
+        refused(run(command, "--root", str(host), *argv), "--hugepages is now --hugepages-1g")
     assert tree_hash(host) == before
 
 
 def test_hugepages_up_to_what_the_host_can_spare(host: Path) -> None:
     """64 GiB of RAM keeps an eighth (8 GiB) for itself: 56 pages, not 57 (above)."""
-    r = run("plan", "--root", str(host), "--hugepages=56")
+    r = run("plan", "--root", str(host), "--hugepages-1g=56")
     assert r.returncode == 0, r.stderr
     assert "hugepages=56" in r.stdout
 
@@ -85,14 +96,14 @@ def test_unknown_ram_is_said_not_guessed(host: Path, tmp_path: Path) -> None:
     """A tree without /proc/meminfo (an image): huge pages and guest memory go through with a
     note saying they were not checked; negative counts are still refused."""
     (host / "proc/meminfo").unlink()
-    r = run("plan", "--root", str(host), "--hugepages=200", "--json")
+    r = run("plan", "--root", str(host), "--hugepages-1g=200", "--json")
     assert r.returncode == 0, r.stderr
     assert any("/proc/meminfo" in n for n in json.loads(r.stdout)["notes"])
     out = tmp_path / "vm.xml"
     r = run("render", "--root", str(host), "--name", "t", "--memory", "1024G", "-o", str(out))
     assert r.returncode == 0 and out.exists(), r.stderr
     assert "memory not checked against the host: this root has no /proc/meminfo" in r.stderr
-    refused(run("plan", "--root", str(host), "--hugepages=-3"), "hugepages")
+    refused(run("plan", "--root", str(host), "--hugepages-1g=-3"), "hugepages")
 
 
 @pytest.mark.parametrize(

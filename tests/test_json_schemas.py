@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every ``--json`` output names its JSON Schema (``schema``: passthrough.NAME/v1) and is valid
 against the published file passthrough/schemas/NAME-v1.schema.json — taken from real runs of
 the commands on sample hosts, a real snapshot and libvirt's test driver."""

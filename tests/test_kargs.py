@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kernel-argument and GRUB-file editing: properties (hypothesis) and odd real-world files."""
 
 from __future__ import annotations

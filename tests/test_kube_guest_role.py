@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The guest role's cluster manifests through real ansible-playbook: the DRA form of GPU sharing
 (one role variable picks it over the device plugin's config) and the Windows DirectX path, every
 object validated offline (kubernetes-validate at pinned versions, the DRA driver's opaque-config

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The cluster path (passthrough/kube, `passthrough kubevirt`): golden manifests for the sample
 hosts, every object valid against the real APIs' schemas (KubeVirt's OpenAPI, Kubernetes'
 resource.k8s.io at pinned versions, the DRA driver's opaque config), agreement with render's

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The address planner (vm/layout.py): golden domains for large-BAR guests, each checked by
 libvirt's schema, our validator and the real libvirtd's domxml-to-native; refusals with the
 numbers; the planner's decisions for firmware and libvirt versions this machine lacks; and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """validate on libvirt's own test domains: every file libvirt accepts gets no error, except
 the few listed below with the reason the error is real.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fixture trees are realistic enough for the real lspci (pciutils) to read them.
 
 lspci reads the `config` file of each function through its linux-sysfs back end; what it

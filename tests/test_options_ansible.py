@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Ansible side of the VM options table (passthrough/vm/options.py): the passthrough_vm
 module's argument_spec is generated from it, and what Ansible reads as static text (the
 module's DOCUMENTATION, the role's argument_specs, defaults and task) is checked against
@@ -20,6 +21,7 @@ import pytest
 import yaml
 
 from passthrough import fakehost
+from passthrough.plan import options as host_table
 from passthrough.vm.options import OPTIONS, ansible_argument_spec, ansible_option
 
 from .conftest import assert_golden
@@ -54,11 +56,12 @@ def _compared(entry: dict[str, Any]) -> dict[str, Any]:
     return {k: entry[k] for k in keys if k in entry and entry[k] not in (None, False)}
 
 
-VM_OPTIONS = COLLECTIONS / "ansible_collections/passthrough/gpu/plugins/module_utils/vm_options.py"
-VM_OPTIONS_SOURCE = '''\
-# Generated from passthrough/vm/options.py, the one table of guest options, by
+MODULE_UTILS = COLLECTIONS / "ansible_collections/passthrough/gpu/plugins/module_utils"
+GENERATED_SOURCE = '''\
+# SPDX-License-Identifier: Apache-2.0
+# Generated from passthrough/{table}, the one table of {kind} options, by
 # tests/test_options_ansible.py (pytest --regenerate-golden rewrites it): do not edit.
-"""The passthrough_vm module's guest options as Ansible argument_spec entries, here so that
+"""The {module} module's {kind} options as Ansible argument_spec entries, here so that
 the module parses its arguments (and ansible-test reads them) without the package."""
 
 from __future__ import annotations
@@ -66,19 +69,38 @@ from __future__ import annotations
 import json
 from typing import Any
 
-GUEST_OPTIONS: dict[str, dict[str, Any]] = json.loads(
+{name}: dict[str, dict[str, Any]] = json.loads(
     r"""
 {spec}
 """
 )
 '''
+# (generated file, the table, what its options are, the module, the name it exports)
+GENERATED = [
+    ("vm_options.py", "vm/options.py", "guest", "passthrough_vm", "GUEST_OPTIONS"),
+    ("host_options.py", "plan/options.py", "host", "passthrough_host", "HOST_OPTIONS"),
+]
+SPECS = {"guest": ansible_argument_spec, "host": host_table.ansible_argument_spec}
 
 
-def test_module_utils_guest_options_are_generated_from_the_table(regenerate: bool) -> None:
-    spec = json.dumps(ansible_argument_spec(), indent=2)
-    assert_golden(
-        VM_OPTIONS, VM_OPTIONS_SOURCE.format(spec=spec), regenerate, "the table's argument_spec"
-    )
+@pytest.mark.parametrize(("file", "table", "kind", "module", "name"), GENERATED)
+def test_module_utils_options_are_generated_from_the_table(
+    regenerate: bool, file: str, table: str, kind: str, module: str, name: str
+) -> None:
+    spec = json.dumps(SPECS[kind](), indent=2)
+    source = GENERATED_SOURCE.format(table=table, kind=kind, module=module, name=name, spec=spec)
+    assert_golden(MODULE_UTILS / file, source, regenerate, f"the {kind} table's argument_spec")
+
+
+def test_host_module_argument_spec_is_the_table_plus_its_own_options() -> None:
+    host = _module("passthrough_host")
+    spec = host.argument_spec()
+    table = host_table.ansible_argument_spec()
+    assert {k: spec[k] for k in table} == table
+    assert set(spec) == {o.module_name for o in host_table.OPTIONS} | set(host.MODULE_OPTIONS)
+    assert spec["hugepages"] == {"type": "int", "default": 0}
+    assert spec["iommu_pt"] == {"type": "bool", "default": True}
+    assert spec["release"] == {"type": "list", "elements": "str", "default": []}
 
 
 def test_module_argument_spec_is_the_table_plus_its_own_options() -> None:
@@ -91,10 +113,11 @@ def test_module_argument_spec_is_the_table_plus_its_own_options() -> None:
     assert spec["name"] == {"type": "str", "required": True}
 
 
-def test_module_documentation_agrees_with_its_argument_spec() -> None:
-    vm = _module("passthrough_vm")
-    documented = yaml.safe_load(vm.DOCUMENTATION)["options"]
-    spec = vm.argument_spec()
+@pytest.mark.parametrize("name", ["passthrough_vm", "passthrough_host"])
+def test_module_documentation_agrees_with_its_argument_spec(name: str) -> None:
+    module = _module(name)
+    documented = yaml.safe_load(module.DOCUMENTATION)["options"]
+    spec = module.argument_spec()
     assert set(documented) == set(spec), "DOCUMENTATION and argument_spec name other options"
     for name, entry in spec.items():
         assert _compared(documented[name]) == _compared(entry), name
@@ -178,14 +201,14 @@ def test_role_task_leaves_every_guest_default_to_the_table() -> None:
             assert value == "{{ item." + name + " | default(omit) }}", name
 
 
-def _run_module(tmp_path: Path, **args: Any) -> dict[str, Any]:
+def _run_module(tmp_path: Path, module: str = "passthrough_vm", **args: Any) -> dict[str, Any]:
     """The module as Ansible runs it: a file holding ANSIBLE_MODULE_ARGS, JSON out."""
     args_file = tmp_path / "args.json"
     args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
     # the collection's module_utils on the path, as Ansible packs them
     path = os.pathsep.join(filter(None, [str(COLLECTIONS), os.environ.get("PYTHONPATH")]))
     r = subprocess.run(
-        [sys.executable, str(LIBRARY / "passthrough_vm.py"), str(args_file)],
+        [sys.executable, str(LIBRARY / f"{module}.py"), str(args_file)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -242,3 +265,31 @@ def test_module_without_the_package_fails_with_the_reason(tmp_path: Path) -> Non
     out = json.loads(r.stdout)
     assert r.returncode == 1 and out["failed"], out
     assert out["msg"].startswith("the passthrough Python package is not installed on the target")
+
+
+def test_host_module_keeps_an_earlier_card_as_plan_does(
+    hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    """The host module reads its options through the same table and selection rule as
+    `plan`: a second run naming another card keeps the first, and says so."""
+    import shutil
+
+    root = tmp_path / "root"
+    shutil.copytree(hosts["hgx-h100"], root, symlinks=True)
+    first = _run_module(tmp_path, "passthrough_host", root=str(root), gpus=["0000:18:00.0"])
+    assert not first.get("failed") and first["changed"], first
+    second = _run_module(
+        tmp_path,
+        "passthrough_host",
+        root=str(root),
+        gpus=["0000:19:00.0"],
+        _ansible_check_mode=True,
+    )
+    assert not second.get("failed"), second
+    planned = {c["address"] for c in second["plan"]["cards"]}
+    assert planned == {"0000:18:00.0", "0000:19:00.0"}, second["plan"]["cards"]
+    assert any(
+        "kept from the earlier apply (release 0000:18:00.0" in n for n in second["plan"]["notes"]
+    )
+    wrong = _run_module(tmp_path, "passthrough_host", root=str(root), release=["0000:3b:00.0"])
+    assert wrong["failed"] and wrong["msg"].startswith("release '0000:3b:00.0': not a card"), wrong

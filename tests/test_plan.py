@@ -1,8 +1,10 @@
+# SPDX-License-Identifier: Apache-2.0
 """Plans for each distro family, as golden files (diffs and commands), and the refusals."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,8 +15,8 @@ from passthrough import fakehost
 from passthrough.cli import main
 from passthrough.execute.apply import apply
 from passthrough.host.discover import discover
-from passthrough.host.root import HostRoot
-from passthrough.plan.actions import Plan, plan_json
+from passthrough.host.root import MAX_FILE, HostRoot
+from passthrough.plan.actions import Plan
 from passthrough.plan.build import PlanOptions, make_plan
 
 from .bootread import grub_line
@@ -93,7 +95,7 @@ def test_plan_matches_golden(case: str, tmp_path: Path, regenerate: bool) -> Non
     tweak(path)
     root = HostRoot(str(path))
     plan, _ = make_plan(root, discover(str(path)), opts)
-    data = plan_json(plan, root)
+    data = plan.to_json(root)
     data["root"] = "<root>"
     got = json.dumps(data, indent=2) + "\n"
     golden = GOLDEN / "plan" / f"{case}.json"
@@ -103,7 +105,7 @@ def test_plan_matches_golden(case: str, tmp_path: Path, regenerate: bool) -> Non
 def _plan(path: Path, opts: PlanOptions) -> dict[str, Any]:
     root = HostRoot(str(path))
     plan, _ = make_plan(root, discover(str(path)), opts)
-    return plan_json(plan, root)
+    return plan.to_json(root)
 
 
 def test_intel_default_on_kernel_gets_no_intel_iommu(tmp_path: Path) -> None:
@@ -205,6 +207,97 @@ def test_refusals_exit_2_and_write_nothing(
     assert tree_hash(path) == before
 
 
+def test_every_command_reads_gpu_the_same_way(
+    hosts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One choose_cards(): a vendor:device ID takes the same cards in plan, render and
+    kubevirt (hgx-h100: eight H100 SXM, 10de:2330), and a value that names no card is the
+    same one-line refusal, exit 2, in each."""
+    root = str(hosts["hgx-h100"])
+    assert main(["plan", "--root", root, "--gpu", "10de:2330", "--json"]) == 0
+    planned = {c["address"] for c in json.loads(capsys.readouterr().out)["cards"]}
+    assert len(planned) == 8
+    assert main(["render", "--root", root, "--name", "g", "--gpu", "10de:2330", "--json"]) == 0
+    xml = json.loads(capsys.readouterr().out)["xml"]
+    assert main(["render", "--root", root, "--name", "g", "--gpu", "18:00.0", "--json"]) == 0
+    one = json.loads(capsys.readouterr().out)["xml"]
+    rendered = {
+        f"{int(d, 16):04x}:{int(b, 16):02x}:{int(s, 16):02x}.{int(f, 16)}"
+        for d, b, s, f in re.findall(
+            r"<source>\s*<address domain='(\w+)' bus='(\w+)' slot='(\w+)' function='(\w+)'",
+            xml,
+        )
+    }
+    assert rendered == planned and one.count("<hostdev") == 1
+    assert main(["kubevirt", "preflight", "--root", root, "--gpu", "10de:2330", "--json"]) in (0, 1)
+    checked = json.loads(capsys.readouterr().out)["checks"]
+    bound = [c["summary"] for c in checked if c["id"] == "kube-vfio-bound"]
+    assert sorted(s.split(": ")[0] for s in bound) == sorted(planned)
+    for argv in (
+        ["plan", "--root", root],
+        ["render", "--root", root, "--name", "g"],
+        ["kubevirt", "render", "--root", root, "--name", "g"],
+        ["kubevirt", "preflight", "--root", root],
+    ):
+        assert main([*argv, "--gpu", "10de:9999"]) == 2, argv
+        err = capsys.readouterr().err
+        assert "--gpu 10de:9999: matches no GPU on this host" in err and err.count("\n") == 1
+
+
+def test_grubby_and_rpm_ostree_undo_put_back_what_the_change_replaced(
+    hosts: dict[str, Path],
+) -> None:
+    """Their undo commands come from kargs.invert: a replaced value comes back, an added
+    argument goes, a dropped one returns."""
+    from passthrough.plan.bootloaders import Grubby, RpmOstree
+    from passthrough.plan.kargs import ArgChange
+
+    change = ArgChange(
+        set={"iommu": "iommu=pt", "intel_iommu": "intel_iommu=on"}, drop=frozenset({"amd_iommu"})
+    )
+    before = ["quiet", "iommu=soft", "amd_iommu=on"]
+    path = str(hosts["epyc-v100"])
+    undo = {}
+    for cls in (Grubby, RpmOstree):
+
+        class Loader(cls):  # type: ignore[valid-type,misc]
+            def configured(self) -> list[str]:
+                return before
+
+        (run,) = Loader(HostRoot(path), discover(path)).actions(change)
+        undo[cls.__name__] = list(run.undo_argv)
+    assert undo["Grubby"] == [
+        "grubby",
+        "--update-kernel=ALL",
+        "--remove-args=iommu=pt intel_iommu=on",
+        "--args=iommu=soft amd_iommu=on",
+    ]
+    assert undo["RpmOstree"] == [
+        "rpm-ostree",
+        "kargs",
+        "--replace=iommu=soft",
+        "--delete-if-present=intel_iommu=on",
+        "--append-if-missing=amd_iommu=on",
+    ]
+
+
+def test_discover_reads_through_the_callers_root(hosts: dict[str, Path]) -> None:
+    """plan, bind, verify and the host module hand discover() the root reader they go on
+    using: it reads through that one (a recorder sees the reads), the same host as from
+    the path."""
+    path = str(hosts["consumer-intel"])
+
+    class Counting(HostRoot):
+        reads = 0
+
+        def read_bytes(self, rel: str, limit: int = MAX_FILE) -> bytes | None:
+            self.reads += 1
+            return super().read_bytes(rel, limit)
+
+    root = Counting(path)
+    assert discover(root) == discover(path) and root.reads > 0
+
+
 def test_unknown_bootloader_refuses_and_prints_the_arguments(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -263,6 +356,25 @@ def test_grub_admin_edit_after_apply_takes_effect_with_ours(tmp_path: Path) -> N
     grub.write_text(grub.read_text().replace('"quiet"', '"quiet nomodeset"'))
     assert grub_line(path, tmp_path) == ["quiet", "nomodeset", "iommu=pt", ids]
     assert make_plan(HostRoot(str(path)), discover(str(path)), PlanOptions())[0].empty
+
+
+@pytest.mark.parametrize("iommu_pt", [True, False])
+def test_grub_iommu_off_goes_where_it_was_written(tmp_path: Path, iommu_pt: bool) -> None:
+    """An admin's iommu=off beside iommu=pt: with iommu=pt planned, setting the key replaces
+    the off (never a refusal naming our own drop-in); without it, the key is dropped (every
+    value of it: removal goes by key)."""
+    path = build(tmp_path, "consumer-intel", {})
+    grub = path / "etc/default/grub"
+    grub.write_text(
+        'GRUB_CMDLINE_LINUX=""\nGRUB_CMDLINE_LINUX_DEFAULT="quiet iommu=pt iommu=off"\n'
+    )
+    plan = _apply_plan(path, PlanOptions(iommu_pt=iommu_pt))
+    line = grub_line(path, tmp_path)
+    assert "iommu=off" not in line and "iommu=off" not in grub.read_text()
+    assert ("iommu=pt" in line) is iommu_pt, line
+    assert ("iommu" in plan.kernel_args.drop) is not iommu_pt
+    if iommu_pt:
+        assert "replaces iommu=off" in plan.kernel_args.why["iommu"]
 
 
 def test_grub_d_after_ours_that_appends_composes_and_one_that_replaces_is_refused(

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The safety policy, by its codes: what a card is, what plan/render refuse, and that no plan
 ever hands a host device outside the card to vfio-pci.
 
@@ -17,7 +18,8 @@ from lxml import etree
 
 from passthrough import fakehost
 from passthrough.analysis import policy
-from passthrough.analysis.codes import CODES
+from passthrough.analysis.cards import NoSuchCard
+from passthrough.analysis.codes import POLICY
 from passthrough.cli import main
 from passthrough.host.discover import discover
 from passthrough.host.root import HostRoot
@@ -153,8 +155,104 @@ def test_selection_findings_codes(hosts: dict[str, Path]) -> None:
 
 def test_every_code_is_documented() -> None:
     readme = (Path(__file__).parents[1] / "docs" / "discovery.md").read_text()
-    for code in CODES:
-        assert f"`{code}`" in readme, code
+    for code, entry in POLICY.items():
+        if entry.layer == "policy":
+            assert f"`{code}`" in readme, code
+
+
+def _emitted_codes() -> dict[str, set[str]]:
+    """Every code a layer of the package puts in a ``Finding`` (or the policy's helpers),
+    read from the source: a string, or a name bound to one in that module or in codes.py.
+    ``kube/check.py`` is left out: its ``kube-*`` codes are ``kubevirt validate``'s own
+    report on manifests, not the policy's (they never reach plan, render or validate)."""
+    import ast
+
+    from passthrough.analysis import codes
+
+    package = Path(__file__).parents[1] / "passthrough"
+    found: dict[str, set[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        if path.relative_to(package).as_posix() == "kube/check.py":
+            continue
+        tree = ast.parse(path.read_text())
+        local = {
+            t.id: n.value.value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+            for t in n.targets
+            if isinstance(t, ast.Name) and isinstance(n.value.value, str)
+        }
+        for call in ast.walk(tree):
+            if not (isinstance(call, ast.Call) and call.args):
+                continue
+            func = call.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+            if name not in {"Finding", "_finding", "warn"}:
+                continue
+            arg = call.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                code = arg.value
+            elif isinstance(arg, ast.Name) and (arg.id in local or hasattr(codes, arg.id)):
+                code = local.get(arg.id) or getattr(codes, arg.id)
+            elif isinstance(arg, ast.Attribute) and hasattr(codes, arg.attr):
+                code = getattr(codes, arg.attr)
+            else:
+                continue  # a variable: the code was named where it was bound
+            found.setdefault(code, set()).add(path.relative_to(package).as_posix())
+    return found
+
+
+def test_every_code_a_layer_emits_is_in_the_policy_table(
+    hosts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One table decides: every code the policy, the address check and kubevirt put in a
+    finding has an entry (severity, host harm, override), and validate lists each of them
+    (``unknown-device`` as ``host-missing``, which says it on every hostdev)."""
+    emitted = _emitted_codes()
+    assert {"bmc-vga", "boot-gpu", "large-bar", "mmio-window-too-small"} <= set(emitted)
+    assert {c: where for c, where in emitted.items() if c not in POLICY} == {}
+    # and at run time: every verdict on every sample host
+    for name, root in hosts.items():
+        for v in policy.judge_all(discover(str(root))):
+            assert {f.code for f in v.findings} <= set(POLICY), name
+    assert main(["validate", "--list-rules", "--json"]) == 0
+    listed = {r["code"]: r["severity"] for r in json.loads(capsys.readouterr().out)}
+    assert set(POLICY) - {"unknown-device"} <= set(listed) and "host-missing" in listed
+    for code, entry in POLICY.items():
+        assert entry.severity in {"error", "warning", "info"}
+        assert not (entry.harms_host and entry.override), code
+        if code in listed:  # a boot VGA is told there: validate cannot know the host's flags
+            want = "warning" if entry.override == "--allow-boot-gpu" else entry.severity
+            assert listed[code] == want, code
+
+
+def test_the_table_decides_what_blocks() -> None:
+    from passthrough.analysis import codes
+    from passthrough.model import Finding
+
+    assert codes.blocks("boot-gpu") and not codes.blocks("boot-gpu", {"--allow-boot-gpu"})
+    assert codes.severity("boot-gpu", {"--allow-boot-gpu"}) == "warning"
+    assert codes.blocks("no-iommu") and not codes.blocks("no-iommu", {codes.PLAN})
+    # what harms the host no flag lifts
+    every = {"--allow-boot-gpu", "--include-group", codes.PLAN}
+    harm = [c for c, e in POLICY.items() if e.harms_host]
+    assert set(harm) == {
+        "bmc-vga",
+        "root-disk-in-group",
+        "route-nic-in-group",
+        "bridge-selected",
+        "unknown-device",
+    }
+    assert all(codes.blocks(c, every) for c in harm)
+    assert not codes.blocks("large-bar") and codes.severity("vfio-bound") == "info"
+    found = [Finding(c, Severity.ERROR, c) for c in ("group-shared", "boot-gpu", "large-bar")]
+    assert [f.code for f in codes.refusals(found)] == ["group-shared", "boot-gpu"]
+    assert [f.code for f in codes.refusals(found, {"--allow-boot-gpu"})] == ["group-shared"]
+    assert codes.lifted_by(codes.refusals(found)) == {"--include-group", "--allow-boot-gpu"}
+    with pytest.raises(AttributeError):
+        POLICY["boot-gpu"].severity = "info"  # type: ignore[misc]
+    with pytest.raises(KeyError):
+        codes.severity("no-such-code")
 
 
 # -- plan: group expansion meets the same refusals ------------------------------------------
@@ -295,7 +393,7 @@ def test_no_plan_binds_a_device_outside_the_card(
                 opts = PlanOptions(gpus=gpus, include_group=include_group, allow_boot_gpu=True)
                 try:
                     sel = select(host, verdicts, list(gpus), include_group, True)
-                except SelectionRefused:
+                except (SelectionRefused, NoSuchCard):
                     continue
                 cards = {f.address for v in sel.cards for f in v.gpu.functions}
                 allowed = set(cards)

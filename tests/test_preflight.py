@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Preflight: processes holding a card's device nodes, in check and bind (sample trees)."""
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from passthrough import fakehost
 from passthrough.cli import main
 from passthrough.host.discover import discover
 from passthrough.host.holders import Holder, find_holders
-from passthrough.host.modalias import PLAIN, VfioAlias, choose, vfio_aliases, vfio_drivers
+from passthrough.host.modalias import (
+    PLAIN,
+    VfioAlias,
+    choose,
+    is_vfio,
+    vfio_aliases,
+    vfio_drivers,
+)
 from passthrough.host.root import HostRoot
 
 CARD = "0000:01:00.0"
@@ -192,6 +200,139 @@ def test_a_plain_plan_gives_every_function_vfio_pci(
     assert not any("held open" in n or "variant" in n for n in plan["notes"])
 
 
+VARIANT = "my_variant_vfio_pci"
+RULE = "etc/udev/rules.d/40-passthrough-vfio.rules"
+
+
+def _as_after_the_reboot(root: Path) -> None:
+    """The card on the variant driver, its audio function on vfio-pci, as after a boot."""
+    for addr, driver in ((CARD, VARIANT), ("0000:01:00.1", "vfio-pci")):
+        (root / "sys/bus/pci/drivers" / driver).mkdir(exist_ok=True)
+        link = root / "sys/bus/pci/devices" / addr / "driver"
+        link.unlink()
+        link.symlink_to(f"../../../../bus/pci/drivers/{driver}")
+        uevent = link.parent / "uevent"
+        lines = uevent.read_text().splitlines()
+        uevent.write_text(
+            "".join(f"DRIVER={driver}\n" if ln.startswith("DRIVER=") else ln + "\n" for ln in lines)
+        )
+
+
+def test_verify_by_hand_counts_a_variant_driver_as_vfio(
+    hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A host prepared by hand (no apply journaled) with the card on its variant driver:
+    verify sees the whole card on vfio, not a card split across drivers."""
+    root = tmp_path / "root"
+    shutil.copytree(hosts["consumer-intel"], root, symlinks=True)
+    _as_after_the_reboot(root)
+    main(["verify", "--root", str(root), "--json"])
+    checks = {c["id"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks[f"vfio {CARD}"]["level"] == "PASS"
+    assert checks[f"vfio {CARD}"]["summary"] == f"10de:2684 bound to {VARIANT}"
+    assert "vfio" not in checks  # not "no function is bound to vfio-pci"
+    assert f"card {CARD}" not in checks  # not "only part of the card is on vfio-pci"
+    assert is_vfio(VARIANT) and is_vfio("nvgrace-gpu-vfio-pci") and is_vfio(PLAIN)
+    assert not is_vfio("nvidia") and not is_vfio(None) and not is_vfio("vfio")
+
+
+def test_a_variant_driver_is_bound_per_device_and_kept_out_of_the_ids(
+    hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The card gets the variant driver through a per-device driver_override that loads its
+    module; its ID stays out of vfio-pci.ids (vfio-pci would take it first), the audio
+    function's stays in."""
+    root, _ = _variant_host(hosts, tmp_path, "consumer-intel")
+    assert main(["plan", "--root", str(root), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["binding"] == "ids"
+    assert plan["kernel_args"]["set"] == [
+        a for a in plan["kernel_args"]["set"] if "10de:2684" not in a
+    ]
+    assert "vfio-pci.ids=10de:22ba" in plan["kernel_args"]["set"]
+    writes = {a["path"]: a for a in plan["actions"] if a["kind"] == "write"}
+    assert "/" + RULE in writes, sorted(writes)
+    rule = [ln[1:] for ln in writes["/" + RULE]["diff"].splitlines() if ln.startswith("+ACTION")]
+    assert len(rule) == 1  # the card alone: its audio function is bound by ID
+    assert rule[0].startswith(
+        f'ACTION=="add", SUBSYSTEM=="pci", KERNEL=="{CARD}", '
+        f'ATTR{{driver_override}}="{VARIANT}", RUN{{builtin}}+="kmod load {VARIANT}", '
+        "RUN+=\"/bin/sh -c 'd=/sys/bus/pci/devices/%k; case $$(readlink $$d/driver) in "
+        f"*/{VARIANT}) ;; "
+    )
+    conf = writes["/etc/modprobe.d/passthrough-vfio.conf"]["diff"]
+    assert "+options vfio-pci ids=10de:22ba\n" in conf + "\n", conf
+
+    # apply writes those files and journals the driver; after the reboot, verify expects it
+    assert main(["apply", "--root", str(root), "--json"]) == 0
+    capsys.readouterr()
+    text = (root / RULE).read_text()
+    assert f'KERNEL=="{CARD}", ATTR{{driver_override}}="{VARIANT}"' in text
+    assert 'KERNEL=="0000:01:00.1"' not in text
+    assert "ids=10de:22ba\n" in (root / "etc/modprobe.d/passthrough-vfio.conf").read_text()
+    grub = (root / "etc/default/grub.d/99-passthrough.cfg").read_text()
+    assert "vfio-pci.ids=10de:22ba" in grub and "10de:2684" not in grub
+    _as_after_the_reboot(root)
+    main(["verify", "--root", str(root), "--json"])
+    checks = {c["id"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks[f"vfio {CARD}"]["level"] == "PASS", checks[f"vfio {CARD}"]
+    assert checks[f"vfio {CARD}"]["summary"] == f"10de:2684 bound to {VARIANT}"
+    assert checks["vfio 0000:01:00.1"]["summary"] == "10de:22ba bound to vfio-pci"
+
+
+def test_an_id_applied_before_its_variant_was_known_leaves_vfio_pci_ids(
+    hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An apply made while the kernel had no variant for the card put its ID in
+    vfio-pci.ids; once modules.alias names a variant, the next plan takes it out (it is not
+    kept as another device's configured ID)."""
+    root = tmp_path / "root"
+    shutil.copytree(hosts["consumer-intel"], root, symlinks=True)
+    assert main(["apply", "--root", str(root), "--json"]) == 0
+    capsys.readouterr()
+    grub = root / "etc/default/grub.d/99-passthrough.cfg"
+    assert "vfio-pci.ids=10de:2684,10de:22ba" in grub.read_text()
+    release = (root / "proc/sys/kernel/osrelease").read_text().strip()
+    alias = root / "lib/modules" / release / "modules.alias"
+    alias.write_text(
+        alias.read_text() + f"alias vfio_pci:v000010DEd00002684sv*sd*bc*sc*i* {VARIANT}\n"
+    )
+    assert main(["apply", "--root", str(root), "--json"]) == 0
+    capsys.readouterr()
+    assert 'DEFAULT} vfio-pci.ids=10de:22ba"' in grub.read_text()
+    assert f'ATTR{{driver_override}}="{VARIANT}"' in (root / RULE).read_text()
+
+
+def test_a_plain_function_sharing_a_variant_id_is_bound_per_device(
+    hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Eight H100s of one ID, and a variant alias that matches one of them by its subsystem:
+    vfio-pci.ids cannot name that ID (it would take the variant's card too), so every card
+    is bound per device, the one with its variant, the others with vfio-pci."""
+    root = tmp_path / "root"
+    shutil.copytree(hosts["hgx-h100"], root, symlinks=True)
+    release = (root / "proc/sys/kernel/osrelease").read_text().strip()
+    for name in ("modalias", "uevent"):  # discovery reads the uevent's MODALIAS first
+        odd = root / "sys/bus/pci/devices/0000:18:00.0" / name
+        odd.write_text(odd.read_text().replace("sd000016C1", "sd0000BEEF"))
+    alias = root / "lib/modules" / release / "modules.alias"
+    alias.write_text(
+        alias.read_text() + f"alias vfio_pci:v000010DEd*sv*sd0000BEEFbc*sc*i* {VARIANT}\n"
+    )
+    assert main(["plan", "--root", str(root), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["vfio_drivers"]["0000:18:00.0"] == VARIANT
+    assert set(plan["vfio_drivers"].values()) == {VARIANT, PLAIN}
+    assert plan["binding"] == "driver_override"
+    assert not any(a.startswith("vfio-pci.ids") for a in plan["kernel_args"]["set"])
+    assert any("shares its ID with a function bound to a vfio variant" in n for n in plan["notes"])
+    rule = next(a for a in plan["actions"] if a["path"] == "/" + RULE)["diff"]
+    lines = [ln for ln in rule.splitlines() if ln.startswith("+ACTION")]
+    assert len(lines) == 8
+    assert sum(f'ATTR{{driver_override}}="{VARIANT}"' in ln for ln in lines) == 1
+    assert sum('ATTR{driver_override}="vfio-pci", RUN+=' in ln for ln in lines) == 7
+
+
 # -- reset risk -----------------------------------------------------------------------------
 
 SAMPLE = Path(fakehost.__file__).parent / "hosts" / "consumer-intel.yaml"
@@ -248,3 +389,24 @@ def test_a_known_no_reset_family_is_named(
         "(its reset leaves it unusable until the host reboots)"
     ]
     assert "vendor-reset" in risk[0]["fix"]
+
+
+def test_the_policy_counts_a_variant_driver_as_handed_over(
+    hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    """vfio-bound, not vfio-partly, for a card on its variant driver beside vfio-pci; and the
+    plan asks no softdep for the variant (it is vfio itself)."""
+    from passthrough.analysis.policy import judge_all
+    from passthrough.host.root import HostRoot
+    from passthrough.plan.vfio import softdeps
+
+    root = tmp_path / "root"
+    shutil.copytree(hosts["consumer-intel"], root, symlinks=True)
+    _as_after_the_reboot(root)
+    host = discover(str(root))
+    verdict = next(v for v in judge_all(host) if str(v.gpu.address) == CARD)
+    codes = {f.code: f.message for f in verdict.findings}
+    assert "vfio-partly" not in codes, codes
+    assert codes["vfio-bound"] == f"already bound to vfio ({VARIANT}, vfio-pci): ready for a guest"
+    card = [f for f in host.functions if str(f.address).startswith("0000:01:00.")]
+    assert VARIANT not in softdeps(HostRoot(str(root)), host, card)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Issue 19 item 3: every command printed for a person to run is one valid shell command,
 the same words as the JSON ``argv`` (grubby's ``--args=a b c`` is one word, and a word
 with shell syntax in it is quoted, never run).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Boot configuration files real people wrote, planned, applied, edited and undone.
 
 Each file of ../shared/realworld/boot-configs/ (read there at run time, never copied into

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The safety net against what the world does to it: a swapped or cut backup, a hostile
 journal, links planted in our state directory, any umask, files with unusual modes,
 owners and extended attributes, directories apply made."""
@@ -8,11 +9,14 @@ import json
 import os
 import shutil
 import stat
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from passthrough.cli import main
+from passthrough.execute import files as files_mod
 from passthrough.execute.files import Faults
 
 from .conftest import tree_hash
@@ -87,6 +91,54 @@ def test_a_file_with_unusual_mode_owner_and_xattrs_keeps_them(tmp_path: Path) ->
     assert main(["undo", "--root", str(root)]) == 0
     assert diff(tree_state(root), original) == []
     # a removed file comes back with them too: the admin deletes it, undo --force restores
+    assert main(["apply", "--root", str(root)]) == 0
+    target.unlink()
+    assert main(["undo", "--root", str(root), "--force"]) == 0
+    assert diff(tree_state(root), original) == []
+
+
+LABELS = {  # what SELinux and IMA keep there; root may set them on ext4 and tmpfs alike
+    "security.selinux": b"system_u:object_r:etc_t:s0\0",
+    "trusted.passthrough-test": b"kept",
+    "user.passthrough-test": b"kept too",
+}
+
+
+@pytest.fixture(params=["disk", "tmpfs"])
+def labelled(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """A host whose /etc/initramfs-tools/modules carries security.*, trusted.* and user.*
+    attributes, on the test's own disk or on a real tmpfs (unmounted in a finally)."""
+    at = tmp_path / "fs"
+    at.mkdir()
+    if request.param == "tmpfs":
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "labelled", str(at)], check=True)
+    try:
+        root = fresh(at)
+        for name, value in LABELS.items():
+            os.setxattr(root / MODULES, name, value)
+        yield root
+    finally:
+        if request.param == "tmpfs":
+            subprocess.run(["umount", str(at)], check=True)
+
+
+@pytest.mark.root  # security.* and trusted.* need CAP_SYS_ADMIN; the tmpfs, mount(2)
+def test_security_and_trusted_xattrs_are_kept_on_a_rewritten_file(labelled: Path) -> None:
+    root, target = labelled, labelled / MODULES
+    assert files_mod.xattrs_of(str(target)) == LABELS
+    original = tree_state(root)
+    assert main(["apply", "--root", str(root)]) == 0
+    assert b"vfio" in target.read_bytes()
+    assert files_mod.xattrs_of(str(target)) == LABELS  # the rewritten file
+    assert files_mod.xattrs_of(str(backup_of(root, MODULES))) == LABELS  # and its backup
+    with target.open("a") as fh:  # an admin's line: undo takes ours out, keeps the rest
+        fh.write("dm_crypt\n")
+    assert main(["undo", "--root", str(root)]) == 0
+    assert target.read_bytes() == original[MODULES][4] + b"dm_crypt\n"  # type: ignore[operator]
+    assert files_mod.xattrs_of(str(target)) == LABELS
+    target.write_bytes(original[MODULES][4])  # type: ignore[arg-type]
+    assert diff(tree_state(root), original) == []
+    # deleted after apply: undo --force brings it back from the backup, labels and all
     assert main(["apply", "--root", str(root)]) == 0
     target.unlink()
     assert main(["undo", "--root", str(root), "--force"]) == 0
@@ -212,7 +264,9 @@ def test_a_link_in_our_state_directory_is_refused_and_never_followed(
     assert (elsewhere / "precious").read_text() == "someone else's file\n"
 
 
-def test_a_temporary_file_left_by_a_kill_is_removed_by_the_next_run(tmp_path: Path) -> None:
+def test_a_temporary_file_left_by_a_kill_is_listed_then_removed_by_the_next_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     steady = fresh(tmp_path)
     assert main(["apply", "--root", str(steady)]) == 0
     assert main(["undo", "--root", str(steady)]) == 0
@@ -226,11 +280,22 @@ def test_a_temporary_file_left_by_a_kill_is_removed_by_the_next_run(tmp_path: Pa
         root = tmp_path / f"r{n}"
         shutil.copytree(steady, root, symlinks=True)
         assert in_child(cli(root, "apply"), Faults("kill", n), err) == -9
-        assert temps(root), n
+        left = sorted("/" + t for t in temps(root))
+        assert left, n
+        capsys.readouterr()
+        assert main(["status", "--root", str(root), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["temporary_files"] == left, n
         assert main(["status", "--root", str(root)]) == 0
-        assert temps(root), n  # status changes nothing
-        assert main(["undo", "--root", str(root)]) == 0
+        (line,) = [x for x in capsys.readouterr().out.splitlines() if "Temporary files" in x]
+        assert line.endswith("removes them): " + ", ".join(left)), line
+        assert sorted("/" + t for t in temps(root)) == left, n  # status changes nothing
+        # the next run, apply or undo, removes them; then status lists none
+        assert main(["apply" if n % 2 else "undo", "--root", str(root)]) == 0
         assert temps(root) == [], n
+        assert main(["undo", "--root", str(root)]) == 0
+        capsys.readouterr()
+        assert main(["status", "--root", str(root), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["temporary_files"] == [], n
 
 
 def test_status_describes_an_undo_cut_off_mid_write(

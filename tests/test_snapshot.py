@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """snapshot → scan --root <snapshot> gives the same report as scanning the source."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every command gives the same answer on a host root and on its snapshot: what a command
 decides from the host is read by discovery (package versions included) or recorded with it
 (what plan reads), so nothing is lost on the way. Real trees: every bundled sample host, and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """pyudev against recorded devices (umockdev-run) agrees with the root-directory reader.
 
 umockdev is real: its preload library gives libudev (and every open/readlink of /sys) a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Undo when the host moved on after apply: kernel updates, an admin's edits, lost backups.
 
 Sample-host trees. Where a test needs the regeneration commands to *run*, the tree is made

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The one size parser and the one size formatter (passthrough/units.py)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """validate where libvirt's own reading decides: base-0 PCI addresses, the console that is
 serial 0, multifunction as libvirt's QEMU driver sets it, a host device passed twice, and a
 rule catalogue fixed before any file is read (every policy and layout code selectable)."""
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from passthrough.analysis.codes import CODES, LAYOUT_CODES, UNKNOWN_DEVICE
+from passthrough.analysis.codes import POLICY, UNKNOWN_DEVICE
 from passthrough.cli import main
 from passthrough.errors import InvalidPciAddress
 from passthrough.model import PciAddress
@@ -157,7 +158,7 @@ def test_list_rules_holds_every_policy_and_layout_code(
 ) -> None:
     assert main(["validate", "--list-rules", "--json"]) == 0
     listed = {r["code"]: r for r in json.loads(capsys.readouterr().out)}
-    wanted = (set(CODES) - {UNKNOWN_DEVICE}) | set(LAYOUT_CODES)
+    wanted = set(POLICY) - {UNKNOWN_DEVICE}
     assert wanted <= set(listed)
     assert all(listed[c]["layer"] == "host" for c in wanted)
     assert listed["group-other-gpu"]["severity"] == "error"

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`validate` as a CI gate on any domain XML: a corpus in the style of libvirt's own test
 suite (written here; none of libvirt's files are copied) gets no GPU policy error, our
 rendered GPU domains keep every GPU rule, findings point at their element, SARIF validates

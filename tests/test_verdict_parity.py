@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One policy, one verdict: for every card of every sample host, render refuses exactly
 what scan refuses (and validate --host-root rejects), and tells exactly the warnings scan
 gives that card; validate tells them again on what render wrote."""

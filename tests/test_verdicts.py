@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Verdicts and reasons for each modelled host: what an experienced user would conclude."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Guest XML: golden files, libvirt's schema, libvirt's test driver, a real libvirtd with
 the QEMU driver (domxml-to-native), policy findings on broken files, bad input."""
 
@@ -150,7 +151,7 @@ def test_bad_values_never_reach_the_xml(
         (["--name", "ok", "--seed", "/tmp/a\nb"], "seed: "),
         (["--name", "ok", "--vendor-id", "thirteenchars"], "--vendor-id: "),
         (["--name", "ok", "--vendor-id", "a,b"], "--vendor-id: "),
-        (["--name", "ok", "--gpu", "0000:99:00.0"], "not a GPU on this host"),
+        (["--name", "ok", "--gpu", "0000:99:00.0"], "matches no GPU on this host"),
         (
             ["--name", "ok", "--disk", "/nonexistent/disk.qcow2"],
             "disk: /nonexistent/disk.qcow2 does not exist",
@@ -299,7 +300,7 @@ def test_validate_with_libvirt_test_driver(
 ) -> None:
     good = tmp_path / "good.xml"
     good.write_text(rendered["consumer-2fn"])
-    assert main(["validate", "--libvirt", "test:///default", str(good)]) == 0
+    assert main(["validate", "--connect", "test:///default", str(good)]) == 0
     # libvirt failing underneath (here: it cannot open the connection) is exit 4
     assert main(["validate", "--libvirt", "test:///nonexistent-state.xml", str(good)]) == 4
     assert "cannot connect to test:///nonexistent-state.xml" in capsys.readouterr().err

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Issue 19 item 5: ``vm define --base-image`` (and the VM module) never replaces a disk
 it did not create unless told, and says what it did.
 

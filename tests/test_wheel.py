@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The wheel is complete: built from the sources, installed into a fresh venv outside the
 checkout, and used from a directory that is not the checkout — `sample build`, `render`
 (the template from the wheel) and `provision --check` on the sample inventory (the playbooks,

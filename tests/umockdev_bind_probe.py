@@ -1,9 +1,12 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run under `umockdev-wrapper`: a UMockdev test bed holds the recorded PCI devices, and a
 thread stands in for the kernel (a stand-in, named as such: no real driver core exists
 here) — it honours writes to unbind / driver_override / drivers_probe and emits the
 uevents the real kernel would. `passthrough.execute.bind` itself is the real code under test.
 
-usage: umockdev_bind_probe.py RECORD MODE   (MODE: ok | in-use | no-bind)
+usage: umockdev_bind_probe.py RECORD MODE
+  MODE: ok | in-use | no-bind | variant (the card to a vfio variant driver, its audio to
+  vfio-pci) | variant-unloaded (that variant driver not registered)
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from passthrough.host.discover import discover  # noqa: E402
 from passthrough.host.root import HostRoot  # noqa: E402
 from passthrough.plan.select import select  # noqa: E402
 
+VARIANT = "my_variant_vfio_pci"
+
 
 def _read(path: str) -> str:
     with open(path) as fh:
@@ -41,7 +46,8 @@ def main() -> None:
     tb = UMockdev.Testbed.new()
     tb.add_from_string(_read(record) + "\n")
     sysdir = tb.get_sys_dir()
-    for drv in ("nvidia", "snd_hda_intel", "vfio-pci"):
+    vfio = ["vfio-pci"] + ([VARIANT] if mode == "variant" else [])
+    for drv in ("nvidia", "snd_hda_intel", *vfio):
         os.makedirs(f"{sysdir}/bus/pci/drivers/{drv}", exist_ok=True)
         _clear(f"{sysdir}/bus/pci/drivers/{drv}/unbind")
     _clear(f"{sysdir}/bus/pci/drivers_probe")
@@ -76,12 +82,12 @@ def main() -> None:
                 dev = by_name[text]
                 override = _read(f"{sysdir}{dev[4:]}/driver_override")
                 seen.append(f"probe {text} override={override}")
-                if override == "vfio-pci" and mode != "no-bind":
+                if override in vfio and mode != "no-bind":
                     depth = dev.count("/") - 1
                     tb.set_attribute_link(
-                        dev, "driver", "../" * (depth - 1) + "bus/pci/drivers/vfio-pci"
+                        dev, "driver", "../" * (depth - 1) + f"bus/pci/drivers/{override}"
                     )
-                    tb.set_property(dev, "DRIVER", "vfio-pci")
+                    tb.set_property(dev, "DRIVER", override)
                     tb.uevent(dev, "bind")
             time.sleep(0.01)
 
@@ -92,7 +98,13 @@ def main() -> None:
     result: dict[str, object] = {"functions": [str(f.address) for f in sel.functions]}
     try:
         result["bound"] = bind_now(
-            HostRoot("/"), host, sel.functions, timeout=2.0 if mode == "no-bind" else 10.0
+            HostRoot("/"),
+            host,
+            sel.functions,
+            timeout=2.0 if mode == "no-bind" else 10.0,
+            # the real host's modules.alias is no fixture: the variant is given here (the
+            # choice from modules.alias is tested on sample trees, tests/test_preflight.py)
+            drivers={"0000:01:00.0": VARIANT} if mode.startswith("variant") else {},
         )
         result["drivers"] = {
             a: os.path.basename(os.readlink(f"/sys/bus/pci/devices/{a}/driver"))

@@ -1,8 +1,9 @@
+# SPDX-License-Identifier: Apache-2.0
 """Readiness checks, in the spirit of virt-host-validate, each with a one-line fix."""
 
 from __future__ import annotations
 
-from passthrough.analysis.policy import BMC_VGA
+from passthrough.analysis.codes import BMC_VGA
 from passthrough.kernel import kernel_version
 from passthrough.model import CheckResult, GpuVerdict, Host, Level
 

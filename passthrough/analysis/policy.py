@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The safety policy: the one place that decides what may be handed to a guest.
 
 Every refusal and warning is a :class:`~passthrough.model.Finding` with a stable code
@@ -9,21 +10,21 @@ domain XML meet the same refusals.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from passthrough.analysis import viability
 
-# every code is the policy's too (policy.LARGE_BAR, policy.CODES): callers name them here
+# every code is the policy's too (policy.LARGE_BAR, policy.POLICY): callers name them here
 from passthrough.analysis.codes import *  # noqa: F403
 from passthrough.analysis.codes import (
     ACS_OVERRIDE,
+    ALLOW_BOOT_GPU,
     BMC_VGA,
     BOOT_GPU,
     BRIDGE_SELECTED,
     GROUP_OTHER_GPU,
     GROUP_SHARED,
-    HOST_HARM,
     INTEL_IGPU,
     LAPTOP_3D,
     LARGE_BAR,
@@ -38,6 +39,8 @@ from passthrough.analysis.codes import (
     UNKNOWN_DEVICE,
     VFIO_BOUND,
     VFIO_PARTLY,
+    harms_host,
+    severity,
 )
 from passthrough.analysis.viability import (
     describe,
@@ -45,6 +48,7 @@ from passthrough.analysis.viability import (
     mmio_window,
 )
 from passthrough.errors import PassthroughError
+from passthrough.host.modalias import is_vfio
 from passthrough.kernel import kernel_version
 from passthrough.model import (
     BMC_VGA_VENDORS,
@@ -61,8 +65,14 @@ from passthrough.model import (
 from passthrough.pciclass import SUBCLASS_3D, SUBCLASS_OTHER_BRIDGE
 from passthrough.units import format_size
 
-ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 INTEL = 0x8086
+
+
+def _finding(
+    code: str, message: str, devices: tuple[PciAddress, ...], overrides: Collection[str] = ()
+) -> Finding:
+    """A finding with the severity the policy table (``analysis/codes.py``) gives its code."""
+    return Finding(code, Severity(severity(code, overrides)), message, devices)
 
 
 class Refused(PassthroughError):
@@ -70,7 +80,7 @@ class Refused(PassthroughError):
 
     def __init__(self, findings: Sequence[Finding], hint: str = "") -> None:
         # what no flag can override is told first
-        self.findings = tuple(sorted(findings, key=lambda f: f.code not in HOST_HARM))
+        self.findings = tuple(sorted(findings, key=lambda f: not harms_host(f.code)))
         first = self.findings[0]
         others = [c for c in dict.fromkeys(f.code for f in self.findings) if c != first.code]
         more = f" (also: {', '.join(others)})" if others else ""
@@ -100,10 +110,6 @@ class HostIndex:
                 if f.vendor_id == NVIDIA and f.subclass == SUBCLASS_OTHER_BRIDGE
             ),
         )
-
-
-def errors(findings: Iterable[Finding]) -> list[Finding]:
-    return [f for f in findings if f.severity is ERROR]
 
 
 def _console_arg(host: Host) -> str:
@@ -136,9 +142,8 @@ def _group_findings(
             ]
             extra = f" with its functions {', '.join(siblings)}" if siblings else ""
             found.append(
-                Finding(
+                _finding(
                     GROUP_OTHER_GPU,
-                    ERROR,
                     f"IOMMU group {number} also holds another GPU: {describe(other)}{extra}; "
                     "both cards would have to go to the same guest",
                     (other.address,),
@@ -146,9 +151,8 @@ def _group_findings(
             )
         else:
             found.append(
-                Finding(
+                _finding(
                     GROUP_SHARED,
-                    ERROR,
                     f"IOMMU group {number} also holds a device outside the card: "
                     f"{describe(other)}; it would have to go to the same guest",
                     (other.address,),
@@ -162,9 +166,8 @@ def _critical(host: Host, where: str, addresses: Iterable[PciAddress]) -> list[F
     for addr in addresses:
         if addr in host.critical.root_pci:
             found.append(
-                Finding(
+                _finding(
                     ROOT_DISK,
-                    ERROR,
                     f"{where} holds the host's root-disk controller {addr} "
                     f"({host.critical.root_device or '/'}): binding it to vfio-pci would cut "
                     "the host off its root filesystem — refused",
@@ -173,9 +176,8 @@ def _critical(host: Host, where: str, addresses: Iterable[PciAddress]) -> list[F
             )
         if addr in host.critical.nic_pci:
             found.append(
-                Finding(
+                _finding(
                     ROUTE_NIC,
-                    ERROR,
                     f"{where} holds the default-route NIC {addr} ({host.critical.default_nic}): "
                     "binding it to vfio-pci would cut the host off the network — refused",
                     (addr,),
@@ -190,10 +192,10 @@ def _function_findings(fn: PciFunction) -> list[Finding]:
     if fn.is_display and fn.vendor_id in BMC_VGA_VENDORS:
         bmc = BMC_VGA_VENDORS[fn.vendor_id]
         why = f"{fn.address}: server management VGA ({bmc}): the host console through the BMC"
-        found.append(Finding(BMC_VGA, ERROR, why + ", never a candidate", (fn.address,)))
+        found.append(_finding(BMC_VGA, why + ", never a candidate", (fn.address,)))
     if fn.is_bridge_like:
         why = f"{describe(fn)} is a bridge: bridges and root ports stay with the host"
-        found.append(Finding(BRIDGE_SELECTED, ERROR, why, (fn.address,)))
+        found.append(_finding(BRIDGE_SELECTED, why, (fn.address,)))
     return found
 
 
@@ -210,15 +212,14 @@ def _grouping_findings(
                 if host.machine.guest
                 else "no IOMMU groups on this host: the IOMMU is off or absent"
             )
-            found.append(Finding(NO_IOMMU, ERROR, why, tuple(f.address for f in chosen)))
+            found.append(_finding(NO_IOMMU, why, tuple(f.address for f in chosen)))
         found += _critical(host, "the selection", (f.address for f in chosen))
         return found
     ungrouped = [f for f in chosen if f.iommu_group is None and not f.is_bridge_like]
     if ungrouped:
         found.append(
-            Finding(
+            _finding(
                 NO_IOMMU_GROUP,
-                ERROR,
                 "no IOMMU group for " + ", ".join(str(f.address) for f in ungrouped),
                 tuple(f.address for f in ungrouped),
             )
@@ -238,7 +239,8 @@ def _boot_vga_finding(host: Host, fn: PciFunction, allow_boot_gpu: bool) -> Find
         else f"{fn.address} is the boot VGA (the host console draws on it); "
         "--allow-boot-gpu takes it knowingly"
     )
-    return Finding(BOOT_GPU, WARNING if allow_boot_gpu else ERROR, why, (fn.address,))
+    overrides = (ALLOW_BOOT_GPU,) if allow_boot_gpu else ()
+    return _finding(BOOT_GPU, why, (fn.address,), overrides)
 
 
 def selection_findings(
@@ -257,7 +259,7 @@ def selection_findings(
         fn = index.by_addr.get(addr)
         if fn is None:
             found.append(
-                Finding(UNKNOWN_DEVICE, ERROR, f"{addr} is no PCI function on this host", (addr,))
+                _finding(UNKNOWN_DEVICE, f"{addr} is no PCI function on this host", (addr,))
             )
             continue
         chosen.append(fn)
@@ -275,8 +277,8 @@ def card_findings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostInde
     """Everything scan says about one card: refusals first, then warnings."""
     found = selection_findings(host, (f.address for f in gpu.functions), True, index)
     if any(f.code == BMC_VGA for f in found):
-        return [f for f in found if f.severity is ERROR]
-    found.sort(key=lambda f: f.severity is not ERROR)  # stable: refusals first
+        return [f for f in found if f.severity is Severity.ERROR]
+    found.sort(key=lambda f: f.severity is not Severity.ERROR)  # stable: refusals first
     return found + card_warnings(host, gpu, all_gpus, index)
 
 
@@ -306,8 +308,8 @@ def card_warnings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostInde
         # a guest's own GPU cannot be passed on: what passing it on would need is no advice
         return found
 
-    def warn(code: str, message: str, severity: Severity = WARNING) -> None:
-        found.append(Finding(code, severity, message, (primary.address,)))
+    def warn(code: str, message: str) -> None:
+        found.append(_finding(code, message, (primary.address,)))
 
     # A 3D controller (0x0302, e.g. a data-centre GPU) has no display output: handing it over
     # takes no console away, and it does not count as one of the host's displays.
@@ -364,16 +366,19 @@ def card_warnings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostInde
         )
     if primary.physfn is not None:
         warn(SRIOV_VF, f"SR-IOV virtual function of {primary.physfn}")
-    bound = [f for f in gpu.functions if f.driver == "vfio-pci"]
-    if bound and len(bound) == len(gpu.functions):
-        warn(VFIO_BOUND, "already bound to vfio-pci: ready for a guest", INFO)
-    elif bound:
-        warn(
-            VFIO_PARTLY,
-            "partly bound to vfio-pci: "
-            + ", ".join(f"{f.address} → {f.driver or 'no driver'}" for f in gpu.functions),
-        )
+    if handed := _handed_over(gpu):
+        warn(*handed)
     return found
+
+
+def _handed_over(gpu: Gpu) -> tuple[str, str] | None:
+    """vfio-bound or vfio-partly: on vfio-pci or a variant (nvgrace_gpu_vfio_pci...) either way."""
+    bound = {str(f.driver) for f in gpu.functions if is_vfio(f.driver)}
+    if bound and all(is_vfio(f.driver) for f in gpu.functions):
+        to = f"vfio ({', '.join(sorted(bound))})" if bound != {"vfio-pci"} else "vfio-pci"
+        return VFIO_BOUND, f"already bound to {to}: ready for a guest"
+    drivers = ", ".join(f"{f.address} → {f.driver or 'no driver'}" for f in gpu.functions)
+    return (VFIO_PARTLY, f"partly bound to vfio-pci: {drivers}") if bound else None
 
 
 def judge(

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Preflight for a scanned host: what would get in the way of binding its cards now."""
 
 from __future__ import annotations

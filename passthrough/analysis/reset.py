@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reset risk of a card, with the reason: a reset shared with other devices, or a family
 known not to come back after a guest stops."""
 

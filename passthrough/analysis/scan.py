@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One host judged: every GPU's verdict and the readiness checks, what scan and check show."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What a card is (the display function and the functions that belong to it), and the
 sizes and words the verdicts use. The verdicts themselves: ``analysis/policy.py``."""
 
@@ -5,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from passthrough.model import NVIDIA, Gpu, GpuVerdict, Host, PciAddress, PciFunction
+from passthrough.model import Gpu, Host, PciAddress, PciFunction
 from passthrough.pciclass import (
     CLASS_WORDS,
     SUBCLASS_AUDIO_HDA,
@@ -96,17 +97,6 @@ def find_gpus(host: Host) -> list[Gpu]:
             Gpu(primary=primary, functions=tuple(sorted(members.values(), key=lambda f: f.address)))
         )
     return sorted(gpus, key=lambda g: g.address)
-
-
-def default_cards(verdicts: Iterable[GpuVerdict]) -> list[GpuVerdict]:
-    """What plan and render take when no card is named: every viable NVIDIA card, never an
-    SR-IOV virtual function (a VF goes to a guest only when named; binding its PF to vfio-pci
-    takes the VFs away)."""
-    return [
-        v
-        for v in verdicts
-        if v.viable and v.gpu.primary.vendor_id == NVIDIA and v.gpu.primary.physfn is None
-    ]
 
 
 def mmio_window_bytes(functions: Iterable[PciFunction]) -> int:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Command line: one module per command (``passthrough/cli/<name>.py``, the names in
 COMMANDS), each with its parser block and its ``run``; here the top-level parser, and the
 one place errors become exit codes and one-line messages.
@@ -19,14 +20,14 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from passthrough import __version__
-from passthrough.cli.common import EPILOG, Parser, Subparsers
+from passthrough.cli.common import EPILOG, Parser, Subparsers, verbosity
 from passthrough.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     Interrupted,
     PassthroughError,
-    echo,
+    echo_path,
     quote,
 )
 
@@ -92,9 +93,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    stack: list[str] = []  # temporary directories (unpacked snapshots, samples) to remove
+    verbosity(args)
+    # temporary directories (unpacked snapshots, samples): removed whatever happens
+    stack = contextlib.ExitStack()
     try:
-        code: int = args.run(args, stack)
+        with stack:
+            code: int = args.run(args, stack)
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code
     except PassthroughError as exc:
@@ -111,18 +115,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         if getattr(args, "debug", False):
             raise
-        where = f"{echo(exc.filename)}: " if exc.filename else ""
+        where = f"{echo_path(exc.filename)}: " if exc.filename else ""
         sys.stderr.write(f"passthrough: error: {where}{exc.strerror or exc}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:
         sys.stderr.write(f"passthrough: error: {Interrupted()}\n")
         return EXIT_INTERRUPTED
-    finally:
-        if stack:  # shutil only where there is something to remove
-            import shutil
-
-            for tmp in stack:
-                shutil.rmtree(tmp, ignore_errors=True)
 
 
 __all__ = ["EPILOG", "build_parser", "main"]

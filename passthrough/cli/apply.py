@@ -1,9 +1,11 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough apply``: the planned host changes, made (atomic, backed up, journaled)."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
+from contextlib import ExitStack
 
 from passthrough.cli.common import (
     CHANGES,
@@ -35,7 +37,7 @@ def add_parser(sub: Subparsers) -> None:
     yes_flag(p)
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.execute.apply import apply, apply_json, command_mode, listed
     from passthrough.plan.actions import plan_text
 

@@ -1,8 +1,12 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough bind``: idle cards onto vfio-pci now, without a reboot (live host)."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
+from contextlib import ExitStack
+from typing import TYPE_CHECKING
 
 from passthrough.cli.common import (
     CHANGES,
@@ -12,12 +16,17 @@ from passthrough.cli.common import (
     common,
     confirm,
     dump,
+    is_live,
+    note,
     open_root,
     progress,
     yes_flag,
 )
 from passthrough.cli.plan import plan_flags
-from passthrough.errors import EXIT_OK
+from passthrough.errors import EXIT_HOST_STEP, EXIT_OK
+
+if TYPE_CHECKING:
+    from passthrough.execute.holders import Outcome
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -26,10 +35,11 @@ def add_parser(sub: Subparsers) -> None:
         "bind",
         run,
         help="bind idle cards to vfio-pci now, without a reboot (live host)",
-        description="Unbind each function of the selected cards, set driver_override=vfio-pci and "
+        description="Unbind each function of the selected cards, set driver_override to its vfio "
+        "driver (vfio-pci, or the variant driver the running kernel's modules.alias gives it) and "
         "re-probe, waiting for the kernel's bind event (pyudev). Refuses cards whose GPU driver is "
-        "in use or that carry the host console. Not persistent: `apply` makes it stick across "
-        "reboots.",
+        "in use, that carry the host console, or that a process holds open. Not persistent: "
+        "`apply` makes it stick across reboots.",
         epilog=EPILOG,
     )
     common(p, CHANGES)
@@ -41,32 +51,116 @@ def add_parser(sub: Subparsers) -> None:
         metavar="SECONDS",
         help="wait this long for bind events",
     )
+    p.add_argument(
+        "--stop-holders",
+        action="store_true",
+        help="stop the systemd units that hold the cards open (nvidia-persistenced, a display "
+        "manager), bind, then start them again where a card is left for them; a process in no "
+        "unit is refused, never killed. Not the live host: the systemctl commands are printed",
+    )
+    p.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="with --stop-holders: wait this long for each systemctl stop or start",
+    )
     yes_flag(p)
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def _named(addresses: list[str], drivers: dict[str, str]) -> str:
+    return ", ".join(f"{a} ({drivers.get(a, 'vfio-pci')})" for a in addresses)
+
+
+def _report(args: argparse.Namespace, out: Outcome | None, recovered: bool = False) -> None:
+    """What became of the units: started again, left stopped (and why), failed starts."""
+    if out is None or args.json:
+        return
+    if recovered:
+        note(
+            args,
+            "a `bind --stop-holders` was cut short: the units it stopped are started again first",
+        )
+    # printed commands (not the live host) stay a script: the prose is a comment there
+    mark = "" if is_live(args.root) else "# "
+    for line in out.started:
+        print(f"{mark}Started again: {line}")
+    for line in out.left + out.failed:
+        print(mark + line)
+
+
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.analysis.policy import judge_all
     from passthrough.execute.bind import bind_now
+    from passthrough.execute.holders import (
+        STOPPED,
+        Systemctl,
+        recover,
+        stop_bind_start,
+        units_to_stop,
+    )
+    from passthrough.execute.state import locked
     from passthrough.host.discover import discover
+    from passthrough.host.holders import find_holders
+    from passthrough.host.modalias import vfio_drivers
     from passthrough.host.root import HostRoot
     from passthrough.plan.select import select
 
-    root_path = open_root(args.root, stack, changing="bind")
-    host = discover(root_path)
-    sel = select(host, judge_all(host), list(args.gpu), args.include_group, args.allow_boot_gpu)
-    moving = [str(f.address) for f in sel.functions if f.driver != "vfio-pci"]
+    root = HostRoot(open_root(args.root, stack, changing="bind"))
+    host = discover(root)
+    quiet = args.json or getattr(args, "quiet", False)
+    systemctl = Systemctl(root.is_live, args.stop_timeout, (lambda _c: None) if quiet else print)
+    if root.is_live and root.exists(STOPPED):
+        with locked(root):
+            _report(args, recover(root, host, systemctl), recovered=True)
+    sel = select(host, judge_all(host), list(args.gpus), args.include_group, args.allow_boot_gpu)
+    addresses = [str(f.address) for f in sel.functions]
+    drivers = vfio_drivers(root, host.kernel.release, sel.functions)
+    units = units_to_stop(host, find_holders(root, addresses)) if args.stop_holders else []
+    moving = [str(f.address) for f in sel.functions if f.driver != drivers[str(f.address)]]
     if moving:
-        confirm(args, "bind", lambda: "bind moves to vfio-pci now: " + ", ".join(moving))
-    bound = bind_now(
-        HostRoot(root_path), host, sel.functions, args.timeout, progress=progress(args)
-    )
+        stops = f"; stops {', '.join(u.name for u in units)} first" if units else ""
+        confirm(args, "bind", lambda: f"bind moves to vfio now: {_named(moving, drivers)}{stops}")
+
+    def bind() -> list[str]:
+        return bind_now(
+            root, host, sel.functions, args.timeout, progress=progress(args), drivers=drivers
+        )
+
+    out = None
+    if units and root.is_live:
+        with locked(root):
+            out = stop_bind_start(root, host, units, systemctl, bind, addresses)
+        bound = out.bound
+    elif units:
+        out = stop_bind_start(root, host, units, systemctl, bind, addresses)
+        note(
+            args,
+            "not the live host: the systemctl commands are printed, not run; nothing was bound",
+        )
+        bound = []
+    else:
+        bound = bind()
     if args.json:
-        dump({"bound": bound, "functions": [str(f.address) for f in sel.functions]}, "bind")
-    elif bound:
+        dump(
+            {
+                "bound": bound,
+                "functions": addresses,
+                "vfio_drivers": drivers,
+                "systemctl": [shlex.join(c) for c in systemctl.ran],
+                "not_started": out.left if out else [],
+                "start_failed": out.failed if out else [],
+            },
+            "bind",
+        )
+        return EXIT_HOST_STEP if out and out.failed else EXIT_OK
+    if bound:
         print(
-            f"Bound to vfio-pci: {', '.join(bound)} "
+            f"Bound: {_named(bound, drivers)} "
             "(until reboot; `passthrough apply` makes it persistent)"
         )
-    else:
-        print("Already on vfio-pci: nothing to do.")
-    return EXIT_OK
+    elif root.is_live:
+        print("Already on their vfio drivers: nothing to do.")
+    _report(args, out)
+    # the binding held, but a unit that was running is not: a step on the host failed
+    return EXIT_HOST_STEP if out and out.failed else EXIT_OK

@@ -1,9 +1,11 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough check``: readiness checks, each with a fix."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import ExitStack
 
 from passthrough.cli.common import EPILOG, Subparsers, command, common, dump
 from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK
@@ -23,7 +25,7 @@ def add_parser(sub: Subparsers) -> None:
     common(p)
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.analysis.preflight import held_checks
     from passthrough.cli.scan import analysed
     from passthrough.output.json import check_json

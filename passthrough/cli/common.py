@@ -1,12 +1,15 @@
+# SPDX-License-Identifier: Apache-2.0
 """What every command shares: the parser class, the common flags, opening a root, printing."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any, Protocol
 
 from passthrough.errors import EXIT_USAGE, NotConfirmed, echo
@@ -24,7 +27,7 @@ docs: README.md, docs/ (JSON schema: passthrough/schemas/scan-v1.schema.json)
 """
 
 # A command's body: the parsed flags, and a list of temporary directories main() removes.
-Run = Callable[[argparse.Namespace, list[str]], int]
+Run = Callable[[argparse.Namespace, ExitStack], int]
 
 
 class Subparsers(Protocol):
@@ -59,13 +62,6 @@ def command(sub: Subparsers, name: str, run: Run, **kwargs: Any) -> argparse.Arg
     return p
 
 
-def positive_int(text: str) -> int:
-    """A count given on purpose: 1 or more (leaving the flag out means none)."""
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number of 1 or more")
-    return int(text)
-
-
 # What --root means, by what the command does with it.
 READS = (
     "host root to read: / (live), an unpacked snapshot, a fixture, or a snapshot .tar.gz "
@@ -96,6 +92,32 @@ def common(p: argparse.ArgumentParser, root: str | None = READS) -> None:
         action="store_true",
         help="no progress lines or notes on stderr: only results, warnings and errors",
     )
+    if "--verbose" not in p._option_string_actions:  # provision's -v is Ansible's own
+        p.add_argument(
+            "-v",
+            "--verbose",
+            action="count",
+            default=0,
+            help="say more on stderr: -v each file written or removed and each command run "
+            "with its exit code; -vv also what was read and each command's output",
+        )
+
+
+LOG_PREFIX = "  | "
+
+
+def verbosity(args: argparse.Namespace) -> None:
+    """-v/-vv: the ``passthrough`` logger on stderr, each line marked so it never reads
+    like a result or an error. Nothing is logged without -v (the logger stays silent)."""
+    level = getattr(args, "verbose", 0) or 0
+    if not isinstance(level, int) or level < 1 or getattr(args, "command", "") == "provision":
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_PREFIX + "%(message)s"))
+    log = logging.getLogger("passthrough")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO if level == 1 else logging.DEBUG)
+    log.propagate = False
 
 
 def yes_flag(p: argparse.ArgumentParser) -> None:
@@ -134,6 +156,10 @@ def dump(obj: dict[str, Any], schema: str) -> None:
     """``--json`` output: one object whose ``schema`` key names its JSON Schema,
     ``passthrough.NAME/v1`` (passthrough/schemas/NAME-v1.schema.json)."""
     out = {"schema": f"passthrough.{schema}/v1", **{k: v for k, v in obj.items() if k != "schema"}}
+    if isinstance(out.get("root"), str):  # a snapshot archive, not where it was unpacked
+        from passthrough.host.opening import shown_root
+
+        out["root"] = shown_root(out["root"])
     # Pretty for a person at a terminal; compact (and much faster) into a pipe or file.
     indent = 2 if sys.stdout.isatty() else None
     sys.stdout.write(json.dumps(out, indent=indent) + "\n")

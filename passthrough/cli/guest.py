@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough guest check``: inside a VM, does it see its GPU and is the stack wired?
 
 Standard library only, like the guest package: ``python3 -m passthrough guest check``
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import ExitStack
 
 from passthrough.cli.common import (
     GUEST,
@@ -20,7 +22,13 @@ from passthrough.cli.common import (
     examples,
     open_root,
 )
-from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK, NotAHostRoot, PassthroughError, echo
+from passthrough.errors import (
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    NotAHostRoot,
+    PassthroughError,
+    echo_path,
+)
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -52,7 +60,7 @@ def add_parser(sub: Subparsers) -> None:
     )
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.guest.check import run_guest_checks
     from passthrough.guest.report import FAIL, WARN, render
     from passthrough.guest.root import GuestRoot, find_root
@@ -76,7 +84,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
             root, runner_for(root.is_live, args.commands), compute=not args.no_compute
         )
     except BadRecording as exc:
-        raise PassthroughError(f"--commands {echo(args.commands)}: {exc}") from None
+        raise PassthroughError(f"--commands {echo_path(args.commands)}: {exc}") from None
     if args.json:
         dump(report.to_json(), "guest-check")
     else:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough kubevirt``: the same cards, options and policy as ``render``, for a cluster —
 manifests (KubeVirt device-plugin route or NVIDIA's DRA driver), their validation, and the
 node preflight that decides the passthrough label."""
@@ -7,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import ExitStack
 
 from passthrough.cli.common import (
     Parser,
@@ -23,6 +25,7 @@ from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK, output_file
 
 
 def add_parser(sub: Subparsers) -> None:
+    from passthrough.analysis.cards import METAVAR
     from passthrough.kube.build import PROVIDERS, ROUTES
     from passthrough.vm.options import add_flags
 
@@ -79,7 +82,7 @@ def add_parser(sub: Subparsers) -> None:
         "--gpu",
         action="append",
         default=[],
-        metavar="ADDR",
+        metavar=METAVAR,
         help="a card (repeatable); default: every NVIDIA GPU",
     )
     pre.add_argument(
@@ -87,7 +90,7 @@ def add_parser(sub: Subparsers) -> None:
     )
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     action = args.kubevirt_command
     if action == "render":
         return _render(args, stack)
@@ -103,7 +106,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
     return EXIT_USAGE
 
 
-def _render(args: argparse.Namespace, stack: list[str]) -> int:
+def _render(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.cli.render import vm_options
     from passthrough.host.discover import discover
     from passthrough.kube.build import build_manifests
@@ -136,7 +139,7 @@ def _render(args: argparse.Namespace, stack: list[str]) -> int:
     return EXIT_OK
 
 
-def _validate(args: argparse.Namespace, stack: list[str]) -> int:
+def _validate(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.kube.check import check_manifests
     from passthrough.kube.io import load_stream
     from passthrough.model import Severity
@@ -168,7 +171,7 @@ def _validate(args: argparse.Namespace, stack: list[str]) -> int:
     return EXIT_CHECK_FAILED if failed else EXIT_OK
 
 
-def _preflight(args: argparse.Namespace, stack: list[str]) -> int:
+def _preflight(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.host.discover import discover
     from passthrough.kube.preflight import preflight
     from passthrough.output.text import Painter, render_checks, wants_color, write

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Manual pages from the parsers themselves: ``passthrough.1`` and one ``passthrough-CMD.1``
 per command, so ``man`` says exactly what ``--help`` says (docs/man/ holds them, kept equal to
 the parsers by tests/test_cli.py; ``python -m passthrough.cli.manpage DIR`` writes them).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough provision``: the playbooks (host → vm → guest) through ansible-runner."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 
 from passthrough.cli.common import Subparsers, command, common, dump, examples, progress
 from passthrough.errors import EXIT_OK, PassthroughError, output_file
@@ -87,7 +89,7 @@ def _needs_sample(inventory: str) -> None:
         )
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.provision.runner import ProvisionFailed, run, summary_table
     from passthrough.provision.settings import extra_vars
 
@@ -96,12 +98,13 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
     if not args.sample:
         _needs_sample(args.inventory)
     else:
+        import shutil
         import tempfile
 
         from passthrough import fakehost
 
         tmp = tempfile.mkdtemp(prefix="passthrough-sample-")
-        stack.append(tmp)
+        stack.callback(shutil.rmtree, tmp, ignore_errors=True)
         root = fakehost.build(fakehost.load("hgx-h100"), os.path.join(tmp, "hgx-h100"))
         env[SAMPLE_ENV] = str(root)  # inventory/sample reads it (env lookup)
     log = (args.log and output_file(args.log, "--log")) or _default_log()

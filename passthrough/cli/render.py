@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough render``: domain XML for a guest with the whole card(s)."""
 
 from __future__ import annotations
@@ -5,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from passthrough.cli.common import (
@@ -20,6 +22,7 @@ from passthrough.cli.common import (
 from passthrough.errors import EXIT_OK, PassthroughError, output_file
 
 if TYPE_CHECKING:
+    from passthrough.model import Host
     from passthrough.vm.spec import VmOptions
 
 
@@ -61,16 +64,27 @@ def vm_options(args: argparse.Namespace) -> VmOptions:
     return VmOptions(**values)
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def memlock_warnings(xml: str, host: Host) -> list[str]:
+    """The memlock estimate of the rendered domain against the host's limits: the same
+    check as ``validate --host-root`` on that file."""
+    from passthrough.vm import memlock
+    from passthrough.vm.domxml import Domain
+
+    return [f"{f.message} [{f.code}]" for f, _ in memlock.check(Domain.parse(xml), host)]
+
+
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.host.discover import discover
     from passthrough.vm.render import render
     from passthrough.vm.spec import build_spec
 
     if args.output:
         output_file(args.output)
-    spec = build_spec(discover(open_root(args.root, stack)), vm_options(args))
+    host = discover(open_root(args.root, stack))
+    spec = build_spec(host, vm_options(args))
     xml = render(spec)
-    for w in spec.warnings:
+    warnings = [*spec.warnings, *memlock_warnings(xml, host)]
+    for w in warnings:
         warn(w)
     layout = spec.layout.as_json() if spec.layout else None
     for line in layout["decisions"] if layout else []:  # the address planner's reasons
@@ -87,7 +101,7 @@ def run(args: argparse.Namespace, stack: list[str]) -> int:
             {
                 "name": spec.name,
                 "xml": xml,
-                "warnings": list(spec.warnings),
+                "warnings": warnings,
                 "output": args.output,
                 "layout": layout,
             },

@@ -1,9 +1,11 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough sample``: the bundled sample hosts (list, build, umockdev)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 from passthrough.cli.common import Parser, Subparsers, command, common, dump, examples
@@ -37,7 +39,7 @@ def add_parser(sub: Subparsers) -> None:
     common(udev, root=None)
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough import fakehost
 
     action = args.sample_command

@@ -1,9 +1,11 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough scan``: IOMMU groups, GPUs and a verdict for each."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from passthrough.cli.common import Subparsers, command, common, dump, examples, open_root
@@ -45,7 +47,7 @@ def add_parser(sub: Subparsers) -> None:
     )
 
 
-def analysed(args: argparse.Namespace, stack: list[str]) -> Scan:
+def analysed(args: argparse.Namespace, stack: ExitStack) -> Scan:
     """Discover the root given by --root (with --udev, where the command has it) and judge it."""
     from passthrough.analysis.scan import analyse
     from passthrough.host.discover import discover, pci_source_for
@@ -54,7 +56,7 @@ def analysed(args: argparse.Namespace, stack: list[str]) -> Scan:
     return analyse(discover(root, pci_source=pci_source_for(root, getattr(args, "udev", "auto"))))
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.analysis.scan import only
     from passthrough.model import PciAddress
     from passthrough.output.json import scan_json

@@ -1,8 +1,10 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough snapshot``: capture what discovery reads into a .tar.gz."""
 
 from __future__ import annotations
 
 import argparse
+from contextlib import ExitStack
 
 from passthrough.cli.common import EPILOG, Subparsers, command, common, dump, open_root
 from passthrough.errors import EXIT_OK, output_file
@@ -26,7 +28,7 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write")
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.host.snapshot import capture
     from passthrough.plan.record import record_plan
 

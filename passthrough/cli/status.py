@@ -1,8 +1,10 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough status``: what apply and undo did to this host, drift since, pending commands."""
 
 from __future__ import annotations
 
 import argparse
+from contextlib import ExitStack
 
 from passthrough.cli.common import EPILOG, Subparsers, command, common, dump, open_root
 from passthrough.errors import EXIT_OK
@@ -22,7 +24,7 @@ def add_parser(sub: Subparsers) -> None:
     common(p)
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.execute.status import status, status_json, status_text
     from passthrough.host.root import HostRoot
 

@@ -1,9 +1,11 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough undo``: every file apply changed back to its original, then regenerate."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
+from contextlib import ExitStack
 
 from passthrough.cli.common import (
     CHANGES,
@@ -43,7 +45,7 @@ def add_parser(sub: Subparsers) -> None:
     yes_flag(p)
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.execute.status import status, status_text
     from passthrough.execute.undo import undo
     from passthrough.host.root import HostRoot

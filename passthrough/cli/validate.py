@@ -1,8 +1,10 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough validate``: the validate package's own command line, as a subcommand."""
 
 from __future__ import annotations
 
 import argparse
+from contextlib import ExitStack
 
 from passthrough.cli.common import EPILOG, Subparsers, command, common, open_root
 
@@ -22,7 +24,7 @@ def add_parser(sub: Subparsers) -> None:
     common(p, root=None)
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.vm.validate.main import run as validate
 
     return validate(args, lambda path: open_root(path, stack))

@@ -1,9 +1,11 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough verify``: after the reboot, is the host what apply made it?"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import ExitStack
 
 from passthrough.cli.common import EPILOG, Subparsers, command, common, dump, open_root
 from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK
@@ -26,15 +28,15 @@ def add_parser(sub: Subparsers) -> None:
     common(p)
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.execute.verify import verify
     from passthrough.host.discover import discover
     from passthrough.host.root import HostRoot
     from passthrough.output.json import verify_json
     from passthrough.output.text import Painter, render_checks, wants_color
 
-    root_path = open_root(args.root, stack)
-    results = verify(HostRoot(root_path), discover(root_path))
+    root = HostRoot(open_root(args.root, stack))
+    results = verify(root, discover(root))
     report = verify_json(results)
     if args.json:
         dump(report, "verify")

@@ -1,8 +1,10 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough vm``: seed, define, start, stop, undefine and inspect guests (libvirt)."""
 
 from __future__ import annotations
 
 import argparse
+from contextlib import ExitStack
 from typing import Any
 
 from passthrough.cli.common import Parser, Subparsers, command, common, dump
@@ -87,7 +89,7 @@ def _existing(args: argparse.Namespace) -> ExistingDisk:
     return ExistingDisk.OVERWRITE if args.overwrite_disk else ExistingDisk.REFUSE
 
 
-def run(args: argparse.Namespace, stack: list[str]) -> int:
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.vm import libvirt_ops as lv
 
     action = args.vm_command

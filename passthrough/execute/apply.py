@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Executing a Plan: lock, backups, a journal written before every step, atomic writes.
 
 State lives under ``ROOT/var/lib/passthrough``: ``journal.json`` (see journal.py) and
@@ -10,13 +11,14 @@ killed, each file is entirely old or entirely new (temp file + fsync + rename); 
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 from passthrough.errors import EXIT_HOST_STEP, PassthroughError
 from passthrough.execute import files
@@ -37,6 +39,8 @@ from passthrough.execute.state import Busy as Busy
 from passthrough.execute.state import locked as locked
 from passthrough.host.root import HostRoot
 from passthrough.plan.actions import Action, Plan, PlanRecord, RemoveFile, Run, WriteFile
+
+log = logging.getLogger(__name__)  # -v/-vv (cli/common.py verbosity)
 
 
 class ApplyError(PassthroughError):
@@ -73,7 +77,10 @@ def saved(journal: Journal) -> str | None:
 # -- running commands --------------------------------------------------------------------
 
 
-def command_mode(root: HostRoot) -> str:
+CommandMode = Literal["host", "chroot", "list"]
+
+
+def command_mode(root: HostRoot) -> CommandMode:
     """ "host" on the live root, "chroot" for a full OS tree when we may chroot, else "list"."""
     if root.is_live:
         return "host"
@@ -121,6 +128,10 @@ def _execute(root: HostRoot, argv: tuple[str, ...], runner: Runner) -> StepState
         result = runner(full)
     except FileNotFoundError:
         raise ApplyError(f"{argv[0]}: command not found") from None
+    log.info("ran %s: exit %d", shlex.join(full), result.returncode)
+    for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
+        if text:
+            log.debug("%s of %s:\n%s", name, argv[0], text.rstrip("\n"))
     if result.returncode != 0:
         tail = (result.stderr or result.stdout or "").strip().splitlines()[-1:] or [""]
         raise ApplyError(f"`{shlex.join(argv)}` failed with exit {result.returncode}: {tail[0]}")

@@ -1,6 +1,8 @@
-"""Binding idle cards to vfio-pci now, without a reboot.
+# SPDX-License-Identifier: Apache-2.0
+"""Binding idle cards to their vfio driver now, without a reboot.
 
-For each function: unbind it from its driver, set ``driver_override`` to vfio-pci, ask the
+For each function: unbind it from its driver, set ``driver_override`` to its vfio driver
+(vfio-pci, or the variant driver the running kernel's ``modules.alias`` gives it), ask the
 kernel to probe it again (``drivers_probe``), and wait for the kernel's ``bind`` uevent
 through pyudev — never a sleep. A card whose GPU driver is in use is refused.
 """
@@ -13,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from passthrough.errors import EXIT_HOST_STEP, PassthroughError
-from passthrough.host.holders import find_holders, holder_fix
+from passthrough.host.holders import find_holders, holder_fix, units_of
+from passthrough.host.modalias import PLAIN, vfio_drivers
 from passthrough.host.root import HostRoot
 from passthrough.model import Host, PciFunction
 
@@ -28,9 +31,12 @@ class BindFailed(PassthroughError):
     exit_code = EXIT_HOST_STEP
 
 
-def _in_use(root: HostRoot, host: Host, f: PciFunction) -> str | None:
-    if not f.driver or f.driver == "vfio-pci":
+def _in_use(root: HostRoot, host: Host, f: PciFunction, want: str) -> str | None:
+    if not f.driver or f.driver == want:
         return None
+    if f.driver == PLAIN:
+        # a guest may hold it through vfio-pci: an unbind would wait for the guest to stop
+        return f"it is on vfio-pci (a guest may be using it), not {want}: bind it at boot (passthrough apply)"
     if f.address in set(host.critical.root_pci) | set(host.critical.nic_pci):
         return "the host needs it (root disk or default-route NIC)"
     if f.driver in GPU_DRIVERS:
@@ -52,6 +58,7 @@ def refuse_held(root: HostRoot, functions: list[PciFunction]) -> None:
             f"{', '.join(sorted(held))}: held open, an unbind would hang: "
             + "; ".join(h.describe() for h in everyone)
             + f"; {holder_fix(everyone)}"
+            + ("; `bind --stop-holders` stops and restarts the units" if units_of(everyone) else "")
         )
 
 
@@ -64,7 +71,8 @@ def _write(root: HostRoot, rel: str, value: str) -> None:
         raise BindFailed(f"writing {value!r} to {path}: {exc.strerror}") from None
 
 
-Waiter = Callable[[set[str], float], set[str]]
+# (address → the driver it must bind to, timeout) → the addresses seen bound to it
+Waiter = Callable[[dict[str, str], float], set[str]]
 
 
 def udev_waiter() -> tuple[Waiter, Callable[[], None]]:
@@ -76,10 +84,10 @@ def udev_waiter() -> tuple[Waiter, Callable[[], None]]:
     monitor.filter_by("pci")
     monitor.start()
 
-    def wait(pending: set[str], timeout: float) -> set[str]:
+    def wait(pending: dict[str, str], timeout: float) -> set[str]:
         deadline = time.monotonic() + timeout
         bound: set[str] = set()
-        while pending - bound:
+        while set(pending) - bound:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -89,11 +97,7 @@ def udev_waiter() -> tuple[Waiter, Callable[[], None]]:
             device: Any = monitor.poll(timeout=0)
             if device is None:
                 continue
-            if (
-                device.action == "bind"
-                and device.sys_name in pending
-                and device.driver == "vfio-pci"
-            ):
+            if device.action == "bind" and pending.get(device.sys_name) == device.driver:
                 bound.add(device.sys_name)
         return bound
 
@@ -111,21 +115,31 @@ def bind_now(
     timeout: float = 10.0,
     waiter: tuple[Waiter, Callable[[], None]] | None = None,
     progress: Callable[[str], None] | None = None,
+    drivers: dict[str, str] | None = None,
 ) -> list[str]:
-    """Bind ``functions`` to vfio-pci; returns the addresses that changed driver."""
+    """Bind ``functions`` to their vfio driver (``drivers``: address → driver; by default
+    what the running kernel's modules.alias gives each); returns the addresses that changed
+    driver."""
     say = progress or (lambda _m: None)
     refuse_held(root, functions)
     if not root.is_live:
         raise BindRefused(
             "binding now works on the live host only (--root /); use apply for a root directory"
         )
+    if drivers is None:
+        drivers = vfio_drivers(root, host.kernel.release, functions)
+    want = {str(f.address): drivers.get(str(f.address), PLAIN) for f in functions}
     for f in functions:
-        why = _in_use(root, host, f)
+        why = _in_use(root, host, f, want[str(f.address)])
         if why:
             raise BindRefused(f"{f.address}: not bound now: {why}")
-    if not root.exists("sys/bus/pci/drivers/vfio-pci"):
-        raise BindRefused("vfio-pci is not loaded: run `modprobe vfio-pci` first")
-    todo = [f for f in functions if f.driver != "vfio-pci"]
+    missing = sorted({d for d in want.values() if not root.exists(f"sys/bus/pci/drivers/{d}")})
+    if missing:
+        raise BindRefused(
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not loaded: run "
+            f"`modprobe {' '.join(missing)}` first"
+        )
+    todo = [f for f in functions if f.driver != want[str(f.address)]]
     if not todo:
         return []
     wait, stop = waiter or udev_waiter()
@@ -133,17 +147,18 @@ def bind_now(
     try:
         # One function at a time, each confirmed by its bind event before the next.
         for f in todo:
-            base = f"sys/bus/pci/devices/{f.address}"
+            addr = str(f.address)
+            base = f"sys/bus/pci/devices/{addr}"
             if f.driver:
-                say(f"unbind {f.address} from {f.driver}")
-                _write(root, f"{base}/driver/unbind", str(f.address))
-            _write(root, f"{base}/driver_override", "vfio-pci")
-            say(f"probe {f.address} with driver_override=vfio-pci")
-            _write(root, "sys/bus/pci/drivers_probe", str(f.address))
-            got = wait({str(f.address)}, timeout)
-            if str(f.address) not in got:
+                say(f"unbind {addr} from {f.driver}")
+                _write(root, f"{base}/driver/unbind", addr)
+            _write(root, f"{base}/driver_override", want[addr])
+            say(f"probe {addr} with driver_override={want[addr]}")
+            _write(root, "sys/bus/pci/drivers_probe", addr)
+            got = wait({addr: want[addr]}, timeout)
+            if addr not in got:
                 raise BindFailed(
-                    f"no bind event for {f.address} within {timeout:g}s"
+                    f"no bind event for {addr} within {timeout:g}s"
                     + (f" (already bound: {', '.join(sorted(bound))})" if bound else "")
                     + "; check dmesg, and `passthrough scan` for who holds it"
                 )
@@ -152,6 +167,6 @@ def bind_now(
         stop()
     for addr in sorted(bound):
         link = root.link_name(f"sys/bus/pci/devices/{addr}/driver")
-        if link != "vfio-pci":
+        if link != want[addr]:
             raise BindFailed(f"{addr}: bind event seen but the driver is {link or 'none'}")
     return sorted(bound)

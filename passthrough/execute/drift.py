@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Taking our own lines back out of a file someone changed after apply.
 
 Pure functions on text. Apply only ever adds lines to a file it edits (a marker and module

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Small, careful file primitives: a crash leaves each file entirely old or entirely new.
 
 apply, undo and the journal write through these; so does ``render -o``. Every write is
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import re
 import signal
@@ -27,6 +29,7 @@ FAULT_ENV = "PASSTHROUGH_FAULT"
 # The points where a full disk can strike: everything that allocates.
 ALLOCATING = frozenset({"create", "write", "fsync", "mkdir", "setxattr", "rename"})
 TEMP_SUFFIX = ".passthrough-tmp"
+log = logging.getLogger(__name__)  # -v: each file written or removed (cli/common.py)
 
 
 @dataclass
@@ -151,22 +154,31 @@ def atomic_write(
     # A fresh file, never whatever sits at that name (a link planted there would carry
     # the write out of the root): remove it, then create exclusively, links not followed.
     remove_temp(path)
-    fault_point("create", tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        try:
-            _write_all(fd, data, path)
-            _carry(fd, attrs, path)
-            fault_point("fsync", path)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _write_temp(tmp, path, data, attrs)
         fault_point("rename", path)
         os.replace(tmp, path)
+    except OSError as exc:
+        _unlink_quietly(tmp)
+        # os.write and os.fsync name no file, os.open the temporary one: name the target
+        raise OSError(exc.errno, exc.strerror, path) from None
     except BaseException:
         _unlink_quietly(tmp)
         raise
     fsync_dir(os.path.dirname(path))
+    log.info("wrote %s (%d bytes, mode %o)", path, len(data), attrs.mode)
+
+
+def _write_temp(tmp: str, path: str, data: bytes, attrs: Attrs) -> None:
+    fault_point("create", tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        _write_all(fd, data, path)
+        _carry(fd, attrs, path)
+        fault_point("fsync", path)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _unlink_quietly(path: str) -> None:
@@ -189,6 +201,7 @@ def remove(path: str) -> None:
     except (FileNotFoundError, NotADirectoryError):
         return  # already absent
     fsync_dir(os.path.dirname(path))
+    log.info("removed %s", path)
 
 
 def missing_dirs(directory: str) -> list[str]:

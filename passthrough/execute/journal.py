@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The journal of changes made to a host: typed in memory, JSON only on disk.
 
 ``ROOT/var/lib/passthrough/journal.json`` holds every transaction, apply and undo alike,
@@ -365,16 +366,20 @@ class Journal:
             if s.backup and s.state is not StepState.UNDONE
         }
 
-    def remove_temps(self) -> None:
-        """Temporary files a killed run left beside the files it was writing."""
+    def written_through_temps(self) -> list[str]:
+        """Every file a run of ours writes through a temporary file (the journal, the paths
+        its steps name, their backups): where a killed run may have left one."""
         root = self.root
-        files.remove_temp(own(root, JOURNAL))
+        out = [own(root, JOURNAL)]
         for tx in self.transactions:
             for s in tx.file_steps():
-                if s.path:
-                    files.remove_temp(root.real(s.path))
-                if s.backup:
-                    files.remove_temp(own(root, s.backup))
+                out += [root.real(s.path)] if s.path else []
+                out += [own(root, s.backup)] if s.backup else []
+        return out
+
+    def remove_temps(self) -> None:
+        for path in self.written_through_temps():
+            files.remove_temp(path)
 
     def settle(self) -> bool:
         """Steps cut off (or failed) before they changed their file: nothing of theirs is

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reading the journal's JSON strictly: every field has the type it must have, or the whole
 journal is refused before anything is done with it.
 
@@ -154,4 +155,7 @@ def record(f: Fields) -> PlanRecord:
     args.texts("remove")
     Binding(f.text("binding", Binding.IDS.value))
     BootloaderKind(f.text("bootloader", BootloaderKind.UNKNOWN.value))
+    drivers = f.obj("vfio_drivers")
+    for address in drivers.d:
+        drivers.text(address)
     return PlanRecord.from_json(f.d)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Our own state directory, ``ROOT/var/lib/passthrough``: the journal, the lock, backups.
 
 Everything in it is ours and nothing of ours is elsewhere. ``var/lib/passthrough`` is

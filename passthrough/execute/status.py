@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`passthrough status`: what the journal says was done to this host, and what is left.
 
 Per transaction: its id, time and state, the files and kernel arguments it changed, and
@@ -7,12 +8,13 @@ pending because it failed, was cut off, or could only be listed.
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from passthrough.execute.files import read_file
+from passthrough.execute.files import read_file, temp_of
 from passthrough.execute.journal import Journal, Step, StepKind, StepState, TxKind, TxState, sha256
 from passthrough.host.root import HostRoot
 
@@ -53,6 +55,9 @@ class Status:
     root: str
     transactions: list[TxStatus]
     pending: list[PendingCommand]
+    # temporary files of ours a killed run left (/etc/.X.passthrough-tmp): the next apply
+    # or undo removes them
+    temporary_files: list[str] = field(default_factory=list)
 
     @property
     def drifted(self) -> list[str]:
@@ -124,7 +129,9 @@ def status(root: HostRoot) -> Status:
         PendingCommand(s.argv, s.state.value, tx.id, s.regenerate, s.error)
         for tx, s in journal.pending()
     ]
-    return Status(root.path, out, pending)
+    temps = {temp_of(p) for p in journal.written_through_temps()}
+    left = sorted("/" + os.path.relpath(t, root.path) for t in temps if os.path.lexists(t))
+    return Status(root.path, out, pending, left)
 
 
 def status_json(st: Status) -> dict[str, Any]:
@@ -137,12 +144,22 @@ def status_json(st: Status) -> dict[str, Any]:
         ],
         "drifted": ["/" + p for p in st.drifted],
         "pending": [asdict(p) for p in st.pending],
+        "temporary_files": st.temporary_files,
     }
+
+
+def _temps_text(st: Status) -> list[str]:
+    if not st.temporary_files:
+        return []
+    return [
+        "Temporary files left by a cut-off run (the next `passthrough apply` or "
+        "`passthrough undo` removes them): " + ", ".join(st.temporary_files)
+    ]
 
 
 def status_text(st: Status) -> str:
     if not st.transactions:
-        return "Nothing has been applied to this host (no journal)."
+        return "\n".join(["Nothing has been applied to this host (no journal).", *_temps_text(st)])
     lines: list[str] = []
     for t in st.transactions:
         what = f" (undoes {', '.join(t.undid)})" if t.undid else ""
@@ -175,4 +192,4 @@ def status_text(st: Status) -> str:
             lines.append(f"  {shlex.join(p.argv)}  [{p.state} in {p.transaction}{why}]")
     else:
         lines.append("No command pending.")
-    return "\n".join(lines)
+    return "\n".join(lines + _temps_text(st))

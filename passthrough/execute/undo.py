@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Undo: return every source file apply edited to its original, then regenerate.
 
 The world moves on between apply and undo: a kernel update adds a boot entry and an

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Undo's decision for each path, made before anything changes: put the original back,
 take only our lines out, leave it (nothing to do, or a backup missing or damaged), or
 refuse (changed since apply in a way that cannot be taken apart). See undo.py.
@@ -20,6 +21,7 @@ from passthrough.execute.journal import (
     sha256,
 )
 from passthrough.execute.state import own
+from passthrough.execute.takeback import take_back
 from passthrough.host.root import HostRoot
 
 
@@ -80,9 +82,15 @@ def _decide(
         return Decision(path, steps, "drifted", original, why="recreated since apply")
     args_set = [a for tx in txs for a in tx.args_set]
     args_dropped = [a for tx in txs for a in tx.args_dropped]
-    result = unpick(path, original or b"", last.written.encode(), current, args_set, args_dropped)
+    written = last.written.encode()
+    # our words out of a file edited in place; failing that, our lines out of one we made
+    result = take_back(path, original or b"", written, current)
     if isinstance(result, Ambiguous):
-        return Decision(path, steps, "drifted", original, why=result.why)
+        lines = unpick(path, original or b"", written, current, args_set, args_dropped)
+        if isinstance(lines, Ambiguous):
+            why = (result if first.existed else lines).why
+            return Decision(path, steps, "drifted", original, why=why)
+        result = lines
     return Decision(path, steps, "unpick", result.content)
 
 

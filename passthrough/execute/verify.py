@@ -1,9 +1,11 @@
+# SPDX-License-Identifier: Apache-2.0
 """After the reboot: did the host come back the way the last apply meant it to?"""
 
 from __future__ import annotations
 
 from passthrough.analysis.viability import find_gpus
 from passthrough.execute.apply import last_applied
+from passthrough.host.modalias import is_vfio
 from passthrough.host.root import HostRoot
 from passthrough.model import CheckResult, Host, Level
 from passthrough.plan import vfio
@@ -27,10 +29,10 @@ def verify(root: HostRoot, host: Host) -> list[CheckResult]:
         *(_bound(host, record, addr) for addr in record.functions),
         *(
             CheckResult(
-                f"vfio {f.address}", Level.PASS, f"{f.id} bound to vfio-pci (not by passthrough)"
+                f"vfio {f.address}", Level.PASS, f"{f.id} bound to {f.driver} (not by passthrough)"
             )
             for f in host.functions
-            if f.driver == "vfio-pci" and str(f.address) not in ours
+            if is_vfio(f.driver) and str(f.address) not in ours
         ),
         _host_devices(host),
     ]
@@ -39,7 +41,7 @@ def verify(root: HostRoot, host: Host) -> list[CheckResult]:
 def by_hand(host: Host) -> list[CheckResult]:
     """verify on a host passthrough did not prepare: what is live, whoever set it up."""
     live = [a for a in host.kernel.cmdline if key_of(a) in IOMMU_KEYS]
-    bound = [f for f in host.functions if f.driver == "vfio-pci"]
+    bound = [f for f in host.functions if is_vfio(f.driver)]
     results = [
         CheckResult(
             "origin",
@@ -64,13 +66,13 @@ def by_hand(host: Host) -> list[CheckResult]:
             )
         )
     results += [
-        CheckResult(f"vfio {f.address}", Level.PASS, f"{f.id} bound to vfio-pci") for f in bound
+        CheckResult(f"vfio {f.address}", Level.PASS, f"{f.id} bound to {f.driver}") for f in bound
     ]
     for gpu in find_gpus(host):
         drivers = {str(f.address): f.driver or "no driver" for f in gpu.functions}
-        on_vfio = [a for a, d in drivers.items() if d == "vfio-pci"]
+        on_vfio = [a for a, d in drivers.items() if is_vfio(d)]
         if on_vfio and len(on_vfio) < len(drivers):
-            others = ", ".join(f"{a} on {d}" for a, d in drivers.items() if d != "vfio-pci")
+            others = ", ".join(f"{a} on {d}" for a, d in drivers.items() if not is_vfio(d))
             results.append(
                 CheckResult(
                     f"card {gpu.address}",
@@ -127,16 +129,17 @@ def _bound(host: Host, record: PlanRecord, addr: str) -> CheckResult:
             "function is gone from the PCI bus",
             "check the card is seated and powered",
         )
-    if f.driver == "vfio-pci":
-        return CheckResult(f"vfio {addr}", Level.PASS, f"{f.id} bound to vfio-pci")
+    want = record.driver(addr)
+    if f.driver == want:
+        return CheckResult(f"vfio {addr}", Level.PASS, f"{f.id} bound to {want}")
     return CheckResult(
         f"vfio {addr}",
         Level.FAIL,
-        f"{f.id} bound to {f.driver or 'no driver'}, not vfio-pci",
+        f"{f.id} bound to {f.driver or 'no driver'}, not {want}",
         (
             f"a host driver claimed it: check that /{vfio.UDEV_RULE} has a line for {addr} "
             "and that the initramfs was rebuilt after it changed"
-            if record.binding is Binding.DRIVER_OVERRIDE
+            if record.binding is Binding.DRIVER_OVERRIDE or want != "vfio-pci"
             else "a host driver claimed it first: check the softdeps in "
             f"/{vfio.MODPROBE} reached the initramfs"
         ),
@@ -145,9 +148,7 @@ def _bound(host: Host, record: PlanRecord, addr: str) -> CheckResult:
 
 def _host_devices(host: Host) -> CheckResult:
     critical = set(host.critical.root_pci) | set(host.critical.nic_pci)
-    taken = [
-        a for a in critical if (fn := host.function(a)) is not None and fn.driver == "vfio-pci"
-    ]
+    taken = [a for a in critical if (fn := host.function(a)) is not None and is_vfio(fn.driver)]
     if taken:
         return CheckResult(
             "host-devices",

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Host roots built from a compact description: sample hosts and test fixtures.
 
 A description (YAML, see ``hosts/*.yaml``; its schema in :mod:`.description`) names the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Boot tooling: the bootloader's and initramfs generator's files, as each distro has them."""
 
 from __future__ import annotations

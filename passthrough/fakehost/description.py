@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Loading a host description: the YAML checked against its schema, then parsed into nodes."""
 
 from __future__ import annotations

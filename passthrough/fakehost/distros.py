@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The distro table (``distros.yaml``): what each install looks like to discovery."""
 
 from __future__ import annotations

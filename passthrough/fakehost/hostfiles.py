@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What discovery reads besides the PCI tree: proc, kernel config and modules, IOMMU,
 firmware, DMI, os-release, pci.ids, the root disk and the default route."""
 

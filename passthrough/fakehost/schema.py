@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The shape of a host description: every key known, every value of its type.
 
 A mistyped key used to be ignored silently (the host then quietly got the default);

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The PCI tree under sys/: device directories, config space, resources, links."""
 
 from __future__ import annotations

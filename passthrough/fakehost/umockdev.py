@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The PCI devices of a built root as a umockdev record (``umockdev-run -d``)."""
 
 from __future__ import annotations

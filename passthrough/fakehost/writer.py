@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Writing files and relative symlinks into a root, as the kernel lays them out."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the host cannot live without: the PCI functions behind its root disk (through
 dm/md/LVM) and its network interfaces, which a plan must never take."""
 

@@ -1,18 +1,23 @@
+# SPDX-License-Identifier: Apache-2.0
 """Discovery: everything the toolkit knows about a host, read from a root."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 
-from passthrough.errors import NotAHostRoot, PassthroughError, echo
+from passthrough.errors import NotAHostRoot, PassthroughError, echo_path
 from passthrough.host import facts
 from passthrough.host.critical import read_critical
+from passthrough.host.daemons import read_daemons
 from passthrough.host.packages import read_packages, read_tool_versions
 from passthrough.host.pci import Namer, read_functions, with_names
 from passthrough.host.pciids import find_pci_ids, lookup
 from passthrough.host.root import HostRoot
 from passthrough.model import Host, IommuGroup, PciFunction
+
+log = logging.getLogger(__name__)  # -v/-vv (cli/common.py verbosity)
 
 PciSource = Callable[[HostRoot], list[PciFunction]]
 
@@ -52,19 +57,24 @@ def group_functions(functions: list[PciFunction]) -> tuple[IommuGroup, ...]:
     )
 
 
-def discover(
-    root_path: str,
-    pci_source: PciSource | None = None,
-    root_factory: Callable[[str], HostRoot] = HostRoot,
-) -> Host:
-    """Read a host. ``pci_source`` replaces the sysfs reader (pyudev on a live host);
-    ``root_factory`` lets a snapshot record what is read."""
-    root = root_factory(root_path)
+def discover(root: HostRoot | str, pci_source: PciSource | None = None) -> Host:
+    """Read a host through the caller's root reader (the one it goes on to plan, verify or
+    bind with; a snapshot's records what is read), or a path to open one on.
+    ``pci_source`` replaces the sysfs reader (pyudev on a live host)."""
+    if isinstance(root, str):
+        root = HostRoot(root)
     if not root.isdir("sys/bus/pci") and not root.isdir("proc"):
-        raise NotAHostRoot(root_path, "does not look like a host root (no sys/bus/pci, no proc)")
+        raise NotAHostRoot(root.path, "does not look like a host root (no sys/bus/pci, no proc)")
     functions = (pci_source or root_pci_source)(root)
     kernel = facts.read_kernel(root)
     packages = read_packages(root)
+    log.debug(
+        "read %s: %d PCI functions, kernel %s, %d problems",
+        root.path,
+        len(functions),
+        kernel.release or "unknown",
+        len(root.problems),
+    )
     return Host(
         root=root.path,
         cpu=facts.read_cpu(root),
@@ -83,6 +93,7 @@ def discover(
         machine=facts.read_machine(root, functions),
         packages=packages,
         tool_versions=read_tool_versions(root, packages),
+        libvirt_daemons=read_daemons(root),
     )
 
 
@@ -96,7 +107,7 @@ def pci_source_for(root: str, use_udev: str = "auto") -> PciSource | None:
     if not live and "UMOCKDEV_DIR" not in os.environ:
         # udev knows this machine's devices, not the root's: the report would mix the two
         raise PassthroughError(
-            f"--udev yes with --root {echo(root)}: udev enumerates this machine's devices, not "
+            f"--udev yes with --root {echo_path(root)}: udev enumerates this machine's devices, not "
             "the root's (only with --root /, or under umockdev-run with the root's record)"
         )
     try:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Host facts other than PCI functions: CPU, IOMMU, kernel, distro, boot, what the host
 cannot live without. Each reader takes the root and reads only below it."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Who holds a card's device nodes open: the processes an unbind would wait on forever.
 
 A process with ``/dev/nvidiaN`` (the card's minor, from ``/proc/driver/nvidia/gpus``) or the
@@ -42,8 +43,13 @@ def device_nodes(root: HostRoot, address: str) -> set[str]:
 
 
 def _unit(cgroup: str | None) -> str | None:
+    """The system service a process runs in. One under a user's manager (``user@UID.service``)
+    is in that user's session, not in a system unit: ``systemctl stop`` of the user manager
+    would end the whole session, and a service below it is not the system's to stop."""
     for line in (cgroup or "").splitlines():
         path = line.rpartition(":")[2]
+        if any(p.startswith("user@") for p in path.split("/")):
+            return None
         for part in reversed(path.split("/")):
             if part.endswith(".service"):
                 return part

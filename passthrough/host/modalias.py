@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which vfio driver a function gets: the running kernel's ``modules.alias`` decides.
 
 A vfio variant driver declares the devices it serves with ``vfio_pci:`` aliases
@@ -28,6 +29,12 @@ class VfioAlias:
     @property
     def weight(self) -> int:
         return sum(1 for c in self.pattern if c not in "*?[]")
+
+
+def is_vfio(driver: str | None) -> bool:
+    """vfio-pci or one of its variant drivers (every one upstream is named ``*_vfio_pci``:
+    nvgrace_gpu_vfio_pci, mlx5_vfio_pci, hisi_acc_vfio_pci, ...)."""
+    return bool(driver) and (driver == PLAIN or str(driver).replace("-", "_").endswith("_vfio_pci"))
 
 
 def vfio_aliases(root: HostRoot, release: str | None) -> list[VfioAlias]:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which libvirt, QEMU and OVMF a root has: its dpkg database, and on the live host what
 the tools themselves say where dpkg does not. Read by discovery (what the address planner
 may rely on depends on them), so a snapshot carries them: the dpkg database cut down to

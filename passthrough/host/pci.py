@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """PCI functions as sysfs shows them under a root."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Names from the PCI ID database (the ``pci.ids`` file).
 
 Only the IDs present on the host are looked up, in one pass over the file, so a scan

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What a snapshot of a virtual machine records beyond discovery: what ``guest check``
 reads, read once through the recorder (nothing is run), so that it answers the same on the
 snapshot. What ``plan`` reads is recorded by ``plan/record.py``, handed to ``capture``."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reading a host root: the live ``/``, an unpacked snapshot, or a test fixture.
 
 Every reader and writer of the host goes through :class:`HostRoot`, so nothing below
@@ -19,8 +20,9 @@ import posixpath
 import stat
 
 from passthrough.errors import MalformedHostData, NotAHostRoot
+from passthrough.guest.contain import MAX_LINK_HOPS, parts, resolve
 
-MAX_LINK_HOPS = 40  # the kernel's own limit (ELOOP)
+__all__ = ["MAX_LINK_HOPS", "HostRoot"]
 # The largest file read from a root (docs/limits.md): config files are a few KiB, the
 # biggest read (pci.ids, modules.alias) a few MiB.
 MAX_FILE = 16 << 20
@@ -64,12 +66,7 @@ class HostRoot:
             known = self._dir(parent, rel)
             if known is not None:  # the parent once, then only the last component
                 return self._resolve(known[0], [name], follow_final, known[1], rel)[:2]
-        return self._resolve("", self._parts(rel), follow_final, 0, rel)[:2]
-
-    @staticmethod
-    def _parts(path: str) -> list[str]:
-        """The components still to walk, last first."""
-        return [p for p in reversed(path.split("/")) if p and p != "."]
+        return self._resolve("", parts(rel), follow_final, 0, rel)[:2]
 
     def _dir(self, parent: str, rel: str) -> tuple[str, int] | None:
         """``parent`` resolved as a directory and the links followed to reach it (they count
@@ -81,7 +78,7 @@ class HostRoot:
             start = self._dir(up, rel) if up and name not in ("", ".", "..") else ("", 0)
             if start is None:
                 return None
-            todo = [name] if up and name not in ("", ".", "..") else self._parts(parent)
+            todo = [name] if up and name not in ("", ".", "..") else parts(parent)
             here, complete, hops = self._resolve(start[0], todo, True, start[1], rel, as_dir=True)
             if not complete:
                 return None
@@ -98,43 +95,20 @@ class HostRoot:
         as_dir: bool = False,
     ) -> tuple[str, bool, int]:
         """Walk ``todo`` (last first) from ``here``, a resolved prefix that holds no link,
-        ``hops`` links followed before: (resolved, complete, links followed in all).
-        ``as_dir``: the last component is a directory to be walked through later, so it is
-        remembered as no link like every component before it."""
-        complete = True
-        base = self.path if self.path != "/" else ""
-        while todo:
-            part = todo.pop()
-            if part == "..":
-                here = here.rpartition("/")[0]  # at the root, stays at the root
-                continue
-            candidate = f"{here}/{part}" if here else part
-            if (todo or follow_final) and candidate in self._plain_dirs:
-                here = candidate  # a directory seen before: following it is a no-op
-                continue
-            full = f"{base}/{candidate}"
-            if not todo and not follow_final:
-                complete = complete and os.path.lexists(full)
-                here = candidate
-                break
-            try:
-                target = os.readlink(full)
-            except OSError as exc:
-                if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-                    complete = False
-                elif exc.errno == errno.EINVAL and (todo or as_dir):
-                    self._plain_dirs.add(candidate)
-                # EINVAL: not a link; anything else: the open that follows reports it
-                here = candidate
-                continue
-            hops += 1
-            if hops > MAX_LINK_HOPS:
-                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), self._join(rel))
-            self._saw_link(candidate, target)
-            if target.startswith("/"):
-                here = ""
-            todo.extend(self._parts(target))
-        return here, complete, hops
+        ``hops`` links followed before: (resolved, complete, links followed in all). The one
+        containment walk (:func:`passthrough.guest.contain.resolve`), with this root's cache
+        of plain directories and its link observer."""
+        return resolve(
+            self.path if self.path != "/" else "",
+            todo,
+            follow_final,
+            name=self._join(rel),
+            here=here,
+            hops=hops,
+            plain_dirs=self._plain_dirs,
+            saw_link=self._saw_link,
+            as_dir=as_dir,
+        )
 
     def _join(self, contained: str) -> str:
         return self.path + "/" + contained if self.path != "/" else "/" + contained

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Capturing a host: exactly what discovery reads, as a tar.gz of a host root.
 
 A :class:`RecordingRoot` runs the ordinary discovery and remembers every file it read,
@@ -19,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from passthrough.errors import SnapshotError, echo
+from passthrough.errors import SnapshotError, echo_path
 from passthrough.guest.root import SNAPSHOT_META
 from passthrough.host.packages import DPKG_STATUS, dpkg_subset
 from passthrough.host.pciids import PCI_IDS_PATHS, render_subset
@@ -185,7 +186,7 @@ def write_snapshot(root: RecordingRoot, host: Host, out_path: str) -> dict[str, 
     except OSError as exc:
         os.unlink(tmp)
         # the error names our temporary file; the user named out_path
-        raise SnapshotError(f"cannot write {echo(out_path)}: {exc.strerror or exc}") from None
+        raise SnapshotError(f"cannot write {echo_path(out_path)}: {exc.strerror or exc}") from None
     except BaseException:
         os.unlink(tmp)
         raise
@@ -231,22 +232,16 @@ def capture(
     ``also`` reads more through the same recorder first (what ``plan`` reads, for one)."""
     from passthrough.host.discover import discover, pci_source_for, root_pci_source
 
-    recorder: list[RecordingRoot] = []
-
-    def factory(path: str) -> RecordingRoot:
-        r = RecordingRoot(path)
-        recorder.append(r)
-        return r
-
+    recorder = RecordingRoot(root_path)
     source = pci_source_for(root_path)
-    host = discover(root_path, pci_source=source, root_factory=factory)
+    host = discover(recorder, pci_source=source)
     if source is not None:
         # pyudev read the PCI tree behind the recorder's back: read it again through it.
-        root_pci_source(recorder[0])
+        root_pci_source(recorder)
     from passthrough.host.recorded import record_guest_check
 
     if host.machine.guest:
-        record_guest_check(recorder[0])
+        record_guest_check(recorder)
     elif also is not None:
-        also(recorder[0], host)
-    return host, write_snapshot(recorder[0], host, out_path)
+        also(recorder, host)
+    return host, write_snapshot(recorder, host, out_path)

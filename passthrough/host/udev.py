@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """PCI functions through pyudev on a live host (or under umockdev-run).
 
 udev gives the enumeration, the properties its rules computed (PCI_ID, PCI_CLASS,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Unpacking a snapshot archive: contained (no member lands or writes outside the
 directory) and bounded (see :data:`LIMITS`), so an archive from someone else can neither
 write elsewhere nor fill the disk, the memory or the afternoon.
@@ -21,7 +22,7 @@ import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from passthrough.errors import SnapshotError, echo, quote
+from passthrough.errors import SnapshotError, echo, echo_path, quote
 
 MIB = 1 << 20
 
@@ -45,7 +46,7 @@ class _Over(SnapshotError):
     """An archive past one of the limits."""
 
     def __init__(self, archive: str, what: str) -> None:
-        super().__init__(f"{echo(archive)}: {what}: refused (see docs/limits.md)")
+        super().__init__(f"{echo_path(archive)}: {what}: refused (see docs/limits.md)")
 
 
 class _Counted(io.RawIOBase):
@@ -95,7 +96,7 @@ def _kind(member: tarfile.TarInfo) -> str:
 
 
 def _refuse(archive: str, member: tarfile.TarInfo, why: str) -> SnapshotError:
-    return SnapshotError(f"{echo(archive)}: unsafe member {quote(member.name)}: {why}")
+    return SnapshotError(f"{echo_path(archive)}: unsafe member {quote(member.name)}: {why}")
 
 
 def _bounded(archive: str, limits: Limits) -> Callable[[tarfile.TarInfo], None]:
@@ -209,7 +210,7 @@ def _reading(archive: str, limits: Limits) -> Iterator[tarfile.TarFile]:
     except (tarfile.TarError, OSError, EOFError, lzma.LZMAError) as exc:
         raise SnapshotError(
             # tarfile's message may list each method it tried, one per line: the first says it
-            f"{echo(archive)}: not a readable snapshot ({echo(_first_line(str(exc)))})"
+            f"{echo_path(archive)}: not a readable snapshot ({echo(_first_line(str(exc)))})"
         ) from None
 
 

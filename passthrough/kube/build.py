@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The cluster manifests for a host: cards chosen, checked and laid out exactly as ``render``
 does it (vm/spec.py's build_spec), then written as KubeVirt and Kubernetes objects.
 
@@ -73,7 +74,9 @@ class Manifests:
 
 def refuse_laptop(host: Host, functions: list[PciFunction]) -> None:
     """A muxless laptop GPU may need its vBIOS from ACPI, given to QEMU as a ROM file;
-    KubeVirt's hostDevices and gpus have no ROM field, so the cluster path cannot give it."""
+    KubeVirt's hostDevices and gpus have no ROM field, so the cluster path cannot give it.
+    The policy table (analysis/codes.py) has laptop-3d a warning, for render's guest, which
+    can take the ROM (--rom): the refusal here is the cluster path's own, not a severity."""
     if not host.dmi.is_portable:
         return
     found = [
@@ -133,9 +136,9 @@ def _specs(host: Host, opts: VmOptions, per_card: bool, versions: Versions | Non
     whole = build_spec(host, opts, versions)
     if not whole.cards:
         # plan's refusal, word for word: a VM without a card is nothing to write
-        from passthrough.plan.select import _chosen
+        from passthrough.analysis.cards import choose_cards
 
-        _chosen(policy.judge_all(host), list(opts.gpus))
+        choose_cards(policy.judge_all(host), opts.gpus)
     if not per_card:
         return [whole]
     return [

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough kubevirt validate``: the cluster manifests agree with each other and with the
 host — every companion function permitted and requested beside its GPU, one resource name per
 PCI ID between the KubeVirt CR and the VMs, every GPU's claim request defined once and used.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Manifests in and out: a YAML stream with a comment header; files read with a bound."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from passthrough.errors import PassthroughError, echo
+from passthrough.errors import PassthroughError, echo_path
 
 MAX_BYTES = 8 << 20  # a manifest file larger than this is not one we wrote or could check
 MAX_DOCUMENTS = 1000
@@ -15,7 +16,7 @@ MAX_DOCUMENTS = 1000
 
 class BadManifest(PassthroughError):
     def __init__(self, path: str, why: str) -> None:
-        super().__init__(f"{echo(path)}: {why}")
+        super().__init__(f"{echo_path(path)}: {why}")
 
 
 def dump_stream(documents: list[dict[str, Any]], header: list[str]) -> str:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The address planner's large-BAR decision, for a guest that KubeVirt runs.
 
 KubeVirt's API has no field for what ``render`` uses when OVMF's own 64-bit window is too

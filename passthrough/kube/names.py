@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Resource names as the device plugins that publish them spell them.
 
 NVIDIA's kubevirt-gpu-device-plugin (also what the GPU Operator runs for sandbox

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """KubeVirt and Kubernetes objects from a VmSpec: only what the spec decided, written the way
 each API takes it (field names checked against KubeVirt's OpenAPI and the DRA driver's types).
 """

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough kubevirt preflight``: what a node must show before it is labelled for GPU
 passthrough VMs — every function of each card on vfio-pci (or on no driver yet), the cards'
 IOMMU groups viable under the same policy as plan and render, the large-BAR fit of a
@@ -9,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from passthrough.analysis import policy
+from passthrough.analysis import codes, policy
+from passthrough.analysis.cards import choose_cards
 from passthrough.errors import PassthroughError
 from passthrough.kube.build import refuse_laptop
 from passthrough.kube.layout import plan_kubevirt
-from passthrough.model import NVIDIA, CheckResult, GpuVerdict, Host, Level, PciAddress
+from passthrough.model import CheckResult, GpuVerdict, Host, Level
 from passthrough.output.json import checks_json
 
 BOUND = "kube-vfio-bound"
@@ -38,19 +40,6 @@ class Preflight:
             "labels": self.labels,
             "checks": checks_json(self.checks),
         }
-
-
-def _chosen(host: Host, gpus: tuple[str, ...]) -> list[GpuVerdict]:
-    verdicts = policy.judge_all(host)
-    if not gpus:
-        return [v for v in verdicts if v.gpu.primary.vendor_id == NVIDIA]
-    wanted = {PciAddress.parse(g) for g in gpus}
-    chosen = [v for v in verdicts if wanted & {f.address for f in v.gpu.functions}]
-    if len(chosen) < len(wanted):
-        raise PassthroughError(
-            "kubevirt preflight: --gpu names no GPU on this host (see `passthrough scan`)"
-        )
-    return chosen
 
 
 def _bound(v: GpuVerdict) -> CheckResult:
@@ -79,7 +68,7 @@ def _bound(v: GpuVerdict) -> CheckResult:
 
 def _policy(host: Host, v: GpuVerdict) -> list[CheckResult]:
     where = v.gpu.primary.address
-    errors = policy.errors(v.findings)
+    errors = codes.refusals(v.findings, codes.PREPARED)
     if not errors:
         return [
             CheckResult(
@@ -89,7 +78,7 @@ def _policy(host: Host, v: GpuVerdict) -> list[CheckResult]:
             )
         ]
     return [
-        CheckResult(f.code, Level.FAIL, f"{where}: {f.message}", policy.CODES.get(f.code))
+        CheckResult(f.code, Level.FAIL, f"{where}: {f.message}", codes.POLICY[f.code].meaning)
         for f in errors
     ]
 
@@ -124,7 +113,7 @@ def preflight(host: Host, gpus: tuple[str, ...] = (), memory_mib: int = 8192) ->
                 "`passthrough plan` turns it on",
             )
         )
-    chosen = _chosen(host, gpus)
+    chosen = choose_cards(policy.judge_all(host), gpus, default="nvidia", required=False)
     if not chosen:
         report.checks.append(CheckResult(BOUND, Level.FAIL, "no NVIDIA GPU on this node", None))
     for v in chosen:

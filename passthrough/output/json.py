@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The scan report: one object for machines (``scan --json``), schema passthrough.scan/v1.
 
 The JSON Schema lives in ``passthrough/schemas/scan-v1.schema.json``.
@@ -5,13 +6,27 @@ The JSON Schema lives in ``passthrough/schemas/scan-v1.schema.json``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from passthrough.analysis.checks import iommu_default_on
 from passthrough.analysis.scan import Scan
 from passthrough.model import CheckResult, Finding, GpuVerdict, Host, Level, PciFunction
 
 SCHEMA = "passthrough.scan/v1"
+
+
+class BarJson(TypedDict):
+    index: int
+    size: int
+    is_64bit: bool
+    prefetchable: bool
+
+
+class FindingJson(TypedDict):
+    code: str
+    severity: str  # passthrough.model.Severity's value
+    message: str
+    devices: list[str]
 
 
 def _function(f: PciFunction) -> dict[str, Any]:
@@ -31,7 +46,7 @@ def _function(f: PciFunction) -> dict[str, Any]:
     }
 
 
-def _bars(f: PciFunction) -> list[dict[str, Any]]:
+def _bars(f: PciFunction) -> list[BarJson]:
     return [
         {"index": b.index, "size": b.size, "is_64bit": b.is_64bit, "prefetchable": b.prefetchable}
         for b in f.bars
@@ -39,7 +54,7 @@ def _bars(f: PciFunction) -> list[dict[str, Any]]:
     ]
 
 
-def finding_json(f: Finding) -> dict[str, Any]:
+def finding_json(f: Finding) -> FindingJson:
     return {
         "code": f.code,
         "severity": f.severity.value,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Output for people: trees and tables, coloured when the terminal wants colour."""
 
 from __future__ import annotations

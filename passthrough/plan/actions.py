@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A Plan: ordered actions plus whether a reboot is needed. Shown, then applied.
 
 The same Plan feeds ``passthrough plan`` (diffs, commands, JSON), Ansible's check mode
@@ -86,15 +87,23 @@ class PlanRecord:
     kernel_args: ArgChange  # what the next boot must have: the target, not the edit
     binding: Binding
     bootloader: BootloaderKind
+    # the vfio driver of each function, where it is a variant (absent: vfio-pci)
+    drivers: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "cards": [c.to_json() for c in self.cards],
             "functions": list(self.functions),
             "kernel_args": self.kernel_args.to_json(),
             "binding": self.binding.value,
             "bootloader": self.bootloader.value,
         }
+        if self.drivers:
+            out["vfio_drivers"] = dict(self.drivers)
+        return out
+
+    def driver(self, address: str) -> str:
+        return self.drivers.get(address, "vfio-pci")
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> PlanRecord:
@@ -106,6 +115,7 @@ class PlanRecord:
             # a record without them is read as the planner's defaults
             binding=Binding(d.get("binding", Binding.IDS.value)),
             bootloader=BootloaderKind(d.get("bootloader", BootloaderKind.UNKNOWN.value)),
+            drivers={str(k): str(v) for k, v in (d.get("vfio_drivers") or {}).items()},
         )
 
 
@@ -133,6 +143,7 @@ class Plan:
             kernel_args=ArgChange(set=self.target_args.set, drop=self.target_args.drop),
             binding=self.binding,
             bootloader=self.bootloader,
+            drivers={a: d for a, d in self.drivers.items() if d != "vfio-pci"},
         )
 
     @property
@@ -182,11 +193,6 @@ def action_json(action: Action, root: HostRoot) -> dict[str, Any]:
             "diff": file_diff(root, action),
         }
     return {"kind": "run", "argv": list(action.argv), "why": action.why}
-
-
-def plan_json(plan: Plan, root: HostRoot) -> dict[str, Any]:
-    """The name the CLI and the host module call; the shape is ``Plan.to_json``."""
-    return plan.to_json(root)
 
 
 def plan_text(plan: Plan, root: HostRoot) -> str:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What every bootloader class shares, and the names read from a root that we pass on."""
 
 from __future__ import annotations

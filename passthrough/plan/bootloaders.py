@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kernel arguments through the bootloader the host really uses — one small class each.
 
 Each knows where its configured arguments live (``configured``) and how to change them
@@ -18,7 +19,7 @@ from passthrough.plan.bootloader_base import (
     checked_release,
 )
 from passthrough.plan.grub import Grub
-from passthrough.plan.kargs import ArgChange, UnsafeCmdline, key_of, utf8_text
+from passthrough.plan.kargs import ArgChange, UnsafeCmdline, invert, key_of, utf8_text
 from passthrough.plan.linefiles import arguments, cmdline_arg_line, edit_lines, options_line
 
 __all__ = ["Bootloader", "Grub", "UnknownBootloader", "for_host"]
@@ -59,13 +60,12 @@ class Grubby(Bootloader):
             argv.append("--remove-args=" + " ".join(sorted(change.drop)))
         # BLS entries are generated per kernel: undo asks grubby to take our arguments out
         # again (and put back what they replaced) rather than restoring entries from a backup
-        present = {key_of(a): a for a in self.configured()}
-        back = [present[k] for k in [*change.set, *sorted(change.drop)] if k in present]
+        back = invert(self.configured(), change).set
         undo = ["grubby", "--update-kernel=ALL"]
         if change.set:
             undo.append("--remove-args=" + " ".join(change.set.values()))
         if back:
-            undo.append("--args=" + " ".join(back))
+            undo.append("--args=" + " ".join(back.values()))
         return [
             Run(
                 tuple(argv),
@@ -188,7 +188,7 @@ class RpmOstree(Bootloader):
         return list(self.host.kernel.cmdline)
 
     def actions(self, change: ArgChange) -> list[Action]:
-        present = {key_of(a): a for a in self.configured()}
+        present = invert(self.configured(), change).set  # what undo puts back
         argv = ["rpm-ostree", "kargs"]
         undo = ["rpm-ostree", "kargs"]
         for key, arg in change.set.items():

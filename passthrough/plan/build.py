@@ -1,12 +1,14 @@
+# SPDX-License-Identifier: Apache-2.0
 """From discovery to a Plan: selection, kernel arguments, vfio binding, initramfs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from passthrough.analysis.preflight import preflight_notes
 from passthrough.analysis.scan import analyse
 from passthrough.errors import PassthroughError
+from passthrough.host.modalias import PLAIN, vfio_drivers
 from passthrough.host.root import HostRoot
 from passthrough.model import BootloaderKind, Host
 from passthrough.plan import modprobe_conflicts, vfio
@@ -66,9 +68,36 @@ def _write_if_changed(root: HostRoot, action: WriteFile) -> list[Action]:
     return [] if current == action.content else [action]
 
 
-def _binding(root: HostRoot, host: Host, sel: Selection) -> tuple[list[Action], list[str]]:
+def variants_apart(sel: Selection, drivers: dict[str, str]) -> Selection:
+    """A function with a vfio variant driver is bound per device (driver_override), so its
+    ID stays out of vfio-pci's ID list: vfio-pci would claim it first. A function left on
+    plain vfio-pci that shares such an ID cannot be bound by ID either."""
+    variant = {str(f.address) for f in sel.functions if drivers.get(str(f.address), PLAIN) != PLAIN}
+    if not variant:
+        return sel
+    taken = {f.id for f in sel.functions if str(f.address) in variant}
+    shared = [f for f in sel.functions if str(f.address) not in variant and f.id in taken]
+    notes = list(sel.notes)
+    if shared:
+        notes.append(
+            ", ".join(f"{f.address} ({f.id})" for f in shared)
+            + " shares its ID with a function bound to a vfio variant driver: binding per "
+            "device (driver_override) instead of vfio-pci.ids"
+        )
+    return replace(
+        sel,
+        vfio_ids=[i for i in sel.vfio_ids if i not in taken],
+        ids_ambiguous=sel.ids_ambiguous or bool(shared),
+        notes=notes,
+    )
+
+
+def _binding(
+    root: HostRoot, host: Host, sel: Selection, drivers: dict[str, str]
+) -> tuple[list[Action], list[str]]:
     """modprobe.d (ours, and our IDs in another file's ids= read after ours) and the
-    per-device udev rule, with a note for each other modprobe.d line about vfio."""
+    per-device udev rule (every function when IDs are ambiguous, else those bound to a vfio
+    variant driver), with a note for each other modprobe.d line about vfio."""
     actions: list[Action] = []
     deps = vfio.softdeps(root, host, sel.functions)
     ids, notes, theirs = modprobe_conflicts.review(
@@ -79,12 +108,15 @@ def _binding(root: HostRoot, host: Host, sel: Selection) -> tuple[list[Action], 
         root, WriteFile(vfio.MODPROBE, conf.encode(), "vfio-pci options and softdeps")
     )
     actions += theirs
-    if sel.ids_ambiguous:
+    per_device = [
+        f for f in sel.functions if sel.ids_ambiguous or drivers.get(str(f.address), PLAIN) != PLAIN
+    ]
+    if per_device:
         actions += _write_if_changed(
             root,
             WriteFile(
                 vfio.UDEV_RULE,
-                vfio.udev_rule(sel.functions).encode(),
+                vfio.udev_rule(per_device, drivers).encode(),
                 "driver_override per device at boot",
             ),
         )
@@ -95,10 +127,12 @@ def _binding(root: HostRoot, host: Host, sel: Selection) -> tuple[list[Action], 
     return actions, notes
 
 
-def _binding_actions(root: HostRoot, host: Host, sel: Selection, notes: list[str]) -> list[Action]:
+def _binding_actions(
+    root: HostRoot, host: Host, sel: Selection, drivers: dict[str, str], notes: list[str]
+) -> list[Action]:
     """vfio-pci at boot for the selection: modprobe.d, the udev rule, the initramfs. Files
     first, commands after them (the initramfs reads modprobe.d)."""
-    actions, bind_notes = _binding(root, host, sel)
+    actions, bind_notes = _binding(root, host, sel, drivers)
     notes += bind_notes
     init_writes, rebuild, init_notes = vfio.initramfs_actions(root, host)
     notes += init_notes
@@ -117,10 +151,15 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
     else:
         verdicts = analyse(host).verdicts
         sel = select(host, verdicts, list(opts.gpus), opts.include_group, opts.allow_boot_gpu)
+    drivers = vfio_drivers(root, host.kernel.release, sel.functions)
+    sel = variants_apart(sel, drivers)
     loader = for_host(root, host)
     kopts = KargOptions(
         iommu_pt=opts.iommu_pt,
         vfio_ids=() if sel.ids_ambiguous else tuple(sel.vfio_ids),
+        variant_ids=tuple(
+            sorted({f.id for f in sel.functions if drivers[str(f.address)] != PLAIN})
+        ),
         boot_gpu=sel.boot_gpu,
         hugepages_1g=opts.hugepages_1g,
     )
@@ -129,8 +168,8 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
     notes = [*opts.notes, *sel.notes]
     if hugepages_note:
         notes.append(hugepages_note)
-    actions = [] if opts.iommu_only else _binding_actions(root, host, sel, notes)
-    drivers = preflight_notes(root, host, sel.functions, notes)
+    actions = [] if opts.iommu_only else _binding_actions(root, host, sel, drivers, notes)
+    preflight_notes(root, host, sel.functions, notes)  # the holders, and drivers told
     change = ArgChange()
     if loader is None:
         missing = needed(list(host.kernel.cmdline), target)

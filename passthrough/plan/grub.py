@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GRUB (Debian/Ubuntu/Arch): our arguments as a delta on the admin's configuration.
 
 grub-mkconfig sources /etc/default/grub, then every /etc/default/grub.d/*.cfg in sort

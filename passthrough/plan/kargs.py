@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kernel command-line arguments: what this host needs, and editing a list of them.
 
 Editing keeps every unrelated argument where it was, is idempotent, and adding then
@@ -112,11 +113,12 @@ def needed(args: Sequence[str], change: ArgChange) -> ArgChange:
 
 
 def invert(before: Sequence[str], change: ArgChange) -> ArgChange:
-    """The change that turns ``edit(before, change)`` back into ``before`` (same keys)."""
-    present: dict[str, str] = {}
-    for arg in before:
-        present.setdefault(key_of(arg), arg)
-    keys = set(change.set) | set(change.drop)
+    """The change that turns ``edit(before, change)`` back into ``before`` for the keys
+    ``change`` touches: each one's value before (the last, the one the kernel reads) set
+    again, or dropped where ``before`` had none; keys in ``change``'s order (set, then drop
+    sorted). What a bootloader's undo command puts back."""
+    present = {key_of(arg): arg for arg in before}
+    keys = [*change.set, *sorted(change.drop - change.set.keys())]
     return ArgChange(
         set={k: present[k] for k in keys if k in present},
         drop=frozenset(k for k in keys if k not in present),
@@ -127,6 +129,9 @@ def invert(before: Sequence[str], change: ArgChange) -> ArgChange:
 class KargOptions:
     iommu_pt: bool = True
     vfio_ids: tuple[str, ...] = ()  # empty: bind per device instead
+    # IDs bound per device to a vfio variant driver: never kept from the configuration's
+    # vfio-pci.ids (vfio-pci would claim those devices first)
+    variant_ids: tuple[str, ...] = ()
     boot_gpu: bool = False
     hugepages_1g: int = 0
 
@@ -196,20 +201,31 @@ def desired(host: Host, opts: KargOptions, configured: Sequence[str] = ()) -> Ar
                 if "on" in arg.split(",")
                 else "amd_iommu=off turns the IOMMU off"
             )
-    if k.arg("iommu") == "off":
+    iommu_off = k.arg("iommu") == "off"
+    if opts.iommu_pt:
+        # setting the key replaces every other value of it where it is written: iommu=off
+        # goes by that, never by dropping the key (which would drop iommu=pt with it)
+        to_set["iommu"] = "iommu=pt"
+        why["iommu"] = "identity-maps host devices (usually faster for the host)" + (
+            "; replaces iommu=off, which turns the IOMMU off" if iommu_off else ""
+        )
+    elif iommu_off:
         drop.add("iommu")
         why["iommu"] = "iommu=off turns the IOMMU off"
-    if opts.iommu_pt:
-        to_set["iommu"] = "iommu=pt"
-        why["iommu"] = "identity-maps host devices (usually faster for the host)"
     if opts.vfio_ids:
         others = _other_ids(configured, opts.vfio_ids)
+        gone = [i for i in others if i in opts.variant_ids]
+        others = [i for i in others if i not in opts.variant_ids]
         to_set["vfio-pci.ids"] = "vfio-pci.ids=" + ",".join([*opts.vfio_ids, *others])
-        why["vfio-pci.ids"] = "binds the cards' functions to vfio-pci at boot" + (
-            f"; keeps {','.join(others)} (another device's, already configured: one "
-            "vfio-pci.ids= is read, so both sets go in ours)"
-            if others
-            else ""
+        why["vfio-pci.ids"] = (
+            "binds the cards' functions to vfio-pci at boot"
+            + (
+                f"; keeps {','.join(others)} (another device's, already configured: one "
+                "vfio-pci.ids= is read, so both sets go in ours)"
+                if others
+                else ""
+            )
+            + (f"; drops {','.join(gone)} (bound to a vfio variant driver)" if gone else "")
         )
     elif k.arg("vfio-pci.ids") is not None or k.arg("vfio_pci.ids") is not None:
         drop.add("vfio-pci.ids")

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Line-oriented boot files, edited as their tools read them.
 
 ``/etc/kernel/cmdline``: kernel-install and the UKI tools take the argument lines and skip

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Other modprobe.d lines about vfio, named in the plan with what wins at boot.
 
 modprobe reads every ``*.conf`` of /etc/modprobe.d, /run/modprobe.d and the library

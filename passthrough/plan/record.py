@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What ``plan`` reads from a root beyond discovery, recorded while a snapshot is taken
 (``passthrough snapshot`` hands this to :func:`passthrough.host.snapshot.capture`), so that
 ``plan --root`` on the snapshot gives the plan it gives on the root it came from."""

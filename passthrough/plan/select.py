@@ -1,14 +1,12 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which cards go to vfio-pci, and the refusals that protect the host."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from passthrough.analysis import policy
-from passthrough.analysis.viability import default_cards
-from passthrough.errors import PassthroughError, quote
+from passthrough.analysis import codes, policy
+from passthrough.analysis.cards import choose_cards
 from passthrough.model import (
     Finding,
     GpuVerdict,
@@ -17,18 +15,9 @@ from passthrough.model import (
     PciFunction,
 )
 
-ID_RE = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{4}$")
-
 
 class SelectionRefused(policy.Refused):
     """Nothing is written: the selection would harm the host or cannot work."""
-
-    def __init__(self, findings: Sequence[Finding] | str, hint: str = "") -> None:
-        if isinstance(findings, str):  # a usage problem (no such GPU), not a policy finding
-            PassthroughError.__init__(self, findings)
-            self.findings = ()
-            return
-        super().__init__(findings, hint)
 
 
 @dataclass(frozen=True)
@@ -42,40 +31,6 @@ class Selection:
     findings: list[Finding] = field(default_factory=list)  # the policy's, warnings included
 
 
-def _match(verdicts: list[GpuVerdict], token: str) -> list[GpuVerdict]:
-    if ID_RE.match(token):
-        return [v for v in verdicts if token.lower() in {f.id for f in v.gpu.functions}]
-    try:
-        address = PciAddress.parse(token)
-    except PassthroughError:
-        raise SelectionRefused(
-            f"--gpu {quote(token)}: neither a PCI address (0000:01:00.0) nor a vendor:device ID (10de:2684)"
-        ) from None
-    return [v for v in verdicts if address in {f.address for f in v.gpu.functions}]
-
-
-def _chosen(verdicts: list[GpuVerdict], gpus: list[str]) -> list[GpuVerdict]:
-    """The cards named with --gpu (in the order named), or every viable NVIDIA card."""
-    if not gpus:
-        chosen = default_cards(verdicts)
-        if not chosen:
-            raise SelectionRefused(
-                "no viable NVIDIA GPU on this host; name cards with --gpu (see `passthrough scan`)"
-            )
-        return chosen
-    chosen = []
-    for token in gpus:
-        found = _match(verdicts, token)
-        if not found:
-            raise SelectionRefused(
-                f"--gpu {token}: matches no GPU on this host (see `passthrough scan`)"
-            )
-        for v in found:
-            if v not in chosen:
-                chosen.append(v)
-    return chosen
-
-
 def select(
     host: Host,
     verdicts: list[GpuVerdict],
@@ -83,7 +38,7 @@ def select(
     include_group: bool = False,
     allow_boot_gpu: bool = False,
 ) -> Selection:
-    chosen = _chosen(verdicts, gpus)
+    chosen = choose_cards(verdicts, gpus)
     taken: dict[PciAddress, PciFunction] = {}
     for v in chosen:
         for f in v.gpu.functions:
@@ -104,13 +59,14 @@ def select(
                 )
     findings = policy.selection_findings(host, taken, allow_boot_gpu)
     # The plan turns the IOMMU on: groups are told after the reboot, not a refusal here.
-    refusals = [f for f in policy.errors(findings) if f.code != policy.NO_IOMMU]
+    # (--include-group is no override here: it widens the selection, which is judged again.)
+    overrides = {codes.PLAN, codes.ALLOW_BOOT_GPU} if allow_boot_gpu else {codes.PLAN}
+    refusals = codes.refusals(findings, overrides)
     if refusals:
-        grouped = {f.code for f in refusals} <= {policy.GROUP_SHARED, policy.GROUP_OTHER_GPU}
         hint = (
             "; select every GPU of the group (--gpu), or --include-group hands the whole group "
             "over knowingly"
-            if grouped
+            if codes.lifted_by(refusals) == {codes.INCLUDE_GROUP}
             else ""
         )
         raise SelectionRefused(refusals, hint)

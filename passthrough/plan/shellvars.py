@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reading shell-sourced configuration (/etc/default/grub and its grub.d drop-ins) as the
 shell does, for the few variables the planner cares about.
 

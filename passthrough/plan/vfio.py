@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Binding the selected cards to vfio-pci at boot: modprobe.d, initramfs, per-device overrides.
 
 Softdeps are derived, not listed: every module bound to a card's function now, and every
@@ -10,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import re
 
+from passthrough.host.modalias import PLAIN, is_vfio
 from passthrough.host.root import HostRoot
 from passthrough.kernel import kernel_version
 from passthrough.model import Host, InitramfsKind, PciFunction
@@ -74,7 +76,7 @@ def softdeps(root: HostRoot, host: Host, functions: list[PciFunction]) -> dict[s
     """module → why it needs ``softdep … pre: vfio-pci``."""
     why: dict[str, str] = {}
     for f in functions:
-        if f.driver and f.driver != "vfio-pci":
+        if f.driver and not is_vfio(f.driver):
             module = module_of_driver(root, f.driver) or _norm(f.driver)
             why.setdefault(module, f"bound to {f.address} now")
     for module, addrs in alias_modules(root, host, functions).items():
@@ -102,27 +104,40 @@ def modprobe_conf(ids: list[str], deps: dict[str, str]) -> str:
 
 
 # After the override is set: a host driver that bound the function first is unbound, then
-# the kernel re-probes it (vfio-pci now). udev's ``$$`` is a literal ``$``; no double quotes
-# inside, which older udev cannot escape.
-REBIND = (
-    "/bin/sh -c 'd=/sys/bus/pci/devices/%k; case $$(readlink $$d/driver) in */vfio-pci) ;; "
-    "?*) echo %k > $$d/driver/unbind ;; esac; echo %k > /sys/bus/pci/drivers_probe'"
-)
+# the kernel re-probes it (the override's driver now). udev's ``$$`` is a literal ``$``; no
+# double quotes inside, which older udev cannot escape.
+def rebind(driver: str) -> str:
+    return (
+        f"/bin/sh -c 'd=/sys/bus/pci/devices/%k; case $$(readlink $$d/driver) in */{driver}) ;; "
+        "?*) echo %k > $$d/driver/unbind ;; esac; echo %k > /sys/bus/pci/drivers_probe'"
+    )
 
 
-def udev_rule(functions: list[PciFunction]) -> str:
+def udev_rule(functions: list[PciFunction], drivers: dict[str, str] | None = None) -> str:
     """driver_override per device, set when the device appears, then the device taken from
     any driver that got there first and re-probed. initramfs-tools copies the rule into the
     initramfs, where it usually runs before any GPU or audio driver loads — but not always:
     the host keeps a device with the same ID (that is why the binding is per device), and
     its driver's module, loaded for that device, probes ours too if its add event has not
     reached this rule yet. The lab caught that race (the kept display's qxl took the card's
-    display after a reboot); the unbind closes it. A changed rule rebuilds the initramfs."""
-    lines = [HEADER, "# Identical cards are kept by the host, so IDs cannot tell them apart.\n"]
+    display after a reboot); the unbind closes it. A changed rule rebuilds the initramfs.
+
+    ``drivers`` gives a function its vfio variant driver (address → module, from
+    ``modules.alias``; absent: vfio-pci). A variant driver's name is its module's name; it
+    has no PCI ID alias of its own, so the rule loads it (udev's kmod builtin) before the
+    re-probe."""
+    chosen = {str(f.address): (drivers or {}).get(str(f.address), PLAIN) for f in functions}
+    lines = [HEADER]
+    if PLAIN in chosen.values():
+        lines.append("# Identical cards are kept by the host, so IDs cannot tell them apart.\n")
+    if set(chosen.values()) - {PLAIN}:
+        lines.append("# A vfio variant driver binds only through driver_override.\n")
     for f in functions:
+        driver = chosen[str(f.address)]
+        load = f'RUN{{builtin}}+="kmod load {driver}", ' if driver != PLAIN else ""
         lines.append(
             f'ACTION=="add", SUBSYSTEM=="pci", KERNEL=="{f.address}", '
-            f'ATTR{{driver_override}}="vfio-pci", RUN+="{REBIND}"\n'
+            f'ATTR{{driver_override}}="{driver}", {load}RUN+="{rebind(driver)}"\n'
         )
     return "".join(lines)
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A thin, typed wrapper over ansible-runner: runs the playbooks, turns runner events into
 progress lines, and never reports success after a failure — ansible-runner itself does not
 raise when a playbook fails, so ``status`` and ``rc`` are checked here."""
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from passthrough.errors import EXIT_BACKEND, Interrupted, PassthroughError, echo
+from passthrough.errors import EXIT_BACKEND, Interrupted, PassthroughError, echo_path
 from passthrough.provision.settings import flags, user_config
 
 
@@ -134,10 +135,10 @@ def _preflight(inventory: str, playbook: str) -> tuple[Path, str]:
         raise ProvisionFailed("ansible-playbook not found: install ansible-core")
     books = playbooks_dir()
     if not (books / playbook).exists():
-        raise PassthroughError(f"no playbook {echo(str(playbook))} in {books}")  # input: exit 2
+        raise PassthroughError(f"no playbook {echo_path(playbook)} in {books}")  # input: exit 2
     inv = os.path.abspath(inventory)
     if not os.path.exists(inv):
-        raise PassthroughError(f"inventory {echo(str(inventory))}: no such file or directory")
+        raise PassthroughError(f"inventory {echo_path(inventory)}: no such file or directory")
     return books, inv
 
 

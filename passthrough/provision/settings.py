@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What ``provision`` hands ansible-playbook besides the playbook: the configuration file Ansible
 would pick from where the user stands, the command-line flags as a list (never one joined
 string), and the ``-e`` forms ansible-playbook takes."""

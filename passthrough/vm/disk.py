@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The qcow2 overlay ``vm define --base-image`` (and the VM module) makes for a guest.
 
 A file already at the overlay's path may be a guest's disk holding its data, so it is
@@ -17,12 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from enum import StrEnum
 
-from passthrough.errors import EXIT_BACKEND, PassthroughError, echo
-
-
-def _shown(path: str) -> str:
-    """A disk's path in a message: whole (up to PATH_MAX), control characters escaped."""
-    return echo(path, os.pathconf("/", "PC_PATH_MAX"))
+from passthrough.errors import EXIT_BACKEND, PassthroughError, echo_path
 
 
 class ExistingDisk(StrEnum):
@@ -65,7 +61,7 @@ class Overlay:
             except FileExistsError:
                 self.discard()
                 raise DiskRefused(
-                    f"{_shown(self.path)}: a file appeared there while the domain was defined; "
+                    f"{echo_path(self.path)}: a file appeared there while the domain was defined; "
                     "it was left as it is"
                 ) from None
             os.unlink(self.pending)
@@ -96,14 +92,18 @@ def decide(base: str, path: str, existing: ExistingDisk, choose: str) -> str:
     try:
         st = os.stat(path)
     except OSError as exc:
-        raise DiskRefused(f"{_shown(path)}: already there but unusable ({exc.strerror})") from None
+        raise DiskRefused(
+            f"{echo_path(path)}: already there but unusable ({exc.strerror})"
+        ) from None
     if not stat.S_ISREG(st.st_mode):
-        raise DiskRefused(f"{_shown(path)}: already there and not a regular file; nothing changed")
+        raise DiskRefused(
+            f"{echo_path(path)}: already there and not a regular file; nothing changed"
+        )
     if os.path.exists(base) and os.path.samefile(base, path):
-        raise DiskRefused(f"{_shown(path)}: is the base image itself; nothing changed")
+        raise DiskRefused(f"{echo_path(path)}: is the base image itself; nothing changed")
     if existing is ExistingDisk.REFUSE:
         raise DiskRefused(
-            f"{_shown(path)}: a disk is already there (a guest's data?); nothing changed: {choose}"
+            f"{echo_path(path)}: a disk is already there (a guest's data?); nothing changed: {choose}"
         )
     return "reused" if existing is ExistingDisk.REUSE else "overwritten"
 
@@ -133,4 +133,4 @@ def _create(base: str, pending: str, path: str) -> None:
         if os.path.lexists(pending):
             os.unlink(pending)
         why = (r.stderr.strip().splitlines() or ["failed"])[-1]
-        raise DiskFailed(f"qemu-img could not create the overlay {_shown(path)}: {why}")
+        raise DiskFailed(f"qemu-img could not create the overlay {echo_path(path)}: {why}")

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The guest's address layout for large BARs: the 64-bit MMIO window, the guest's physical
 address bits, and the elements that carry them — decided before any domain exists.
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from passthrough.errors import PassthroughError
 from passthrough.model import PciAddress, PciFunction
@@ -36,7 +37,6 @@ FOUR_GIB = 4 * GIB
 # windows OVMF places in the same aperture. A window sized exactly to the cards leaves the
 # largest card BAR out — the lab saw it: a 64 GiB BAR in a 64 GiB window, "no space".
 DEVICE_ROOM = GIB
-QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 X_PCIMMIO64 = "opt/ovmf/X-PciMmio64Mb"
 
 
@@ -126,11 +126,16 @@ def ovmf_trusts(bits: int, vendor: str | None) -> bool:
     return False
 
 
+# how OVMF placed its 64-bit window; how X-PciMmio64Mb reaches it
+WindowHow = Literal["dynamic", "classic"]
+FwcfgVia = Literal["sysinfo", "qemu:commandline"]
+
+
 @dataclass(frozen=True)
 class Window:
     base: int
     size: int
-    how: str  # "dynamic" (OVMF sized it from the bits) or "classic" (32 GiB or X-PciMmio64Mb)
+    how: WindowHow  # dynamic: OVMF sized it from the bits; classic: 32 GiB or X-PciMmio64Mb
 
     @property
     def end(self) -> int:
@@ -158,7 +163,7 @@ def firmware_window(
 
 @dataclass(frozen=True)
 class MaxPhysAddr:
-    mode: str  # passthrough | emulate
+    mode: Literal["passthrough", "emulate"]
     bits: int | None = None  # emulate
     limit: int | None = None  # passthrough, libvirt >= 9.3
 
@@ -173,7 +178,7 @@ class Layout:
     window: Window  # where OVMF will put the aperture
     address_limit: int
     fwcfg_mib: int | None  # opt/ovmf/X-PciMmio64Mb, or None: OVMF's own sizing suffices
-    fwcfg_via: str | None  # "qemu:commandline" or "sysinfo"
+    fwcfg_via: FwcfgVia | None
     pcihole64_kib: int | None
     versions: Versions
     decisions: tuple[str, ...] = field(default=())
@@ -300,9 +305,9 @@ def _window(
 
 def _fwcfg_route(
     x_mib: int | None, need: int, versions: Versions, say: list[str]
-) -> tuple[str | None, int | None]:
+) -> tuple[FwcfgVia | None, int | None]:
     """How X-PciMmio64Mb reaches the firmware, and the matching 64-bit PCI hole (KiB)."""
-    via: str | None = None
+    via: FwcfgVia | None = None
     hole: int | None = None
     if x_mib is not None:
         if FWCFG_OVMF_NATIVE_SINCE is not None and versions.libvirt >= FWCFG_OVMF_NATIVE_SINCE:

@@ -1,18 +1,22 @@
+# SPDX-License-Identifier: Apache-2.0
 """The address-space check of a hand-written domain: the same firmware and CPU model as
 the planner (layout.py), applied to XML someone else wrote (validate's "host" rules)."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from passthrough.analysis.codes import (
+    BITS_ABOVE_IOMMU,
+    MMIO_ABOVE_LIMIT,
+    MMIO_TOO_SMALL,
+    severity,
+)
 from passthrough.model import Finding, Host, PciFunction, Severity
-from passthrough.pciaddr import libvirt_address
-from passthrough.units import GIB, KIB, MIB, TIB, format_size
+from passthrough.units import MIB, format_size
+from passthrough.vm.domxml import Domain
 from passthrough.vm.layout import (
     DEVICE_ROOM,
     QEMU_DEFAULT_PHYS_BITS,
     QEMU_HOST_BITS_SINCE,
-    QEMU_NS,
     X_PCIMMIO64,
     card_bars,
     firmware_window,
@@ -20,6 +24,10 @@ from passthrough.vm.layout import (
     pow2_ceil,
 )
 from passthrough.vm.versions import Versions, host_versions
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from passthrough.vm.xmlfield import Element
 
 
 def _int(text: str | None) -> int | None:
@@ -29,71 +37,62 @@ def _int(text: str | None) -> int | None:
         return None
 
 
-_UNITS = {"b": 1, "bytes": 1, "k": KIB, "kib": KIB, "m": MIB, "mib": MIB, "g": GIB, "gib": GIB}
-_UNITS.update({"kb": 1000, "mb": 1000**2, "gb": 1000**3, "t": TIB, "tib": TIB})
+def _memory_mib(dom: Domain) -> int | None:
+    size = dom.memory.bytes if dom.memory is not None else None
+    return None if size is None else size // MIB
 
 
-def _memory_mib(doc: Any) -> int | None:
-    mem = doc.find("memory")
-    if mem is None:
-        return None
-    value = _int(mem.text)
-    factor = _UNITS.get((mem.get("unit") or "KiB").lower())
-    return None if value is None or factor is None else value * factor // MIB
-
-
-def _x_pcimmio64(doc: Any) -> int | None:
-    values: list[str] = []
-    for entry in doc.findall("sysinfo[@type='fwcfg']/entry"):
-        if entry.get("name") == X_PCIMMIO64:
-            values.append(entry.text or "")
-    args = [a.get("value", "") for a in doc.iter(f"{{{QEMU_NS}}}arg")]
-    for a in args:
+def _x_pcimmio64(dom: Domain) -> int | None:
+    values = [e.value or "" for e in dom.fwcfg if e.name == X_PCIMMIO64]
+    for arg in dom.qemu_args:
+        a = arg.value or ""
         if f"name={X_PCIMMIO64}," in a:
             values.append(a.rpartition("string=")[2])
     sizes = [v for v in (_int(s.strip()) for s in values) if v is not None]
     return max(sizes) if sizes else None
 
 
-def _guest_bits(doc: Any, host: Host, versions: Versions) -> tuple[int, str]:
-    addr = doc.find("cpu/maxphysaddr")
+def _guest_bits(dom: Domain, host: Host, versions: Versions) -> tuple[int, str]:
+    addr = dom.cpu.maxphysaddr if dom.cpu is not None else None
     host_bits = host.cpu.phys_bits
     if addr is None:
-        cpu = doc.find("cpu")
-        mode = cpu.get("mode") if cpu is not None else None
+        mode = dom.cpu.mode if dom.cpu is not None else None
         if (
-            doc.get("type") == "kvm"
+            dom.type == "kvm"
             and mode in ("host-passthrough", "maximum")
             and host_bits
             and versions.qemu >= QEMU_HOST_BITS_SINCE
         ):
             return host_bits, "no <maxphysaddr>: QEMU gives -cpu host the host's bits"
         return QEMU_DEFAULT_PHYS_BITS, "no <maxphysaddr>: QEMU's default"
-    if addr.get("mode") == "emulate":
-        bits = _int(addr.get("bits"))
+    if addr.mode == "emulate":
+        bits = addr.bits
         if bits is not None:
             return bits, "<maxphysaddr mode='emulate'>"
-    if addr.get("mode") == "passthrough" and host_bits:
-        limit = _int(addr.get("limit"))
+    if addr.mode == "passthrough" and host_bits:
+        limit = addr.limit
         if limit is not None and limit < host_bits:
             return limit, "the host's bits, limited"
         return host_bits, "the host's bits"
     return QEMU_DEFAULT_PHYS_BITS, "unreadable <maxphysaddr>: QEMU's default"
 
 
-def layout_findings(domain: Any, host: Host, versions: Versions | None = None) -> list[Finding]:
-    """Check a domain (an lxml or ElementTree ``<domain>`` element) against this host: can
+def layout_findings(
+    domain: Domain | Element, host: Host, versions: Versions | None = None
+) -> list[Finding]:
+    """Check a domain (a :class:`Domain`, or an lxml ``<domain>`` element) against this host: can
     the window OVMF will build hold its hostdevs' BARs, below the guest's address limit and
     within what the host IOMMU maps? Codes: ``mmio-window-too-small``,
     ``mmio-window-above-limit``, ``guest-bits-above-iommu``."""
     if versions is None:
         versions = host_versions(host)
+    dom = Domain.of(domain)
     by_bus: dict[int, list[PciFunction]] = {}
-    for hd in domain.findall("devices/hostdev[@type='pci']"):
-        src = libvirt_address(hd.find("source/address"))
+    for hd in dom.pci_hostdevs:
+        src = hd.source
         fn = host.function(src) if src is not None else None
-        guest = libvirt_address(hd.find("address"))
-        bus = guest.bus if guest is not None and not guest.is_unassigned else None
+        guest = hd.guest
+        bus = guest.bus if guest is not None else None
         if fn is not None:
             by_bus.setdefault(bus if bus is not None else -1 - len(by_bus), []).append(fn)
     out: list[Finding] = []
@@ -101,13 +100,13 @@ def layout_findings(domain: Any, host: Host, versions: Versions | None = None) -
         return out
     devices = tuple(sorted(f.address for fns in by_bus.values() for f in fns))
     need, _ = pack(card_bars(fns) for fns in by_bus.values())
-    bits, bits_why = _guest_bits(domain, host, versions)
+    bits, bits_why = _guest_bits(dom, host, versions)
     iommu = host.iommu.address_bits
     if iommu and bits > iommu:
         out.append(
             Finding(
-                "guest-bits-above-iommu",
-                Severity.ERROR,
+                BITS_ABOVE_IOMMU,
+                Severity(severity(BITS_ABOVE_IOMMU)),
                 f"the guest addresses {bits} bits ({bits_why}) but the host IOMMU maps only "
                 f"{iommu}: DMA mapping fails once anything sits above 2^{iommu} = "
                 f"{format_size(1 << iommu)}; add <maxphysaddr> with {iommu} bits",
@@ -116,8 +115,8 @@ def layout_findings(domain: Any, host: Host, versions: Versions | None = None) -
         )
     if not need:
         return out
-    memory = _memory_mib(domain) or 0
-    x_mib = _x_pcimmio64(domain)
+    memory = _memory_mib(dom) or 0
+    x_mib = _x_pcimmio64(dom)
     window, limit = firmware_window(bits, host.cpu.vendor, memory, versions.ovmf, x_mib)
     how = (
         f"{X_PCIMMIO64}={x_mib}"
@@ -127,8 +126,8 @@ def layout_findings(domain: Any, host: Host, versions: Versions | None = None) -
     if need + DEVICE_ROOM > window.size:
         out.append(
             Finding(
-                "mmio-window-too-small",
-                Severity.ERROR,
+                MMIO_TOO_SMALL,
+                Severity(severity(MMIO_TOO_SMALL)),
                 f"the hostdevs' 64-bit BARs need {format_size(need)} packed and the domain's "
                 f"other devices {format_size(DEVICE_ROOM)}, but {how} gives "
                 f"{format_size(window.size)} ({need} + {DEVICE_ROOM} > {window.size} bytes): "
@@ -140,8 +139,8 @@ def layout_findings(domain: Any, host: Host, versions: Versions | None = None) -
     elif window.end > limit:
         out.append(
             Finding(
-                "mmio-window-above-limit",
-                Severity.ERROR,
+                MMIO_ABOVE_LIMIT,
+                Severity(severity(MMIO_ABOVE_LIMIT)),
                 f"{how} puts {format_size(window.size)} at {window.base:#x}..{window.end:#x}, above "
                 f"the guest's address limit 2^{limit.bit_length() - 1} = {format_size(limit)} "
                 f"({bits} bits: {bits_why}; {format_size(memory * MIB)} of RAM)",

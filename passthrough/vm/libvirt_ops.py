@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """libvirt-python: define, start, stop, undefine and inspect guests.
 
 Errors become one-line PassthroughErrors naming the URI or domain; libvirt's own error
@@ -9,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from passthrough.errors import EXIT_BACKEND, EXIT_USAGE, PassthroughError, echo, quote
+from passthrough.errors import EXIT_BACKEND, EXIT_USAGE, PassthroughError, echo_path, quote
 from passthrough.vm.disk import ExistingDisk
 from passthrough.vm.disk import prepare as disk_prepare
 
@@ -131,9 +132,9 @@ def define_file(
             data = fh.read()
         doc = etree.fromstring(data)
     except OSError as exc:
-        raise PassthroughError(f"{echo(path)}: {exc.strerror}") from None
+        raise PassthroughError(f"{echo_path(path)}: {exc.strerror}") from None
     except etree.XMLSyntaxError as exc:
-        raise PassthroughError(f"{echo(path)}: not well-formed XML ({exc})") from None
+        raise PassthroughError(f"{echo_path(path)}: not well-formed XML ({exc})") from None
     overlay = None
     if base_image:
         disk = doc.find("devices/disk[@device='disk']/source")
@@ -201,18 +202,14 @@ def status(uri: str, name: str) -> dict[str, Any]:
 
 
 def _status(dom: Any, uri: str) -> dict[str, Any]:
-    from lxml import etree
-
-    from passthrough.vm.validate.domain import pci_address
+    from passthrough.vm.domxml import Domain
 
     state, _reason = dom.state()
-    doc = etree.fromstring(dom.XMLDesc(0).encode())
     hostdevs = []
-    for h in doc.findall("devices/hostdev"):
-        host = pci_address(h.find("source/address"))
-        if h.get("type") != "pci" or host is None:
+    for h in Domain.parse(str(dom.XMLDesc(0))).pci_hostdevs:
+        host, guest = h.source, h.address
+        if host is None:
             continue
-        guest = pci_address(h.find("address"))
         # the guest side without its PCI domain (always 0 in a guest): 01:00.0
         hostdevs.append({"host": str(host), "guest": str(guest)[5:] if guest else None})
     return {

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The VM options as one table: name, type, range or pattern, default, help, and where
 each comes from (a ``render`` flag, a key of ``--spec FILE.yaml``).
 
@@ -16,8 +17,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from passthrough.errors import InvalidPciAddress, PassthroughError
-from passthrough.model import Host, PciAddress
+from passthrough.analysis.cards import METAVAR as CARD_METAVAR
+from passthrough.analysis.cards import NoSuchCard, parse_card
+from passthrough.errors import PassthroughError
+from passthrough.model import Host
 from passthrough.units import MIB, parse_size
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
@@ -51,7 +54,7 @@ class Kind(StrEnum):
     PATH = "path"  # an absolute path on the host the guest runs on
     CHOICE = "choice"
     ROM = "rom"  # on | off | an absolute ROM file path
-    ADDRESSES = "addresses"  # PCI addresses
+    CARDS = "cards"  # cards: a PCI address or a vendor:device ID each (analysis/cards.py)
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ OPTIONS: tuple[VmOption, ...] = (
     ),
     VmOption(
         "gpus",
-        Kind.ADDRESSES,
+        Kind.CARDS,
         "a card (repeatable); default: every viable NVIDIA GPU",
         default=(),
         aliases=("gpu",),
@@ -249,17 +252,19 @@ def check(opt: VmOption, value: Any, where: str) -> Any:
         if not isinstance(value, bool):
             raise BadVmSpec(where, f"{_show(value)} is not true or false (unquoted in YAML)")
         return value
-    if opt.kind is Kind.ADDRESSES:
+    if opt.kind is Kind.CARDS:
         if not isinstance(value, (tuple, list)):
             raise BadVmSpec(where, f"{_show(value)} is not a list of PCI addresses")
         for item in value:
             if not isinstance(item, str):
                 raise BadVmSpec(where, f"{_show(item)} is not a PCI address")
             try:
-                PciAddress.parse(item)
-            except InvalidPciAddress:
+                parse_card(item)
+            except NoSuchCard:
                 raise BadVmSpec(
-                    where, f"{_show(item)} is not a PCI address such as 0000:01:00.0"
+                    where,
+                    f"{_show(item)} is neither a PCI address (0000:01:00.0) nor a "
+                    "vendor:device ID (10de:2684)",
                 ) from None
         return tuple(value)
     if not isinstance(value, str):
@@ -337,9 +342,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(
                 opt.cli_flag, dest=opt.name, action="store_true", default=None, help=help
             )
-        elif opt.kind is Kind.ADDRESSES:
+        elif opt.kind is Kind.CARDS:
             parser.add_argument(
-                opt.cli_flag, dest=opt.name, action="append", metavar="ADDRESS", help=help
+                opt.cli_flag, dest=opt.name, action="append", metavar=CARD_METAVAR, help=help
             )
         elif opt.kind is Kind.CHOICE:
             parser.add_argument(opt.cli_flag, dest=opt.name, choices=opt.choices, help=help)
@@ -369,7 +374,7 @@ def from_flags(args: argparse.Namespace) -> dict[str, Any]:
             value = _int_text(raw, where)
         elif opt.kind is Kind.SIZE:
             value = size_mib(raw, where)
-        elif opt.kind is Kind.ADDRESSES:
+        elif opt.kind is Kind.CARDS:
             value = tuple(raw)
         else:
             value = raw
@@ -389,14 +394,14 @@ ANSIBLE_TYPES = {
     Kind.PATH: "str",
     Kind.CHOICE: "str",
     Kind.ROM: "str",
-    Kind.ADDRESSES: "list",
+    Kind.CARDS: "list",
 }
 
 
 def ansible_option(opt: VmOption) -> dict[str, Any]:
     """One option as an Ansible argument_spec entry, named by its VmOptions field."""
     entry: dict[str, Any] = {"type": ANSIBLE_TYPES[opt.kind]}
-    if opt.kind is Kind.ADDRESSES:
+    if opt.kind is Kind.CARDS:
         entry["elements"] = "str"
     if opt.choices:
         entry["choices"] = list(opt.choices)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Domain XML from a VmSpec through the Jinja2 template in templates/.
 
 StrictUndefined (a missing value is an error, not an empty string) and autoescaping (a
@@ -12,8 +13,9 @@ import jinja2
 
 from passthrough import resources
 from passthrough.vm.spec import VmSpec
+from passthrough.vm.xmlns import POLICY_NS, QEMU_NS
 
-POLICY_NS = "https://passthrough.dev/xmlns/policy/1"
+__all__ = ["POLICY_NS", "environment", "render", "templates_dir"]
 
 
 def templates_dir() -> Path:
@@ -37,4 +39,8 @@ def environment() -> jinja2.Environment:
 
 
 def render(spec: VmSpec) -> str:
-    return environment().get_template("domain.xml.j2").render(spec=spec, policy_ns=POLICY_NS)
+    return (
+        environment()
+        .get_template("domain.xml.j2")
+        .render(spec=spec, policy_ns=POLICY_NS, qemu_ns=QEMU_NS)
+    )

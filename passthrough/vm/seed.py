@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A cloud-init NoCloud seed: an ISO 9660 image labelled ``cidata`` holding ``user-data``
 and ``meta-data``, so the guest comes up with a user and an SSH key Ansible can use.
 

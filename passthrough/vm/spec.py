@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A guest's specification, built from discovery and options; every decision made here.
 
 The template only loops and branches over what this module computed: guest PCI
@@ -11,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from passthrough.analysis import policy
-from passthrough.analysis.viability import default_cards
+from passthrough.analysis import codes, policy
+from passthrough.analysis.cards import choose_cards
 from passthrough.model import GpuVerdict, Host, PciAddress, PciFunction, Severity
 from passthrough.vm.layout import Layout, plan_layout
 from passthrough.vm.options import (
@@ -23,7 +24,6 @@ from passthrough.vm.options import (
 )
 from passthrough.vm.versions import Versions, host_versions
 
-OVMF_DEFAULT_MMIO = 32 << 30
 NO_NETWORK = "none"  # --network none: a guest without a NIC
 
 
@@ -169,27 +169,15 @@ def _check_files(opts: VmOptions) -> None:
 
 def _choose(host: Host, opts: VmOptions) -> tuple[list[GpuVerdict], list[str]]:
     """The cards named (default: every viable NVIDIA GPU), and the policy's warnings."""
-    verdicts = policy.judge_all(host)
-    chosen: list[GpuVerdict] = []
-    if opts.gpus:
-        for token in opts.gpus:
-            address = PciAddress.parse(token)
-            match = [v for v in verdicts if address in {f.address for f in v.gpu.functions}]
-            if not match:
-                raise BadVmSpec(
-                    "gpu", f"{address} is not a GPU on this host (see `passthrough scan`)"
-                )
-            if match[0] not in chosen:
-                chosen.append(match[0])
-    else:
-        chosen = default_cards(verdicts)
+    # a guest with no card may be rendered (kubevirt refuses one: kube/build.py)
+    chosen = choose_cards(policy.judge_all(host), opts.gpus, required=False)
     # One verdict with validate --host-root: what it would reject is refused here, and the
     # warnings scan gives these cards are told. A boot VGA is a warning in both: the host
     # may have been set up for it (plan's --allow-boot-gpu).
     findings = policy.verdict_findings(
         host, (f.address for v in chosen for f in v.gpu.functions), allow_boot_gpu=True
     )
-    refused = policy.errors(findings)
+    refused = codes.refusals(findings, codes.PREPARED)
     if refused:
         raise policy.Refused(refused)
     told = [f for f in findings if f.severity is Severity.WARNING]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``render --spec FILE.yaml``: VM options from YAML, through the options table.
 
 YAML 1.1 (what PyYAML and Ansible read) turns some unquoted scalars into numbers the writer
@@ -91,7 +92,7 @@ def _retyped(where: str, value: Retyped, kind: Kind) -> BadVmSpec:
             f"YAML reads {value.typed} as {value.read_as!r} (octal or base 60): "
             "write the number without a leading zero",
         )
-    what = "the PCI address" if kind is Kind.ADDRESSES else "it"
+    what = "the PCI address" if kind is Kind.CARDS else "it"
     return BadVmSpec(
         where,
         f'YAML reads {value.typed} as the number {value.read_as!r}: quote {what} ("{value.typed}")',
@@ -105,7 +106,7 @@ def _convert(key: str, value: Any, where: str) -> tuple[str, Any]:
         raise BadVmSpec(where, "has no value (leave the key out for the default)")
     if isinstance(value, Retyped):
         raise _retyped(where, value, opt.kind)
-    if opt.kind is Kind.ADDRESSES:
+    if opt.kind is Kind.CARDS:
         items = value if isinstance(value, list) else [value]
         for item in items:
             if isinstance(item, Retyped):

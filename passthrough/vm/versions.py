@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which libvirt, QEMU and OVMF a host has: what the address planner may use depends on them.
 
 Discovery reads them (``host/packages.py``: the root's dpkg database, and on the live host

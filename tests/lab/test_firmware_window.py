@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The firmware half of the nested guest, without the lab host: the lab image's kernel and
 the nested guest's busybox initramfs boot through this machine's OVMF under QEMU with the
 large-BAR stand-in (ivshmem-plain, a 64 GiB BAR on a sparse file) — once with the layout

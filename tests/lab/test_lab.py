@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The lab: a real Debian 12 kernel under QEMU with an emulated Intel IOMMU (TCG), the
 toolkit run inside it over SSH. See lab/run.py for the stages."""
 

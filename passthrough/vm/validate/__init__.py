@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Validating domain XML — ours or anyone's — in layers, as a CI gate.
 
 1. ``file``: readable, well-formed, a ``<domain>``;
@@ -52,6 +53,8 @@ class Options:
 def _parse(text: bytes, name: str) -> tuple[Any, list[DomainFinding]]:
     from lxml import etree
 
+    from passthrough.vm.xmlfield import sourceline
+
     try:
         doc = etree.fromstring(text, etree.XMLParser(resolve_entities=False, no_network=True))
     except etree.XMLSyntaxError as exc:
@@ -64,7 +67,7 @@ def _parse(text: bytes, name: str) -> tuple[Any, list[DomainFinding]]:
                 f"not a libvirt domain (the root element is <{doc.tag}>, not <domain>)",
                 name,
                 doc.getroottree().getpath(doc),
-                doc.sourceline or 0,
+                sourceline(doc),
             )
         ]
     return doc, []
@@ -81,11 +84,13 @@ def check(text: bytes, name: str, opts: Options) -> list[DomainFinding]:
     doc, out = _parse(text, name)
     if doc is None:
         return out
+    from passthrough.vm.xmlfield import sourceline
+
     tree = doc.getroottree()
     if opts.schema is not None:
         for fault in faults(opts.schema.rng(), doc):
             el = fault.element
-            out.append(make("schema", fault.message, name, tree.getpath(el), el.sourceline or 0))
+            out.append(make("schema", fault.message, name, tree.getpath(el), sourceline(el)))
     if opts.schema_only:
         return out
     from .domain import check as policy

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Per-repository settings for ``validate``: ``[tool.passthrough.validate]`` in the nearest
 ``pyproject.toml`` (from the current directory up), or a file given with ``--config``
 (TOML with that table, or YAML with the same keys at the top). Command-line flags win:

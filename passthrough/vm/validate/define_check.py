@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The libvirt layer: what a real connection thinks of the file, without touching anything
 that was there before.
 

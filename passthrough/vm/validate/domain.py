@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The policy and host layers over a parsed domain.
 
 Generic rules (guest PCI addresses, function 0, multifunction, vendor_id values) apply to
@@ -8,53 +9,55 @@ writes hostdevs for whole GPU cards only). A NIC or an HBA passed through is not
 
 from __future__ import annotations
 
-from passthrough.pciaddr import libvirt_address as pci_address
+from passthrough.vm.domxml import Device, Domain, HostDev
+from passthrough.vm.xmlfield import sourceline
+from passthrough.vm.xmlns import POLICY_NS
 
 from .rules import DomainFinding, make
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
     from passthrough.model import Finding, Host, PciFunction
     from passthrough.pciaddr import PciAddress as Address
-
-# Same value as passthrough.vm.render.POLICY_NS (a test keeps them equal); not imported
-# from there because render pulls in Jinja2, and validate's start-up time matters in CI.
-POLICY_NS = "https://passthrough.dev/xmlns/policy/1"
+    from passthrough.vm.xmlfield import Element
 
 Slot = tuple[int, int, int]
-__all__ = ["check", "hostdevs", "pci_address", "place"]  # vm status reads addresses with it
+__all__ = ["POLICY_NS", "check", "hostdevs", "place"]
 
 
 class Hostdev:
+    """A PCI hostdev as the rules see it: its element (where findings land), both addresses
+    (read by :class:`passthrough.vm.domxml.HostDev`) and whether the GPU rules apply."""
+
     __slots__ = ("element", "gpu", "guest", "host")
 
-    def __init__(self, element: Any, host: Address | None, guest: Address | None, gpu: bool):
-        self.element = element
-        self.host = host  # domain, bus, device, function on the host
-        self.guest = guest  # the same in the guest
+    def __init__(self, dev: HostDev, gpu: bool):
+        self.element = dev.element
+        self.host = dev.source  # domain, bus, device, function on the host
+        self.guest = dev.guest  # the same in the guest
         self.gpu = gpu
 
 
 class _Ctx:
-    def __init__(self, doc: Any, file: str) -> None:
+    def __init__(self, doc: Element, file: str) -> None:
         self.doc = doc
         self.tree = doc.getroottree()
         self.file = file
         self.out: list[DomainFinding] = []
 
-    def add(self, code: str, el: Any, message: str, devices: tuple[Address, ...] = ()) -> None:
+    def add(
+        self, code: str, el: Element | None, message: str, devices: tuple[Address, ...] = ()
+    ) -> None:
         el = self.doc if el is None else el
         self.out.append(
-            make(code, message, self.file, self.tree.getpath(el), el.sourceline or 0, devices)
+            make(code, message, self.file, self.tree.getpath(el), sourceline(el), devices)
         )
 
-    def add_finding(self, f: Finding, el: Any) -> None:
+    def add_finding(self, f: Finding, el: Element | None) -> None:
         """A host policy's own Finding, kept as it is, placed on ``el``."""
         el = self.doc if el is None else el
         path = self.tree.getpath(el)
-        self.out.append(DomainFinding(f, self.file, "host", path, el.sourceline or 0))
+        self.out.append(DomainFinding(f, self.file, "host", path, sourceline(el)))
 
 
 def _a(f: PciFunction) -> Address:
@@ -84,29 +87,14 @@ def facts(host: Host) -> HostFacts:
     return _FACTS[0]
 
 
-def hostdevs(doc: Any, host: Host | None) -> list[Hostdev]:
-    rendered = doc.find(f"metadata/{{{POLICY_NS}}}policy") is not None
+def hostdevs(doc: Element | Domain, host: Host | None) -> list[Hostdev]:
+    dom = Domain.of(doc)
+    rendered = dom.policy is not None
     on_host = facts(host).gpu_functions if host is not None else set()
-    out = []
-    for h in doc.findall("devices/hostdev"):
-        if h.get("type") != "pci":
-            continue
-        src = pci_address(h.find("source/address"))
-        out.append(Hostdev(h, src, _guest_address(h), rendered or src in on_host))
-    return out
+    return [Hostdev(h, rendered or h.source in on_host) for h in dom.pci_hostdevs]
 
 
-def _guest_address(device: Any) -> Address | None:
-    """A device's guest PCI address; None where it has none or libvirt picks one (an
-    "empty" address: domain, bus and slot 0)."""
-    el = device.find("address")
-    if el is None or el.get("type") != "pci":
-        return None
-    a = pci_address(el)
-    return None if a is None or a.is_unassigned else a
-
-
-def check(doc: Any, file: str, host: Host | None) -> list[DomainFinding]:
+def check(doc: Element, file: str, host: Host | None) -> list[DomainFinding]:
     ctx = _Ctx(doc, file)
     devs = hostdevs(doc, host)
     seen: dict[Address, Hostdev] = {}
@@ -131,67 +119,56 @@ def check(doc: Any, file: str, host: Host | None) -> list[DomainFinding]:
     return ctx.out
 
 
-def _console_alias(doc: Any) -> Any:
-    """The ``<console>`` that is serial 0 itself (libvirt's compatibility console: the
-    first console, of target type serial or none, while the domain has a serial), or None.
-    libvirt gives it serial 0's device, so it repeats serial 0's address."""
-    console = doc.find("devices/console")
-    if console is None or doc.find("devices/serial") is None:
-        return None
-    target = console.find("target")
-    kind = target.get("type") if target is not None else None
-    return console if kind in (None, "serial") else None
-
-
 def _guest_slots(ctx: _Ctx, devs: list[Hostdev]) -> None:
     """Every device's guest PCI address is unique; a slot that holds a hostdev has a
     function 0, and function 0 is not multifunction='off' there when the slot holds more
     than one function (left out, libvirt's QEMU driver turns it on itself)."""
-    seen: dict[Address, Any] = {}
-    slots: dict[Slot, dict[int, Any]] = {}
-    alias = _console_alias(ctx.doc)
-    for device in ctx.doc.iterfind("devices/*"):
-        a = _guest_address(device)
-        if a is None or device is alias:
+    seen: dict[Address, Device] = {}
+    slots: dict[Slot, dict[int, Device]] = {}
+    dom = Domain.of(ctx.doc)
+    alias = dom.console_alias
+    for device in dom.devices:
+        a = device.guest
+        if a is None or (alias is not None and device.element is alias.element):
             continue
-        el = device.find("address")
         if a in seen:
             ctx.add(
                 "pci-address-duplicate",
-                device,
+                device.element,
                 f"guest PCI address {a} is already used by <{seen[a].tag}>",
             )
         seen.setdefault(a, device)
-        slots.setdefault(a.slot, {})[a.function] = el
+        slots.setdefault(a.slot, {})[a.function] = device
     for slot in sorted({d.guest.slot for d in devs if d.guest is not None}):
         functions = slots.get(slot, {})
         label = f"{slot[0]:04x}:{slot[1]:02x}:{slot[2]:02x}"
         if 0 not in functions:
-            first = functions[min(functions)].getparent()
+            first = functions[min(functions)].element
             ctx.add(
                 "pci-function0",
                 first,
                 f"guest slot {label} has no function 0, so the guest never finds "
                 f"function {min(functions):x} there",
             )
-        elif len(functions) > 1 and functions[0].get("multifunction") == "off":
+        elif len(functions) > 1 and functions[0].multifunction is False:
             ctx.add(
                 "pci-multifunction",
-                functions[0].getparent(),
+                functions[0].element,
                 f"guest slot {label} holds {len(functions)} functions but function 0 says "
                 "multifunction='off': QEMU exposes only function 0",
             )
 
 
 def _vendor_id_values(ctx: _Ctx) -> None:
-    for vendor in ctx.doc.iterfind("features/hyperv/vendor_id"):
-        if vendor.get("state") != "on":
+    features = Domain.of(ctx.doc).features
+    for vendor in features.vendor_ids if features is not None else []:
+        if vendor.state is not True:
             continue  # an off vendor_id's value is never used
-        value = vendor.get("value") or ""
+        value = vendor.value or ""
         if not value or len(value) > 12 or "," in value:
             ctx.add(
                 "hyperv-vendor-id-value",
-                vendor,
+                vendor.element,
                 f"vendor_id {value!r} must be 1 to 12 characters without commas",
             )
 
@@ -210,24 +187,23 @@ def _gpu_rules(ctx: _Ctx, devs: list[Hostdev], host_given: bool) -> None:
                 "<passthrough:policy> metadata from render",
             )
         return
-    doc = ctx.doc
-    marker = doc.find(f"metadata/{{{POLICY_NS}}}policy")
-    hide = marker is None or marker.get("hide", "on") != "off"
-    features = doc.find("features")
+    dom = Domain.of(ctx.doc)
+    marker = dom.policy
+    hide = marker is None or marker.hide is not False
+    features = dom.features
     if hide:
-        hidden = doc.find("features/kvm/hidden")
-        if hidden is None or hidden.get("state") != "on":
+        if features is None or features.kvm_hidden is not True:
             ctx.add(
                 "gpu-hide-kvm",
-                features,
+                features.element if features is not None else None,
                 "the KVM signature is visible (add <kvm><hidden state='on'/></kvm>, or opt out with "
                 "<passthrough:policy hide='off'/> for drivers that no longer care)",
             )
-        vendor = doc.find("features/hyperv/vendor_id")
-        if vendor is None or vendor.get("state") != "on":
+        vendor = features.vendor_id if features is not None else None
+        if vendor is None or vendor.state is not True:
             ctx.add(
                 "gpu-vendor-id",
-                features,
+                features.element if features is not None else None,
                 "no enabled Hyper-V vendor_id: the NVIDIA driver sees the hypervisor's own",
             )
     cards: dict[Slot, list[Hostdev]] = {}
@@ -278,10 +254,12 @@ def place(ctx: _Ctx, findings: list[Finding], devs: list[Hostdev]) -> None:
 def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
     """Everything that needs host facts, in one place: the hostdevs exist, GPU cards go
     whole, the project's safety policy on everything the domain takes (the same policy as
-    plan and render: root disk, route NIC, bridges, BMC VGA, shared groups), and the
-    address planner's arithmetic (can the guest's window hold the BARs, below its limit)."""
+    plan and render: root disk, route NIC, bridges, BMC VGA, shared groups), the
+    address planner's arithmetic (can the guest's window hold the BARs, below its limit),
+    and the memlock estimate against the limits that apply (hard_limit, the daemons')."""
     from passthrough.analysis import policy
     from passthrough.analysis.codes import UNKNOWN_DEVICE
+    from passthrough.vm import memlock
     from passthrough.vm.layout_check import layout_findings
 
     known = facts(host).known
@@ -302,6 +280,8 @@ def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
                 "every function goes to the same guest",
                 tuple(_a(f) for f in missing),
             )
+    for finding, where in memlock.check(ctx.doc, host):
+        ctx.add_finding(finding, ctx.doc.find(where))
     taken = [a for a in passed if a in known]
     if not taken:
         return

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``validate``'s command line, shared by ``passthrough validate`` and the lean
 ``passthrough-validate`` entry point (the same flags and output; it skips importing the
 whole toolkit, which is what a per-file pre-commit or CI hook pays for every file)."""
@@ -5,6 +6,7 @@ whole toolkit, which is what a per-file pre-commit or CI hook pays for every fil
 from __future__ import annotations
 
 import sys
+from contextlib import ExitStack  # loaded by site already: no start-up cost
 
 from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, PassthroughError, output_file
 
@@ -20,7 +22,7 @@ DESCRIPTION = (
     "Validate any domain XML, ours or hand-written, as a CI gate: libvirt's RelaxNG schema "
     "(the local libvirt's, or --schema-dir), generic guest-PCI rules, GPU rules for GPU functions "
     "only (by --host-root facts or render's metadata), host rules with --host-root, and with "
-    "--libvirt URI a define of a private copy. Each finding has a code, a layer, a severity, and "
+    "--connect URI a define of a private copy. Each finding has a code, a layer, a severity, and "
     "the line and XPath of the element at fault (--list-rules). Settings: "
     "[tool.passthrough.validate] in pyproject.toml. Exits 1 when an error is found (a warning "
     "too with --strict)."
@@ -29,7 +31,7 @@ EXAMPLES = (
     "examples:\n  passthrough validate vms/*.xml\n"
     "  passthrough validate --host-root host.tar.gz --junit report.xml vms/*.xml\n"
     "  passthrough validate --schema-dir fleet-libvirt/schemas --sarif out.sarif vms/*.xml\n"
-    "  passthrough validate --libvirt test:///default gpu1.xml\n"
+    "  passthrough validate --connect test:///default gpu1.xml\n"
     "  passthrough-validate vm.xml   (the same, with the shortest start-up)\n"
 )
 
@@ -43,9 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "MMIO and hostdev-exists checks",
     )
     p.add_argument(
-        "--libvirt",
+        "--connect",
+        "--libvirt",  # the older spelling, kept working
+        dest="libvirt",
         metavar="URI",
-        help="also define a private copy (fresh name and UUID) on this connection, then undefine it",
+        help="also define a private copy (fresh name and UUID) on this libvirt connection "
+        "(as virsh -c / vm --connect), then undefine it; --libvirt is the older name",
     )
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report for CI systems")
     p.add_argument(
@@ -176,9 +181,10 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """``passthrough-validate``: errors as one line with the documented exit code."""
     args = parse(sys.argv[1:] if argv is None else argv)
-    stack: list[str] = []
+    stack = ExitStack()  # temporary directories (an unpacked --host-root), removed at the end
     try:
-        return run(args, lambda path: _open_root(path, stack))
+        with stack:
+            return run(args, lambda path: _open_root(path, stack))
     except PassthroughError as exc:
         if args.debug:
             raise
@@ -192,15 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         sys.stderr.write(f"passthrough-validate: error: {where}{exc.strerror or exc}\n")
         return EXIT_USAGE
-    finally:
-        if stack:
-            import shutil
-
-            for tmp in stack:
-                shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _open_root(path: str, stack: list[str]) -> str:
+def _open_root(path: str, stack: ExitStack) -> str:
     from passthrough.host.opening import open_root  # only with --host-root
 
     return open_root(path, stack)

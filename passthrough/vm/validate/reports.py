@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reports CI systems read: JUnit XML (one test case per file) and SARIF 2.1.0 (findings as
 code-scanning annotations on their line). Both built as data, never by string concatenation."""
 

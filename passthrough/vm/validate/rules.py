@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The rule catalogue: every code ``validate`` can report, its layer, severity and why.
 
 Codes are stable (CI configs select and ignore them); layers say which part of the
@@ -20,8 +21,6 @@ if TYPE_CHECKING:
 
     from passthrough.model import Finding, Severity
     from passthrough.pciaddr import PciAddress as Address
-
-LAYERS = ("file", "schema", "policy", "host", "libvirt")
 
 
 class Rule:
@@ -119,26 +118,21 @@ CATALOGUE: tuple[Rule, ...] = (
 )
 
 
-def _severity(code: str) -> str:
-    from passthrough.analysis import codes
-
-    return _I if code in codes.INFO_CODES else _W
-
-
 def _host_rules() -> tuple[Rule, ...]:
     """The host layer's other voices: the safety policy's codes (``root-disk-in-group``,
-    ``large-bar``, ...) and the address check's (``mmio-window-too-small``, ...), known
-    before any file is read so that --select/--ignore, --list-rules and SARIF know them.
-    ``unknown-device`` is left out: ``host-missing`` says it, on every hostdev."""
+    ``large-bar``, ...) the address check's (``mmio-window-too-small``, ...) and the memlock
+    estimate's (``memlock-short``), known
+    before any file is read so that --select/--ignore, --list-rules and SARIF know them,
+    each with the severity the policy table gives it on a host prepared as validate assumes
+    (a boot VGA told, not refused). ``unknown-device`` is left out: ``host-missing`` says
+    it, on every hostdev."""
     from passthrough.analysis import codes
 
-    policy = tuple(
-        Rule(code, "host", _E if code in codes.VALIDATE_ERRORS else _severity(code), why)
-        for code, why in codes.CODES.items()
+    return tuple(
+        Rule(code, "host", codes.severity(code, codes.PREPARED), entry.meaning)
+        for code, entry in codes.POLICY.items()
         if code != codes.UNKNOWN_DEVICE
     )
-    layout = tuple(Rule(code, "host", _E, why) for code, why in codes.LAYOUT_CODES.items())
-    return policy + layout
 
 
 # The whole catalogue, fixed at import: nothing is added while files are checked.
@@ -175,9 +169,9 @@ class DomainFinding:
     def text(self) -> str:
         # A path that long cannot even exist (a 100 KB argument): shortened for people;
         # JSON, SARIF and JUnit keep the file name whole.
-        from passthrough.errors import echo
+        from passthrough.errors import echo_path
 
-        file = echo(self.file, 240)
+        file = echo_path(self.file)
         where = f"{file}:{self.line}" if self.line else file
         return f"{where}: {self.severity} {self.code} [{self.layer}] {self.xpath}: {self.message}"
 

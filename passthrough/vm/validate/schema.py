@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """libvirt's RelaxNG domain schema: which libvirt's, loaded once, and errors that point at
 the element at fault.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Apache-2.0 (see the passthrough project's LICENSE)
 """Action for passthrough_check: the module runs under the host's passthrough venv, installed first
 where the host lacks the controller's version (plugin_utils/runtime.py)."""

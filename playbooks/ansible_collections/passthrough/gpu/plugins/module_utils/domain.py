@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Apache-2.0 (see the passthrough project's LICENSE)
 """An existing libvirt domain against the XML passthrough renders for it.
 
@@ -11,7 +12,11 @@ out, what the rendered XML asks for and the domain lacks or holds differently sh
 does a device of a kind libvirt never adds by itself (a host device, disk, interface) that
 the domain has and the rendering does not.
 
-Runs on the KVM host (lxml and libvirt-python are the passthrough package's dependencies).
+Runs on the KVM host, beside the passthrough package (lxml and libvirt-python are its
+dependencies): the sizes and PCI addresses are read by the package's one domain reader
+(``passthrough.vm.domxml``), so this comparison and validate never read a domain differently.
+The comparison itself stays generic (any element the rendering has), which no field table
+could be.
 """
 
 from __future__ import annotations
@@ -32,26 +37,14 @@ else:
 _SIZED = {"memory", "currentMemory", "maxMemory", "pcihole64", "size"}
 # devices libvirt does not add on its own (it does add controllers, inputs, audio, consoles)
 _OWNED_DEVICES = {"hostdev", "disk", "interface", "filesystem"}
-_UNITS = {
-    "b": 1 / 1024,
-    "bytes": 1 / 1024,
-    "k": 1,
-    "kib": 1,
-    "kb": 1000 / 1024,
-    "m": 1024,
-    "mib": 1024,
-    "mb": 1000**2 / 1024,
-    "g": 1024**2,
-    "gib": 1024**2,
-    "gb": 1000**3 / 1024,
-    "t": 1024**3,
-    "tib": 1024**3,
-    "tb": 1000**4 / 1024,
-}
 
 
 def _normalised(el: Any) -> Any:
-    """A copy of ``el`` with sizes in KiB, whitespace-only text dropped, comments gone."""
+    """A copy of ``el`` with sizes in KiB, whitespace-only text dropped, comments gone.
+    Sizes and PCI addresses are read by the package's domain reader
+    (:mod:`passthrough.vm.domxml`), as validate, the layout check and ``vm status`` read them."""
+    from passthrough.vm.domxml import Memory
+
     el = etree.fromstring(etree.tostring(el))
     for node in el.iter():
         if not isinstance(node.tag, str):
@@ -62,9 +55,9 @@ def _normalised(el: Any) -> Any:
             node.tail = None
         unit = node.get("unit")
         if etree.QName(node).localname in _SIZED and unit and node.text:
-            factor = _UNITS.get(unit.lower())
-            if factor is not None and node.text.strip().isdigit():
-                node.text = str(int(int(node.text.strip()) * factor))
+            size = Memory(node).bytes if node.text.strip().isdigit() else None
+            if size is not None:
+                node.text = str(size // 1024)
                 node.set("unit", "KiB")
     _pci_addresses(el)
     for comment in el.xpath("//comment()"):
@@ -74,15 +67,13 @@ def _normalised(el: Any) -> Any:
     return el
 
 
-_PCI_FIELDS = {"domain": 4, "bus": 2, "slot": 2, "function": 1}
-
-
 def _pci_addresses(el: Any) -> None:
     """PCI ``<address>`` attributes written as libvirt writes them back (``bus='10'`` and
     ``bus='0x0a'`` are one bus: libvirt reads both in base 0), so that a domain defined from
-    an address in decimal compares equal to the same address in hex."""
+    an address in decimal compares equal to the same address in hex. Only the attributes
+    written are rewritten (the rendered XML's own say what is compared)."""
     from passthrough.errors import InvalidPciAddress
-    from passthrough.pciaddr import PciAddress
+    from passthrough.pciaddr import PciAddress, libvirt_attrs
 
     for node in el.iter("address"):
         in_source = node.getparent() is not None and node.getparent().tag == "source"
@@ -92,10 +83,9 @@ def _pci_addresses(el: Any) -> None:
             a = PciAddress.from_libvirt(node.attrib)
         except InvalidPciAddress:
             continue  # left as written: libvirt refuses it, and the difference shows
-        values = {"domain": a.domain, "bus": a.bus, "slot": a.device, "function": a.function}
-        for name, width in _PCI_FIELDS.items():
+        for name, text in libvirt_attrs(a).items():
             if node.get(name) is not None:
-                node.set(name, f"0x{values[name]:0{width}x}")
+                node.set(name, text)
 
 
 def _value_matches(name: str, wanted: str, have: str) -> bool:

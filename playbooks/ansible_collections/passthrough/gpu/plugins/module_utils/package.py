@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Apache-2.0 (see the passthrough project's LICENSE)
 """What the modules that drive the passthrough package on the target share: how a task
 ends when that package cannot be used there, or refuses.

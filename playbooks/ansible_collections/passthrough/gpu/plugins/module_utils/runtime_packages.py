@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Apache-2.0 (see the passthrough project's LICENSE)
 """The distro packages that give the passthrough runtime on a host what it imports from the
 system: stdlib only, so it runs on a bare host's python3 before anything is installed.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Generated from passthrough/vm/options.py, the one table of guest options, by
 # tests/test_options_ansible.py (pytest --regenerate-golden rewrites it): do not edit.
 """The passthrough_vm module's guest options as Ansible argument_spec entries, here so that

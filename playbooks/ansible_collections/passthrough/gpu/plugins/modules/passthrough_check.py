@@ -1,4 +1,5 @@
 #!/usr/bin/python
+# SPDX-License-Identifier: Apache-2.0
 """Ansible module: the readiness checks (passthrough check) as facts; never changes anything."""
 
 from __future__ import annotations

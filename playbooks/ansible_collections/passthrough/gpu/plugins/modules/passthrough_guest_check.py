@@ -1,4 +1,5 @@
 #!/usr/bin/python
+# SPDX-License-Identifier: Apache-2.0
 """Ansible module: `passthrough guest check` inside a guest; never changes anything.
 
 The guest has no passthrough package: the checks come from the collection's

@@ -1,4 +1,5 @@
 #!/usr/bin/python
+# SPDX-License-Identifier: Apache-2.0
 """Ansible module: prepare a host for GPU passthrough through the passthrough library.
 
 The plan logic exists once, in the library; this module only maps its Plan onto Ansible's
@@ -41,6 +42,19 @@ options:
     description: Number of 1 GiB huge pages to reserve at boot
     type: int
     default: 0
+  release:
+    description:
+      - Cards an earlier apply bound that go back to the host; without them a new plan keeps
+        every card an earlier apply bound (C(passthrough plan --release))
+    type: list
+    elements: str
+    default: []
+  iommu_only:
+    description:
+      - Only the kernel arguments that turn the IOMMU on, no card (the first step on a host
+        whose IOMMU is off; its groups are known only after the reboot)
+    type: bool
+    default: false
   state:
     description: present applies the plan; absent undoes every applied change
     type: str
@@ -89,8 +103,26 @@ codes:
   elements: str
 """
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402 (Ansible wants DOCUMENTATION first)
+from typing import Any  # noqa: E402 (Ansible wants DOCUMENTATION first)
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.passthrough.gpu.plugins.module_utils.host_options import (  # noqa: E402
+    HOST_OPTIONS,
+)
 from ansible_collections.passthrough.gpu.plugins.module_utils.package import package_errors  # noqa: E402
+
+# what the module adds to the host options of passthrough/plan/options.py
+MODULE_OPTIONS: dict[str, dict[str, object]] = {
+    "root": {"type": "str", "default": "/"},
+    "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
+    "preflight": {"type": "list", "elements": "str", "default": []},
+}
+
+
+def argument_spec() -> dict[str, dict[str, Any]]:
+    """The module's options: the host options of the package's table (generated into the
+    collection's module_utils, so no package is needed to read them), then its own."""
+    return {**HOST_OPTIONS, **MODULE_OPTIONS}
 
 
 def _preflight(module: AnsibleModule, host: object, required: list[str]) -> None:
@@ -114,23 +146,16 @@ def _preflight(module: AnsibleModule, host: object, required: list[str]) -> None
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "root": {"type": "str", "default": "/"},
-            "gpus": {"type": "list", "elements": "str", "default": []},
-            "include_group": {"type": "bool", "default": False},
-            "allow_boot_gpu": {"type": "bool", "default": False},
-            "iommu_pt": {"type": "bool", "default": True},
-            "hugepages": {"type": "int", "default": 0},
-            "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
-            "preflight": {"type": "list", "elements": "str", "default": []},
-        },
+        argument_spec=argument_spec(),
         supports_check_mode=True,
     )
     with package_errors(module):
+        from passthrough.execute.selection import plan_options
         from passthrough.host.discover import discover
         from passthrough.host.root import HostRoot
-        from passthrough.plan.actions import RemoveFile, WriteFile, plan_json
-        from passthrough.plan.build import PlanOptions, make_plan
+        from passthrough.plan.actions import RemoveFile, WriteFile
+        from passthrough.plan.build import make_plan
+        from passthrough.plan.options import values
 
         p = module.params
         root = HostRoot(p["root"])
@@ -145,14 +170,8 @@ def main() -> None:
             module.exit_json(
                 changed=bool(restored), reboot_required=bool(restored), restored=restored
             )
-        host = discover(p["root"])
-        opts = PlanOptions(
-            gpus=tuple(p["gpus"]),
-            include_group=p["include_group"],
-            allow_boot_gpu=p["allow_boot_gpu"],
-            iommu_pt=p["iommu_pt"],
-            hugepages_1g=p["hugepages"],
-        )
+        host = discover(root)
+        opts = plan_options(root, values(p, module=True), via="module")
         plan, _sel = make_plan(root, host, opts)
         if not plan.empty:  # the checks guard a change; with nothing to change, none is due
             _preflight(module, host, p["preflight"])
@@ -173,7 +192,7 @@ def main() -> None:
         result = {
             "changed": not plan.empty,
             "reboot_required": plan.reboot,
-            "plan": plan_json(plan, root),
+            "plan": plan.to_json(root),
             "diff": diff,
         }
         if module.check_mode or plan.empty:

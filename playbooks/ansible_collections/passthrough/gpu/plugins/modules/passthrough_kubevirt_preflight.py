@@ -1,4 +1,5 @@
 #!/usr/bin/python
+# SPDX-License-Identifier: Apache-2.0
 """Ansible module: the KubeVirt node preflight (passthrough kubevirt preflight) as facts."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ options:
     type: str
     default: /
   gpus:
-    description: PCI addresses of the cards; empty takes every NVIDIA GPU
+    description: PCI addresses or vendor:device IDs of the cards; empty takes every NVIDIA GPU
     type: list
     elements: str
     default: []

@@ -1,4 +1,5 @@
 #!/usr/bin/python
+# SPDX-License-Identifier: Apache-2.0
 """Ansible module: put the passthrough library on a host, in a venv of its own.
 
 The modules of this collection run it for you (their action plugins) when the host does not

@@ -1,4 +1,5 @@
 #!/usr/bin/python
+# SPDX-License-Identifier: Apache-2.0
 """Ansible module: render, validate and define/start a GPU guest through the passthrough library."""
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ options:
     type: str
     required: true
   gpus:
-    description: PCI addresses of the cards; empty means every viable NVIDIA GPU
+    description: PCI addresses or vendor:device IDs of the cards; empty means every viable NVIDIA GPU
     type: list
     elements: str
     default: []
@@ -240,6 +241,7 @@ def _rendered(module: AnsibleModule) -> tuple[str, Any]:
     spec = build_spec(host, opts)
     if p["require_handed_over"]:
         from passthrough.execute.apply import last_applied
+        from passthrough.host.modalias import is_vfio
         from passthrough.host.root import HostRoot
 
         record = last_applied(HostRoot(p["root"]))
@@ -248,9 +250,9 @@ def _rendered(module: AnsibleModule) -> tuple[str, Any]:
         for card in spec.cards:
             for fn in card.functions:
                 addr = str(fn.host)
-                if drivers.get(addr) != "vfio-pci" and addr not in planned:
+                if not is_vfio(drivers.get(addr)) and addr not in planned:
                     module.fail_json(
-                        msg=f"{p['name']}: {addr} is not handed over to vfio-pci on this host "
+                        msg=f"{p['name']}: {addr} is not handed over to vfio-pci (or a variant) on this host "
                         "(run host.yml for it first, or list it in passthrough_gpus)"
                     )
     xml = render(spec)

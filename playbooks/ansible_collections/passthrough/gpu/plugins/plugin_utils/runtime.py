@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Apache-2.0 (see the passthrough project's LICENSE)
 """Controller side of the runtime on the hosts: which passthrough the controller runs (its
 identity: version and a hash of its content), its wheel (built from the checkout the

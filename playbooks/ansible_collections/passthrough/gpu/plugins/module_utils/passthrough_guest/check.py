@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``passthrough guest check``: does this guest see its GPU, and is everything above it wired?
 
 Each check has an id, a level (PASS / WARN / FAIL, or SKIP when it does not apply here:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Does the GPU really compute? A vector add through the CUDA driver API, nothing else.
 
 Inside a guest the question that matters last is whether the card runs a kernel and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The guest's own view of its GPU: the PCI functions and BARs in sysfs, the driver bound, its
 version, the device nodes and NVRM's complaints in the kernel log. Standard library only."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the guest checks report: each check's id, level and fix, the GPUs they looked at, and
 the text for people. Standard library only (see the package docstring)."""
 

@@ -1,24 +1,26 @@
+# SPDX-License-Identifier: Apache-2.0
 """A minimal reader of a guest root (``/`` or an unpacked capture), standard library only.
 
 The host side has :class:`passthrough.host.root.HostRoot`; this package cannot import it
 (it is shipped alone to guests as Ansible module_utils), so it carries the few reads it needs,
-contained the same way: under a root other than ``/`` every path is resolved one component
-at a time, an absolute link target starting again at the root and ``..`` stopping there, so
-a capture's links can never make the check read the checking machine's own files. Files are
+contained by the same walk (:mod:`.contain`, which the host side imports from here): under a
+root other than ``/`` every path is resolved one component at a time, an absolute link target
+starting again at the root and ``..`` stopping there, so a capture's links can never make the
+check read the checking machine's own files. Files are
 opened non-blocking (a FIFO planted in a capture reads as empty instead of hanging).
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import posixpath
 import stat
 
+from .contain import parts, resolve
+
 # The metadata file `passthrough snapshot` writes at the top of a capture.
 SNAPSHOT_META = "passthrough-snapshot.json"
-MAX_LINK_HOPS = 40  # the kernel's own limit (ELOOP)
 READ_LIMIT = 1 << 22
 
 
@@ -47,30 +49,8 @@ class GuestRoot:
         """The path to open for ``rel``, resolved inside the root (see the module)."""
         if self.is_live:
             return "/" + rel.lstrip("/")
-        todo = [p for p in reversed(rel.split("/")) if p and p != "."]
-        here: list[str] = []
-        hops = 0
-        while todo:
-            part = todo.pop()
-            if part == "..":
-                if here:
-                    here.pop()
-                continue
-            if todo or follow_final:
-                try:
-                    target = os.readlink(os.path.join(self.path, *here, part))
-                except OSError:
-                    here.append(part)  # no link (or nothing there: the open will say)
-                    continue
-                hops += 1
-                if hops > MAX_LINK_HOPS:
-                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), rel)
-                if target.startswith("/"):
-                    here = []
-                todo.extend(p for p in reversed(target.split("/")) if p and p != ".")
-                continue
-            here.append(part)
-        return os.path.join(self.path, *here)
+        here = resolve(self.path, parts(rel), follow_final, name=rel)[0]
+        return os.path.join(self.path, here) if here else self.path
 
     def abs(self, rel: str) -> str:
         """How ``rel`` is named in messages (joined, not resolved)."""
@@ -114,12 +94,6 @@ class GuestRoot:
             return None
         finally:
             os.close(fd)
-
-    def mtime(self, rel: str) -> float | None:
-        try:
-            return os.stat(self.real(rel)).st_mtime
-        except OSError:
-            return None
 
     def link_name(self, rel: str) -> str | None:
         try:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Running the guest's tools (nvidia-smi, dmesg, containerd, kubectl, nvidia-ctk).
 
 A runner takes an argv and returns a :class:`CommandResult`, or None when the tool is not

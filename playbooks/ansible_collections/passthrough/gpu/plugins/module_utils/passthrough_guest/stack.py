@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What sits above the GPU in the guest: nvidia-smi, a CUDA probe, the container runtime, the
 NVIDIA container toolkit, CDI specs and the Kubernetes node. Standard library only."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Is this a virtual machine? Read from what any root shows: the CPUID ``hypervisor``
 flag in /proc/cpuinfo, DMI vendor/product, and paravirtual or emulated PCI devices.
 

@@ -1,0 +1,245 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Undo takes out only our words: a three-way merge of a file edited in place.
+
+Apply turned ``original`` into ``written``; since then someone turned ``written`` into
+``current`` (an admin adding ``nomodeset`` to the kernel line we appended to). Undo wants
+``current`` with apply's change reversed and the admin's kept. Both are changes to the same
+base (``written``): apply's reversal (``written`` → ``original``) and the admin's
+(``written`` → ``current``). Where they touch different lines, both are made. Where both
+changed the same line and that line is a list of words (a kernel command line, a loader
+entry's ``options`` line, a shell assignment such as ``GRUB_CMDLINE_LINUX="…"`` or
+``MODULES=(…)``), the same merge runs on its words: our words come out, words we removed
+go back where they were, the admin's stay. Anything else (the admin changed or removed one
+of our words, or inserted beside a word we put back in the same place) is refused: the
+caller stops and names the file.
+
+Pure functions on text; the spacing between words on a merged line becomes one space.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from passthrough.execute.drift import CMDLINE_FILES, Ambiguous, Unpicked
+from passthrough.plan.linefiles import cmdline_arg_line, options_line
+
+T = TypeVar("T")
+Resolve = Callable[[T, T, T], T | None]
+Alike = Callable[[T, T], bool]
+
+_NAME = re.compile(r"\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_]*=")
+_CLOSE = {'"': '"', "'": "'", "(": ")"}
+_UNSAFE = re.compile(r"[\\`]|\$\(")  # what a word list cannot be taken apart through
+
+
+@dataclass(frozen=True)
+class _Hunk(Generic[T]):
+    """``base[start:end]`` becomes ``items``."""
+
+    start: int
+    end: int
+    items: tuple[T, ...]
+
+
+def _hunks(base: Sequence[T], other: Sequence[T], alike: Alike[T] | None) -> list[_Hunk[T]]:
+    matcher = difflib.SequenceMatcher(None, base, other, autojunk=False)
+    out: list[_Hunk[T]] = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "replace" and alike is not None:
+            out += _paired(base, other, (i1, i2, j1, j2), alike)
+        elif tag != "equal":
+            out.append(_Hunk(i1, i2, tuple(other[j1:j2])))
+    return out
+
+
+def _paired(
+    base: Sequence[T], other: Sequence[T], block: tuple[int, int, int, int], alike: Alike[T]
+) -> list[_Hunk[T]]:
+    """A block of changed lines as one hunk per line changed in place (a line paired with
+    the next one like it); what lies between the pairs stays one hunk, replaced whole."""
+    i1, i2, j1, j2 = block
+    pairs: list[tuple[int, int]] = []
+    j = j1
+    for i in range(i1, i2):
+        k = next((k for k in range(j, j2) if alike(base[i], other[k])), None)
+        if k is not None:
+            pairs.append((i, k))
+            j = k + 1
+    out: list[_Hunk[T]] = []
+    at, to = i1, j1
+    for i, k in [*pairs, (i2, j2)]:
+        if at < i or to < k:
+            out.append(_Hunk(at, i, tuple(other[to:k])))
+        if i < i2:
+            out.append(_Hunk(i, i + 1, (other[k],)))
+        at, to = i + 1, k + 1
+    return out
+
+
+def _clash(a: _Hunk[T], b: _Hunk[T]) -> bool:
+    if a.start == a.end and b.start == b.end:
+        return a.start == b.start  # two insertions at one place: which goes first?
+    return a.start < b.end and b.start < a.end
+
+
+def merge(
+    base: Sequence[T],
+    ours: Sequence[T],
+    theirs: Sequence[T],
+    resolve: Resolve[T] | None = None,
+    alike: Alike[T] | None = None,
+) -> list[T] | None:
+    """``base`` with both changes made, None where they collide. ``resolve`` may settle a
+    collision where both replaced the same items one for one, item by item; ``alike`` says
+    which items in a changed block are one item changed (paired before the merge)."""
+    mine, yours = _hunks(base, ours, alike), _hunks(base, theirs, alike)
+    chosen = [h for h in mine if not any(_clash(h, y) for y in yours)]
+    chosen += [y for y in yours if not any(_clash(h, y) for h in mine)]
+    for h in mine:
+        hit = [y for y in yours if _clash(h, y)]
+        if not hit:
+            continue
+        y = hit[0]
+        if len(hit) > 1 or sum(_clash(x, y) for x in mine) > 1:
+            return None
+        if y == h:
+            chosen.append(h)
+            continue
+        settled = _settle(base, h, y, resolve)
+        if settled is None:
+            return None
+        chosen.append(settled)
+    out: list[T] = []
+    at = 0
+    # an insertion at a place where the other side replaced goes before the replacement
+    for h in sorted(chosen, key=lambda h: (h.start, h.end != h.start)):
+        out.extend(base[at : h.start])
+        out.extend(h.items)
+        at = h.end
+    out.extend(base[at:])
+    return out
+
+
+def _settle(
+    base: Sequence[T], h: _Hunk[T], y: _Hunk[T], resolve: Resolve[T] | None
+) -> _Hunk[T] | None:
+    """Both sides replaced the same items one for one: ``resolve`` merges them pairwise."""
+    n = h.end - h.start
+    if (
+        resolve is None
+        or (y.start, y.end) != (h.start, h.end)
+        or not n == len(h.items) == len(y.items)
+    ):
+        return None
+    merged: list[T] = []
+    for b, o, t in zip(base[h.start : h.end], h.items, y.items, strict=True):
+        m = resolve(b, o, t)
+        if m is None:
+            return None
+        merged.append(m)
+    return _Hunk(h.start, h.end, tuple(merged))
+
+
+# -- lines that are lists of words --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Words:
+    head: str  # everything before the first word: "options ", 'GRUB_CMDLINE_LINUX="'
+    words: tuple[str, ...]
+    tail: str  # everything after the last: '"', ")", a comment
+    bare: bool = False  # an unquoted shell value: one word at most
+
+
+def _assignment(line: str) -> _Words | None:
+    """``NAME="a b"``, ``NAME='a b'``, ``NAME=(a b)`` or ``NAME=a``, a comment after it."""
+    m = _NAME.match(line)
+    if not m:
+        return None
+    rest = line[m.end() :]
+    quote = rest[:1]
+    if quote in _CLOSE:
+        end = rest.find(_CLOSE[quote], 1)
+        if end < 0:
+            return None
+        inner, close, after = rest[1:end], _CLOSE[quote], rest[end + 1 :]
+        if quote != "'" and ('"' in inner or "'" in inner or _UNSAFE.search(inner)):
+            return None
+    else:
+        quote = close = ""
+        inner, _, after = rest.partition(" ")
+        after = " " + after if after else ""
+        if any(c in inner for c in "\"'()") or _UNSAFE.search(inner):
+            return None
+    if after.strip() and not after.lstrip().startswith("#"):
+        return None  # a second command on the line
+    return _Words(m.group(0) + quote, tuple(inner.split()), close + after, bare=not quote)
+
+
+def _words(path: str, line: str) -> _Words | None:
+    """The line as a list of words, in the form this file holds them (None: it is not)."""
+    if path in CMDLINE_FILES:
+        if not cmdline_arg_line(line):
+            return None
+        lead = line[: len(line) - len(line.lstrip())]
+        return _Words(lead, tuple(line.split()), "")
+    if "/loader/entries/" in f"/{path}":
+        if not options_line(line):
+            return None
+        body = line[len("options") :]
+        lead = "options" + body[: len(body) - len(body.lstrip())]
+        return _Words(lead, tuple(body.split()), "")
+    return _assignment(line)
+
+
+def _name(w: _Words) -> str:
+    return w.head.split("=")[0].strip()
+
+
+def _word_resolver(path: str) -> Resolve[str]:
+    def resolve(base: str, ours: str, theirs: str) -> str | None:
+        b, o, t = (_words(path, x) for x in (base, ours, theirs))
+        if b is None or o is None or t is None or len({_name(x) for x in (b, o, t)}) != 1:
+            return None
+        words = merge(b.words, o.words, t.words)
+        if words is None or ((t.bare or o.bare) and len(words) > 1):
+            return None  # VAR=a b would run b: only a quoted value holds more words
+        # what frames the words goes back too, unless the admin changed it
+        head = o.head if t.head == b.head else t.head
+        tail = o.tail if t.tail == b.tail else t.tail
+        return head + " ".join(words) + tail
+
+    return resolve
+
+
+def _alike(path: str) -> Alike[str]:
+    """Two lines are one line changed when both are word lists of one name (the same
+    variable, both ``options`` lines, both command lines)."""
+
+    def alike(a: str, b: str) -> bool:
+        wa, wb = _words(path, a), _words(path, b)
+        return wa is not None and wb is not None and _name(wa) == _name(wb)
+
+    return alike
+
+
+def take_back(path: str, original: bytes, written: bytes, current: bytes) -> Unpicked | Ambiguous:
+    """``current`` without apply's change from ``original`` to ``written`` (see the module's
+    docstring); ``Unpicked(None)``: apply created the file and nothing of anyone else's is
+    left in it."""
+    try:
+        orig_l = original.decode().split("\n")
+        wrote_l = written.decode().split("\n")
+        cur_l = current.decode().split("\n")
+    except UnicodeDecodeError:
+        return Ambiguous("not text")
+    out = merge(wrote_l, orig_l, cur_l, _word_resolver(path), _alike(path))
+    if out is None:
+        return Ambiguous("changed since apply where apply changed it")
+    if not original and not any(line.strip() for line in out):
+        return Unpicked(None)
+    return Unpicked("\n".join(out).encode())

@@ -1,0 +1,1 @@
+../../playbooks/ansible_collections/passthrough/gpu/plugins/module_utils/passthrough_guest/contain.py
