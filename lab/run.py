@@ -220,13 +220,14 @@ class Lab:
         host = {
             "ansible_host": "127.0.0.1",
             "ansible_port": m.port,
-            "ansible_user": "root",
+            # an ordinary user logs in and the plays become root through sudo, as on a
+            # fleet; the lab's own inspection (self.sh) logs in as root
+            "ansible_user": image.USER,
+            "ansible_become": True,
             "ansible_ssh_private_key_file": str(m.key),
             "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
             "ansible_python_interpreter": "/usr/bin/python3",
-            # root logs in (the image has no sudo) and the image carries the library on the
-            # system Python: no become, no runtime venv (a lab from a bare host is not yet)
-            "ansible_become": False,
+            # the lab puts the library on the system Python (boot): no runtime venv yet
             "passthrough_runtime": "none",
             "passthrough_host_gpus": [CARD],
             "passthrough_reboot_ok": True,
