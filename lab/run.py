@@ -293,6 +293,27 @@ class Lab:
             raise LabFailed(f"regeneration commands did not run: {ran}")
         return result
 
+    def provision_again(self) -> dict[str, Any]:
+        """The host play a second time on the prepared host: every task ok, none changed,
+        no reboot; and the plays' root came through sudo (its journal names the lab user)."""
+        boot_id = self.sh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+        result = self.provision("host.yml")
+        host = result["hosts"]["lab-host"]
+        if host["changed"] != 0 or host.get("reboot_required"):
+            raise LabFailed(f"the second host play was not a no-op: {host}")
+        if self.sh("cat /proc/sys/kernel/random/boot_id").stdout.strip() != boot_id:
+            raise LabFailed("the second host play rebooted the lab host")
+        # sudo logs each command it runs; Ansible's become runs its modules that way
+        journal = self.sh("journalctl -b -o cat _COMM=sudo").stdout
+        become = [
+            line
+            for line in journal.splitlines()
+            if line.lstrip().startswith(f"{image.USER} :") and "USER=root" in line
+        ]
+        if not become:
+            raise LabFailed(f"no sudo to root by {image.USER} in this boot's journal")
+        return {"host": host, "seconds": result["seconds"], "sudo_commands": len(become)}
+
     def reboot(self) -> float:
         assert self.machine is not None
         return self.machine.reboot()
@@ -655,6 +676,7 @@ class Lab:
             host = self.stage(
                 "provision host.yml (apply, Ansible reboot, verify)", self.provision_host
             )
+            again = self.stage("provision host.yml again: 0 changed", self.provision_again)
             self.stage("verify", self.verify)
             guest = self.stage("guest under the lab host's libvirt (vm.yml)", self.guest)
             rendered = self.stage(
@@ -683,6 +705,8 @@ class Lab:
                 "accel": self.accel,
                 "timings": self.timings,
                 "provision_seconds": host["seconds"],
+                "ansible_user": image.USER,
+                "host_again": again,
                 "guest": guest,
                 "nested": planned,
                 "nested_break": unplanned,
