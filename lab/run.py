@@ -15,8 +15,10 @@ Stage one (each stage prints what it does and how long it took):
           kernel's bind events through pyudev; the negative case is refused and left alone
 
 --full, the whole chain on a disk that boots through OVMF and GRUB:
-  provision  `passthrough provision --playbook host.yml` over SSH: checks, plan, apply (real
-             update-initramfs and update-grub inside), the reboot through Ansible, verify
+  provision  `passthrough provision --playbook host.yml` over SSH as the user `lab`, root
+             through sudo (become): checks, plan, apply (real update-initramfs and
+             update-grub inside), the reboot through Ansible, verify; then the same play
+             again, which must report 0 changed and not reboot
   verify     /proc/cmdline, `passthrough verify`, both functions on vfio-pci, the negative
              case untouched and refused
   guest      `passthrough provision --playbook vm.yml`: the lab host's own libvirt renders,
@@ -127,7 +129,7 @@ class Lab:
 
     # -- stages -------------------------------------------------------------------------
     def _key(self) -> Path:
-        """The SSH key root logs into the lab with (made once per work directory)."""
+        """The SSH key root and the lab user log in with (made once per work directory)."""
         key = self.work / "id_lab"
         if not key.exists():
             subprocess.run(
