@@ -42,6 +42,9 @@ def _run_lab(tmp_path: Path, *flags: str) -> dict[str, Any]:
         timeout=3600,  # the full chain with both nested boots: 35 min at load 6
         check=False,
     )
+    # what the lab said (each stage and its time) and its result, beside its work directory
+    (tmp_path / "lab.log").write_text(r.stderr)
+    (tmp_path / "result.json").write_text(r.stdout)
     assert r.returncode == 0, r.stderr[-3000:]
     result: dict[str, Any] = json.loads(r.stdout)
     assert result["ok"]
