@@ -21,6 +21,8 @@ MIRROR = os.environ.get("PASSTHROUGH_DEBIAN_MIRROR", "http://deb.debian.org/debi
 PACKAGES = (
     "linux-image-amd64,systemd-sysv,udev,kmod,initramfs-tools,openssh-server,python3,"
     "pciutils,iproute2,ca-certificates,grub-efi-amd64-bin,grub2-common,"
+    # Ansible logs in as an ordinary user and becomes root through sudo
+    "sudo,"
     # the lab host's own libvirt + QEMU + OVMF for a nested guest, and the toolkit's
     # Python dependencies from Debian (the library is put on the path, as pip would)
     "dbus,libpam-systemd,libvirt-daemon-system,libvirt-clients,qemu-system-x86,ovmf,python3-libvirt,"
@@ -29,7 +31,14 @@ PACKAGES = (
     "busybox-static"
 )
 NETWORK = "[Match]\nName=en* eth*\n\n[Network]\nDHCP=yes\n"
-RECIPE = f"debootstrap --variant=minbase --include={PACKAGES} bookworm {MIRROR}\n{NETWORK}\nrev 3"
+# The user Ansible logs in as: no password (key only), root through sudo without one, as a
+# cloud image's default user; root's own key stays for the lab's inspection
+USER = "lab"
+SUDOERS = f"{USER} ALL=(ALL:ALL) NOPASSWD: ALL\n"
+RECIPE = (
+    f"debootstrap --variant=minbase --include={PACKAGES} bookworm {MIRROR}\n{NETWORK}\n"
+    f"useradd {USER}\n{SUDOERS}rev 4"
+)
 # GRUB as Debian's installer leaves it, plus a serial console for the lab's log.
 GRUB_DEFAULTS = (
     "GRUB_DEFAULT=0\nGRUB_TIMEOUT=0\n"
@@ -81,6 +90,11 @@ def _prepare_lab(tmp: Path) -> None:
     link = wants / "systemd-networkd.service"
     if not link.exists():
         link.symlink_to("/lib/systemd/system/systemd-networkd.service")
+    # '*': no password can match, yet the account is not locked (sshd accepts its key)
+    _run(["chroot", str(tmp), "useradd", "--create-home", "--shell", "/bin/bash", "-p", "*", USER])
+    sudoers = tmp / f"etc/sudoers.d/{USER}"
+    sudoers.write_text(SUDOERS)
+    sudoers.chmod(0o440)
 
 
 def tree() -> Path:
@@ -88,22 +102,40 @@ def tree() -> Path:
     return cached_debootstrap(CACHE, "tree", PACKAGES, RECIPE, _prepare_lab)
 
 
+def _authorize(staging: Path, user: str, public_key: str) -> None:
+    """``public_key`` in ``user``'s authorized_keys, owned by them (the tree's own uid/gid:
+    mkfs.ext4 -d keeps owners as they are)."""
+    entry = next(
+        line.split(":")
+        for line in (staging / "etc/passwd").read_text().splitlines()
+        if line.split(":", 1)[0] == user
+    )
+    uid, gid, home = int(entry[2]), int(entry[3]), entry[5]
+    ssh = staging / home.lstrip("/") / ".ssh"
+    ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
+    keys = ssh / "authorized_keys"
+    keys.write_text(public_key.strip() + "\n")
+    keys.chmod(0o600)
+    for path in (ssh, keys):
+        os.chown(path, uid, gid)
+
+
 def _staging(src: Path, work: Path, public_key: str) -> Path:
-    """A private copy of the cached tree that root logs into with ``public_key``."""
+    """A private copy of the cached tree that root and the lab user log into with
+    ``public_key``."""
     work.mkdir(parents=True, exist_ok=True)
     staging = work / "root"
     shutil.rmtree(staging, ignore_errors=True)
     _run(["cp", "-a", str(src), str(staging)])
     (staging / ".complete").unlink()
-    ssh = staging / "root/.ssh"
-    ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
-    (ssh / "authorized_keys").write_text(public_key.strip() + "\n")
-    (ssh / "authorized_keys").chmod(0o600)
+    for user in ("root", USER):
+        _authorize(staging, user, public_key)
     return staging
 
 
 def image(work: Path, public_key: str, size: str = "3G") -> tuple[Path, Path, Path]:
-    """An ext4 image of the tree with ``public_key`` for root; returns (image, kernel, initrd)."""
+    """An ext4 image of the tree with ``public_key`` for root and the lab user; returns
+    (image, kernel, initrd)."""
     src = tree()
     staging = _staging(src, work, public_key)
     img = work / "lab.img"

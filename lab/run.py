@@ -15,8 +15,10 @@ Stage one (each stage prints what it does and how long it took):
           kernel's bind events through pyudev; the negative case is refused and left alone
 
 --full, the whole chain on a disk that boots through OVMF and GRUB:
-  provision  `passthrough provision --playbook host.yml` over SSH: checks, plan, apply (real
-             update-initramfs and update-grub inside), the reboot through Ansible, verify
+  provision  `passthrough provision --playbook host.yml` over SSH as the user `lab`, root
+             through sudo (become): checks, plan, apply (real update-initramfs and
+             update-grub inside), the reboot through Ansible, verify; then the same play
+             again, which must report 0 changed and not reboot
   verify     /proc/cmdline, `passthrough verify`, both functions on vfio-pci, the negative
              case untouched and refused
   guest      `passthrough provision --playbook vm.yml`: the lab host's own libvirt renders,
@@ -127,7 +129,7 @@ class Lab:
 
     # -- stages -------------------------------------------------------------------------
     def _key(self) -> Path:
-        """The SSH key root logs into the lab with (made once per work directory)."""
+        """The SSH key root and the lab user log in with (made once per work directory)."""
         key = self.work / "id_lab"
         if not key.exists():
             subprocess.run(
@@ -220,13 +222,14 @@ class Lab:
         host = {
             "ansible_host": "127.0.0.1",
             "ansible_port": m.port,
-            "ansible_user": "root",
+            # an ordinary user logs in and the plays become root through sudo, as on a
+            # fleet; the lab's own inspection (self.sh) logs in as root
+            "ansible_user": image.USER,
+            "ansible_become": True,
             "ansible_ssh_private_key_file": str(m.key),
             "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
             "ansible_python_interpreter": "/usr/bin/python3",
-            # root logs in (the image has no sudo) and the image carries the library on the
-            # system Python: no become, no runtime venv (a lab from a bare host is not yet)
-            "ansible_become": False,
+            # the lab puts the library on the system Python (boot): no runtime venv yet
             "passthrough_runtime": "none",
             "passthrough_host_gpus": [CARD],
             "passthrough_reboot_ok": True,
@@ -291,6 +294,27 @@ class Lab:
         if not ran or any(s["state"] != "done" for s in ran):
             raise LabFailed(f"regeneration commands did not run: {ran}")
         return result
+
+    def provision_again(self) -> dict[str, Any]:
+        """The host play a second time on the prepared host: every task ok, none changed,
+        no reboot; and the plays' root came through sudo (its journal names the lab user)."""
+        boot_id = self.sh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+        result = self.provision("host.yml")
+        host = result["hosts"]["lab-host"]
+        if host["changed"] != 0 or host.get("reboot_required"):
+            raise LabFailed(f"the second host play was not a no-op: {host}")
+        if self.sh("cat /proc/sys/kernel/random/boot_id").stdout.strip() != boot_id:
+            raise LabFailed("the second host play rebooted the lab host")
+        # sudo logs each command it runs; Ansible's become runs its modules that way
+        journal = self.sh("journalctl -b -o cat _COMM=sudo").stdout
+        become = [
+            line
+            for line in journal.splitlines()
+            if line.lstrip().startswith(f"{image.USER} :") and "USER=root" in line
+        ]
+        if not become:
+            raise LabFailed(f"no sudo to root by {image.USER} in this boot's journal")
+        return {"host": host, "seconds": result["seconds"], "sudo_commands": len(become)}
 
     def reboot(self) -> float:
         assert self.machine is not None
@@ -654,6 +678,7 @@ class Lab:
             host = self.stage(
                 "provision host.yml (apply, Ansible reboot, verify)", self.provision_host
             )
+            again = self.stage("provision host.yml again: 0 changed", self.provision_again)
             self.stage("verify", self.verify)
             guest = self.stage("guest under the lab host's libvirt (vm.yml)", self.guest)
             rendered = self.stage(
@@ -682,6 +707,8 @@ class Lab:
                 "accel": self.accel,
                 "timings": self.timings,
                 "provision_seconds": host["seconds"],
+                "ansible_user": image.USER,
+                "host_again": again,
                 "guest": guest,
                 "nested": planned,
                 "nested_break": unplanned,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -162,6 +163,30 @@ def test_softdeps_are_derived_for_a_turing_card(tmp_path: Path) -> None:
     assert any(
         a.get("path") == "/etc/dracut.conf.d/10-passthrough-vfio.conf" for a in data["actions"]
     )
+
+
+def test_softdeps_of_an_applied_host_stay_after_the_reboot(tmp_path: Path) -> None:
+    """Applied, then rebooted: the card's functions are on vfio-pci, so no host driver is
+    "bound now"; the plan keeps what the applied file says and changes nothing (the lab's
+    second host play found this: the file was rewritten, the initramfs rebuilt, a reboot)."""
+    path = build(tmp_path, "consumer-intel", {})
+    _apply_plan(path, PlanOptions())
+    conf = (path / "etc/modprobe.d/passthrough-vfio.conf").read_text()
+    assert "# snd_hda_intel: bound to 0000:01:00.1 now" in conf
+    (path / "sys/bus/pci/drivers/vfio-pci").mkdir(parents=True, exist_ok=True)
+    for address in ("0000:01:00.0", "0000:01:00.1"):
+        device = (path / "sys/bus/pci/devices" / address).resolve()
+        (device / "driver").unlink()
+        (device / "driver").symlink_to(
+            os.path.relpath(path / "sys/bus/pci/drivers/vfio-pci", device)
+        )
+        uevent = device / "uevent"  # what discover reads first
+        uevent.write_text(re.sub(r"(?m)^DRIVER=.*$", "DRIVER=vfio-pci", uevent.read_text()))
+    data = _plan(path, PlanOptions())
+    assert not any(
+        a.get("path") == "/etc/modprobe.d/passthrough-vfio.conf" for a in data["actions"]
+    )
+    assert (path / "etc/modprobe.d/passthrough-vfio.conf").read_text() == conf
 
 
 def test_identical_kept_cards_switch_to_driver_override(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ vfio-pci. Derived from the host's own module database, so a new driver is covere
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import re
 
 from passthrough.host.modalias import PLAIN, is_vfio
@@ -72,9 +73,29 @@ def alias_modules(root: HostRoot, host: Host, functions: list[PciFunction]) -> d
     return out
 
 
+def applied_softdeps(root: HostRoot) -> dict[str, str]:
+    """module → the reason our modprobe.d file on the host gives for its softdep."""
+    lines = (root.read(MODPROBE) or "").splitlines()
+    out: dict[str, str] = {}
+    for comment, line in itertools.pairwise(lines):
+        m = re.fullmatch(r"softdep (\S+) pre: vfio-pci", line)
+        if m and comment.startswith(f"# {m[1]}: "):
+            out[m[1]] = comment[len(f"# {m[1]}: ") :]
+    return out
+
+
 def softdeps(root: HostRoot, host: Host, functions: list[PciFunction]) -> dict[str, str]:
-    """module → why it needs ``softdep … pre: vfio-pci``."""
+    """module → why it needs ``softdep … pre: vfio-pci``.
+
+    Once applied and rebooted the functions are on vfio-pci and "bound to … now" is no longer
+    true, so what our file already says stands: a module it lists for a selected function keeps
+    its line and reason, and a second run plans no change."""
     why: dict[str, str] = {}
+    addresses = {str(f.address) for f in functions}
+    for module, reason in applied_softdeps(root).items():
+        bound = re.fullmatch(r"bound to (\S+) now", reason)
+        if bound and bound[1] in addresses:
+            why[module] = reason
     for f in functions:
         if f.driver and not is_vfio(f.driver):
             module = module_of_driver(root, f.driver) or _norm(f.driver)

@@ -42,6 +42,9 @@ def _run_lab(tmp_path: Path, *flags: str) -> dict[str, Any]:
         timeout=3600,  # the full chain with both nested boots: 35 min at load 6
         check=False,
     )
+    # what the lab said (each stage and its time) and its result, beside its work directory
+    (tmp_path / "lab.log").write_text(r.stderr)
+    (tmp_path / "result.json").write_text(r.stdout)
     assert r.returncode == 0, r.stderr[-3000:]
     result: dict[str, Any] = json.loads(r.stdout)
     assert result["ok"]
@@ -62,8 +65,9 @@ def test_lab_on_a_real_kernel(tmp_path: Path) -> None:
 
 
 def test_full_chain_through_a_real_reboot(tmp_path: Path) -> None:
-    """UEFI + GRUB from the disk; `passthrough provision` applies the host play over SSH (the
-    real update-initramfs and update-grub inside) and Ansible reboots it; the card comes up on
+    """UEFI + GRUB from the disk; `passthrough provision` applies the host play over SSH as a
+    sudo user (the real update-initramfs and update-grub inside) and Ansible reboots it; the
+    same play again changes nothing; the card comes up on
     vfio-pci; the vm play starts a guest under the lab host's own libvirt with both functions;
     a nested guest boots a real kernel with the card and a 64 GiB BAR and reports what it
     sees, with the planner's layout and without it; the admin edits /etc/default/grub after
@@ -71,6 +75,12 @@ def test_full_chain_through_a_real_reboot(tmp_path: Path) -> None:
     undo and a reboot bring it all back, keeping the admin's edit."""
     result = _run_lab(tmp_path, "--full")
     card = ["0000:01:00.0", "0000:01:00.1"]
+    # Ansible logged in as an ordinary user and became root through sudo; the host play run
+    # a second time on the prepared host changed nothing and did not reboot
+    assert result["ansible_user"] == "lab" and result["host_again"]["sudo_commands"] > 0
+    again = result["host_again"]["host"]
+    assert again["changed"] == 0 and again["ok"] > 0 and not again["reboot_required"]
+    assert again["failed"] == 0 and again["unreachable"] == 0
     assert result["guest"]["attached"] == card and result["guest"]["qemu_vfio_devices"] == 2
     assert set(result["guest"]["drivers_after"].values()) == {"vfio-pci"}
     # the nested guest booted its kernel through OVMF and printed its own view: the card
@@ -115,6 +125,7 @@ def test_full_chain_through_a_real_reboot(tmp_path: Path) -> None:
         "image",
         "boot (UEFI, GRUB from disk)",
         "provision host.yml (apply, Ansible reboot, verify)",
+        "provision host.yml again: 0 changed",
         "verify",
         "guest under the lab host's libvirt (vm.yml)",
         "nested guest: initramfs, render with the planner",
