@@ -288,3 +288,25 @@ def test_domain_comparison_reads_pci_addresses_as_libvirt_does(
     other = two.replace("bus='0x18'", "bus='0x24'")
     before, after = d.compare(other, two)  # type: ignore[attr-defined]
     assert before != after and 'bus="0x24"' in before
+
+
+def test_the_runtime_probe_reads_its_own_lines_whatever_a_host_prints_first() -> None:
+    """A login or sudo may print first (sudo's 'unable to resolve host' warning reaches stdout
+    through Ansible's terminal, as the lab found): the probe's tagged lines are still read,
+    so a host that has the runtime is not reinstalled on every run."""
+    if str(COLLECTIONS) not in sys.path:
+        sys.path.append(str(COLLECTIONS))
+    from ansible_collections.passthrough.gpu.plugins.plugin_utils.runtime import (
+        HAVE,
+        LACKING,
+        parse_probe,
+    )
+
+    warning = "sudo: unable to resolve host lab-host: Temporary failure in name resolution"
+    assert parse_probe(f"{warning}\n{HAVE}0.1.0+abc\n") == ("0.1.0+abc", [])
+    assert parse_probe(f"{HAVE}0.1.0+abc\n{LACKING} jinja2 lxml\n") == (
+        "0.1.0+abc",
+        ["jinja2", "lxml"],
+    )
+    assert parse_probe(f"{warning}\n{HAVE}\n{LACKING} venv\n") == ("", ["venv"])
+    assert parse_probe(warning) == ("", [])  # nothing of ours: install

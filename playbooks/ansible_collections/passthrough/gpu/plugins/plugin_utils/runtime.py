@@ -36,6 +36,23 @@ MARKER = "passthrough-runtime"
 REQUIRES = {"passthrough_vm": ["jinja2", "lxml", "libvirt", "yaml"]}
 
 
+# The probe's answers are tagged: a login or sudo may print its own lines first (sudo's
+# "unable to resolve host" warning reaches stdout through Ansible's terminal).
+HAVE = "passthrough-runtime-have:"
+LACKING = "passthrough-runtime-lacking:"
+
+
+def parse_probe(stdout: str) -> tuple[str, list[str]]:
+    """(identity, modules lacking) from the probe's output, whatever else a host printed."""
+    have, lacking = "", []
+    for line in stdout.splitlines():
+        if HAVE in line:
+            have = line.split(HAVE, 1)[1].strip()
+        elif LACKING in line:
+            lacking = line.split(LACKING, 1)[1].split()
+    return have, lacking
+
+
 def _checkout() -> Path | None:
     """The passthrough checkout this collection sits in (playbooks/ansible_collections/…)."""
     repo = PARENT.parent
@@ -181,14 +198,18 @@ class RuntimeAction(ActionBase):  # type: ignore[misc] # Ansible is untyped
     def _probe(self, venv: str, requires: list[str]) -> tuple[str, list[str]]:
         """(the identity the host's venv holds, the modules of ``requires`` it cannot import):
         one shell command, and Python started only where a module needs the distro's."""
-        command = f"cat {shlex.quote(venv + '/' + MARKER)} 2>/dev/null; echo"
+        marker = shlex.quote(venv + "/" + MARKER)
+        command = f"printf '%s' {HAVE}; cat {marker} 2>/dev/null; echo"
         if requires:
-            check = "import importlib.util as u; print(*[m for m in %r if not u.find_spec(m)])"
+            check = "import importlib.util as u; print(%r, *[m for m in %r if not u.find_spec(m)])"
             python = shlex.quote(venv + "/bin/python")
-            command += f"; {python} -c {shlex.quote(check % requires)} 2>/dev/null || echo venv"
-        lines = self._low_level_execute_command(command, sudoable=True).get("stdout", "")
-        have, _newline, rest = lines.partition("\n")
-        return have.strip(), rest.split()
+            command += (
+                f"; {python} -c {shlex.quote(check % (LACKING, requires))} 2>/dev/null"
+                f" || echo {LACKING} venv"
+            )
+        return parse_probe(
+            self._low_level_execute_command(command, sudoable=True).get("stdout", "")
+        )
 
     def _install(self, task_vars: dict[str, Any], venv: str, ident: str) -> dict[str, Any]:
         """passthrough_runtime on the host, with the wheel copied over (or the index named)."""
