@@ -116,6 +116,7 @@ def test_manifests_match_golden(case: str, streams: dict[str, str], regenerate: 
     assert_golden(KUBE_GOLDEN / f"{case}.yaml", streams[case], regenerate, "kubevirt render")
 
 
+@pytest.mark.realworld  # KubeVirt's and Kubernetes' API schemas in ../shared/realworld
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_object_validates_against_the_real_schemas(
     case: str, streams: dict[str, str]
@@ -126,6 +127,7 @@ def test_every_object_validates_against_the_real_schemas(
         assert manifest_errors(doc) == [], (case, doc["kind"], doc["metadata"]["name"])
 
 
+@pytest.mark.realworld  # KubeVirt's and Kubernetes' API schemas in ../shared/realworld
 def test_the_schema_checks_can_fail(streams: dict[str, str]) -> None:
     """The strict checks are not vacuous: a stray field, a wrong type, a bad opaque value."""
     docs = _docs(streams["turing-4fn-dra"])
@@ -489,6 +491,7 @@ def test_what_kubevirt_cannot_say_is_refused_with_the_field(
     assert line.startswith(f"passthrough: error: {field}")
 
 
+@pytest.mark.realworld  # KubeVirt's and Kubernetes' API schemas in ../shared/realworld
 @pytest.mark.parametrize("sample", fakehost.sample_names())
 @pytest.mark.parametrize("route", ["device-plugin", "dra"])
 def test_every_sample_host_validates_or_is_refused_like_render_and_plan(
