@@ -194,3 +194,16 @@ def test_a_second_apply_still_names_what_the_first_could_only_list(
     text = capsys.readouterr().out
     assert "Still pending from an earlier apply" in text, text
     assert "update-initramfs -u -k all" in text.split("Still pending from an earlier apply")[1]
+
+
+def test_verbose_in_one_process_neither_doubles_nor_lingers(
+    host: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """main() twice with -v logs each line once; a later call without -v logs nothing."""
+    assert main(["apply", "--root", str(host), "-v"]) == 0
+    capsys.readouterr()
+    assert main(["undo", "--root", str(host), "-v"]) == 0
+    removed = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("  | removed ")]
+    assert removed and len(removed) == len(set(removed)), removed
+    assert main(["apply", "--root", str(host)]) == 0
+    assert "  | " not in capsys.readouterr().err

@@ -108,13 +108,19 @@ LOG_PREFIX = "  | "
 
 def verbosity(args: argparse.Namespace) -> None:
     """-v/-vv: the ``passthrough`` logger on stderr, each line marked so it never reads
-    like a result or an error. Nothing is logged without -v (the logger stays silent)."""
+    like a result or an error. Nothing is logged without -v (the logger stays silent). Each
+    call sets it afresh, so ``main()`` called twice in one process (the Python API, tests)
+    neither doubles the lines nor keeps an earlier call's level."""
+    log = logging.getLogger("passthrough")
+    for old in [h for h in log.handlers if getattr(h, "passthrough_cli", False)]:
+        log.removeHandler(old)
     level = getattr(args, "verbose", 0) or 0
     if not isinstance(level, int) or level < 1 or getattr(args, "command", "") == "provision":
+        log.setLevel(logging.WARNING)
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(LOG_PREFIX + "%(message)s"))
-    log = logging.getLogger("passthrough")
+    handler.passthrough_cli = True  # type: ignore[attr-defined]
     log.addHandler(handler)
     log.setLevel(logging.INFO if level == 1 else logging.DEBUG)
     log.propagate = False
