@@ -111,11 +111,25 @@ def regenerate(request: pytest.FixtureRequest) -> bool:
 
 
 @pytest.fixture(scope="session")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    base = tmp_path_factory.mktemp("hosts")
-    return {
-        name: fakehost.build(fakehost.load(name), base / name) for name in fakehost.sample_names()
-    }
+def hosts(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, Path]:
+    """Every sample host as a real tree, read-only to the tests. Built once per run: the
+    first pytest-xdist worker to get here builds them under the run's shared temporary
+    directory while the others wait on its lock, then all read the same trees."""
+    import fcntl
+
+    names = fakehost.sample_names()
+    if worker_id == "master":  # no xdist: this process alone
+        base = tmp_path_factory.mktemp("hosts")
+        return {name: fakehost.build(fakehost.load(name), base / name) for name in names}
+    base = tmp_path_factory.getbasetemp().parent / "hosts"
+    base.mkdir(exist_ok=True)
+    with open(base / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (base / ".built").exists():
+            for name in names:
+                fakehost.build(fakehost.load(name), base / name)
+            (base / ".built").write_text("\n".join(names) + "\n")
+    return {name: base / name for name in names}
 
 
 def assert_golden(path: Path, got: str, regenerate: bool, what: str) -> None:

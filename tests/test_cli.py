@@ -17,11 +17,13 @@ import pytest
 
 from passthrough.cli import main
 
+from .cli_process import run_cli
+
 PT = [sys.executable, "-m", "passthrough"]
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*PT, *args], capture_output=True, text=True, cwd=cwd, check=False)
+    return run_cli(args, cwd=cwd)
 
 
 def test_scan_json_is_one_object_with_the_schema_tag(hosts: dict[str, Path]) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from passthrough.cli import main
 
+from .cli_process import run_cli
 from .conftest import bind_to_vfio, tree_hash
 
 
@@ -145,15 +146,9 @@ def test_notes_are_notes_and_quiet_hides_them(
 
 def test_verbose_names_each_file_and_command(host: Path) -> None:
     import subprocess
-    import sys
 
     def apply(*flags: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "passthrough", "apply", "--root", str(host), *flags],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        return run_cli(["apply", "--root", str(host), *flags])
 
     first = apply("-v")
     assert first.returncode == 0, first.stderr
@@ -165,12 +160,7 @@ def test_verbose_names_each_file_and_command(host: Path) -> None:
     assert again.returncode == 0, again.stderr
     assert any(line.startswith(f"  | read {host}") for line in again.stderr.splitlines())
     assert not any(line.startswith("  | wrote ") for line in again.stderr.splitlines())
-    plain = subprocess.run(
-        [sys.executable, "-m", "passthrough", "undo", "--root", str(host)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    plain = run_cli(["undo", "--root", str(host)])
     assert plain.returncode == 0 and "  | " not in plain.stderr, plain.stderr
 
 

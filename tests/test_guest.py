@@ -29,6 +29,8 @@ from passthrough.guest.root import GuestRoot
 from passthrough.guest.runner import RecordedRunner
 from passthrough.guest.stack import check_compute
 
+from .cli_process import run_cli
+
 REPO = Path(__file__).parents[1]
 FIXTURE = REPO / "tests/fixtures/h100-guest"  # copied unchanged from the capture (README there)
 RECORDED = FIXTURE / "commands"
@@ -681,8 +683,7 @@ def test_pci_ids_from_uevent_and_from_the_attribute_files() -> None:
 
 def _guest_cli(*args: str) -> subprocess.CompletedProcess[str]:
     """The real CLI in its own process, with a limit: a hang is a failure, not a stuck run."""
-    argv = [sys.executable, "-m", "passthrough", *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    return run_cli(args, timeout=60)
 
 
 def test_links_out_of_a_capture_are_followed_inside_it(

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from .cli_process import run_cli
+
 PT = [sys.executable, "-m", "passthrough"]
 MARK = "outside-marker-3f1c"  # only ever written outside a root: never in an output
 
@@ -69,9 +71,7 @@ def run(
     env = dict(os.environ)
     if tmp is not None:
         env["TMPDIR"] = str(tmp)  # a snapshot unpacks here, beside `outside`
-    return subprocess.run(
-        [*PT, *args], capture_output=True, text=True, check=False, env=env, input=stdin
-    )
+    return run_cli(args, env=env, input=stdin)
 
 
 def one_error_line(r: subprocess.CompletedProcess[str]) -> str:

@@ -26,6 +26,7 @@ from passthrough.vm.seed import BadSeed, check_hostname, meta_data
 from passthrough.vm.spec import VmOptions, build_spec
 from passthrough.vm.validate import validate_text
 
+from .cli_process import run_cli
 from .conftest import build_variant, tree_hash
 
 PT = [sys.executable, "-m", "passthrough"]
@@ -35,7 +36,7 @@ ED25519 = (
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*PT, *args], capture_output=True, text=True, check=False)
+    return run_cli(args)
 
 
 def refused(r: subprocess.CompletedProcess[str], field: str) -> None:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -14,13 +13,13 @@ import pytest
 
 from passthrough import fakehost
 
+from .cli_process import run_cli
+
 PT = [sys.executable, "-m", "passthrough"]
 
 
 def _scan(root: str) -> dict[str, Any]:
-    r = subprocess.run(
-        [*PT, "scan", "--root", root, "--json"], capture_output=True, text=True, check=False
-    )
+    r = run_cli(["scan", "--root", root, "--json"])
     assert r.returncode == 0, r.stderr
     data: dict[str, Any] = json.loads(r.stdout)
     data.pop("root")
@@ -28,12 +27,7 @@ def _scan(root: str) -> dict[str, Any]:
 
 
 def _snapshot(root: str, out: Path) -> None:
-    r = subprocess.run(
-        [*PT, "snapshot", "--root", root, "-o", str(out)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    r = run_cli(["snapshot", "--root", root, "-o", str(out)])
     assert r.returncode == 0, r.stderr
     assert out.exists()
 
@@ -80,9 +74,7 @@ def test_unsafe_archive_is_refused(tmp_path: Path) -> None:
     with tarfile.open(evil, "w:gz") as tar:
         info = tarfile.TarInfo("../escape")
         tar.addfile(info)
-    r = subprocess.run(
-        [*PT, "scan", "--root", str(evil)], capture_output=True, text=True, check=False
-    )
+    r = run_cli(["scan", "--root", str(evil)])
     assert r.returncode == 2 and "unsafe member" in r.stderr
     assert not (tmp_path.parent / "escape").exists()
 
@@ -90,25 +82,20 @@ def test_unsafe_archive_is_refused(tmp_path: Path) -> None:
 def test_snapshot_into_missing_directory_fails_cleanly(
     hosts: dict[str, Path], tmp_path: Path
 ) -> None:
-    r = subprocess.run(
+    r = run_cli(
         [
-            *PT,
             "snapshot",
             "--root",
             str(hosts["consumer-intel"]),
             "-o",
             str(tmp_path / "no/such/x.tar.gz"),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
+        ]
     )
     assert r.returncode == 2 and "no such directory" in r.stderr
     # an existing directory as the output: named as given, no temporary file left behind
     target = tmp_path / "a-directory"
     target.mkdir()
-    argv = [*PT, "snapshot", "--root", str(hosts["consumer-intel"]), "-o", str(target)]
-    r = subprocess.run(argv, capture_output=True, text=True, check=False)
+    r = run_cli(["snapshot", "--root", str(hosts["consumer-intel"]), "-o", str(target)])
     assert r.returncode == 2 and r.stderr.splitlines() == [
         f"passthrough: error: snapshot: cannot write {target}: Is a directory"
     ]

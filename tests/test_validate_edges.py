@@ -6,8 +6,6 @@ rule catalogue fixed before any file is read (every policy and layout code selec
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -17,6 +15,8 @@ from passthrough.analysis.codes import POLICY, UNKNOWN_DEVICE
 from passthrough.cli import main
 from passthrough.errors import InvalidPciAddress
 from passthrough.model import PciAddress
+
+from .cli_process import run_cli
 
 REPO = Path(__file__).parents[1]
 
@@ -43,13 +43,7 @@ def _hostdev(source: str, guest: str = "") -> str:
 def _run(tmp_path: Path, devices: str, *argv: str) -> tuple[int, list[dict[str, object]]]:
     path = tmp_path / f"{uuid.uuid4()}.xml"
     path.write_text(HEAD.format(uuid=uuid.uuid4(), devices=devices))
-    proc = subprocess.run(
-        [sys.executable, "-m", "passthrough", "validate", "--json", *argv, str(path)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=False,
-    )
+    proc = run_cli(["validate", "--json", *argv, str(path)], cwd=REPO)
     assert proc.returncode in (0, 1), proc.stderr
     return proc.returncode, json.loads(proc.stdout)["files"][0]["findings"]
 

@@ -20,6 +20,7 @@ import pytest
 
 from passthrough import fakehost
 
+from .cli_process import run_cli
 from .test_options_ansible import _run_module
 
 PT = [sys.executable, "-m", "passthrough"]
@@ -80,9 +81,8 @@ def domain(tmp_path: Path, disk: Path, name: str = "diskguest") -> Path:
 
 
 def define(xml: Path, base: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_cli(
         [
-            *PT,
             "vm",
             "define",
             str(xml),
@@ -91,11 +91,7 @@ def define(xml: Path, base: Path, *flags: str) -> subprocess.CompletedProcess[st
             "--base-image",
             str(base),
             *flags,
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
+        ]
     )
 
 
@@ -181,12 +177,7 @@ def test_a_link_at_the_path_is_replaced_not_its_target(images: Path, tmp_path: P
 @pytest.mark.parametrize("flag", ["--reuse-disk", "--overwrite-disk"])
 def test_disk_flags_go_with_base_image(flag: str, images: Path, tmp_path: Path) -> None:
     xml = domain(tmp_path, images / "guest.qcow2")
-    r = subprocess.run(
-        [*PT, "vm", "define", str(xml), "--connect", "test:///default", flag],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    r = run_cli(["vm", "define", str(xml), "--connect", "test:///default", flag])
     assert r.returncode == 2 and "goes with --base-image" in one_error(r)
     assert not (images / "guest.qcow2").exists()
 
