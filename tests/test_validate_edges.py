@@ -174,6 +174,30 @@ def test_policy_codes_can_be_selected_and_ignored(hosts: dict[str, Path], tmp_pa
     assert _codes(found) <= {"mmio-window-too-small"}
 
 
+def test_renders_own_output_passes_the_strict_gate(
+    hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """render sizes the window for the HGX's 128 GiB BARs, so validate --strict against the
+    same host fails on nothing render already handled: large-bar is told as info there. The
+    NVSwitch caveat is the host's and stays a warning (ignored here by name). The same card
+    in a domain without the window keeps large-bar a warning, with the window's error."""
+    root = str(hosts["hgx-h100"])
+    xml = tmp_path / "hgx.xml"
+    assert main(["render", "--root", root, "--name", "hgx", "-o", str(xml)]) == 0
+    capsys.readouterr()
+    gate = ["validate", "--strict", "--host-root", root, "--ignore", "nvswitch", "--json"]
+    assert main([*gate, str(xml)]) == 0
+    findings = json.loads(capsys.readouterr().out)["files"][0]["findings"]
+    large = [f for f in findings if f["code"] == "large-bar"]
+    assert len(large) == 8 and {f["severity"] for f in large} == {"info"}
+    assert all(str(f["message"]).endswith("this domain's window holds it") for f in large)
+    card = _hostdev("bus='0x18'", "bus='0x01' slot='0'")
+    _, found = _run(tmp_path, card, "--host-root", root)
+    severities = {f["code"]: f["severity"] for f in found}
+    assert severities["large-bar"] == "warning"
+    assert severities["mmio-window-too-small"] == "error"
+
+
 def test_empty_guest_addresses_are_libvirts_to_assign(tmp_path: Path) -> None:
     """<address type='pci'/> (libvirt's pci-autofill-addr.xml) asks libvirt for an address:
     two of them are no duplicate of 0000:00:00.0."""

@@ -76,7 +76,8 @@ def test_virt_xml_validate_accepts(case: str, tmp_path: Path) -> None:
 def test_our_validator_passes_each_golden(case: str, hosts: dict[str, Path]) -> None:
     """One verdict: validate --host-root finds no error in what render wrote, and tells the
     warnings render told, which are the ones scan gives the cards taken (the Turing host
-    boots from one of its two cards, the H100s have 128 GiB BARs on an NVSwitch system)."""
+    boots from one of its two cards, the H100s sit on an NVSwitch system) — except a large
+    BAR, which scan warns about and render's window holds: validate tells it as info."""
     host = discover(str(hosts[CASES[case][0]]))
     findings = validate_text((GOLDEN / "vm" / f"{case}.xml").read_bytes(), case, host)
     assert [f.code for f in findings if str(f.severity) == "error"] == []
@@ -91,8 +92,10 @@ def test_our_validator_passes_each_golden(case: str, hosts: dict[str, Path]) -> 
         for f in v.findings
         if f.severity is Severity.WARNING
     )
-    assert told == rendered == scanned
-    assert told  # every sample card here has something to tell
+    held = sorted(f.code for f in findings if str(f.severity) == "info" and f.code == "large-bar")
+    assert told == rendered == [c for c in scanned if c != "large-bar"]
+    assert held == [c for c in scanned if c == "large-bar"]
+    assert told or held  # every sample card here has something to tell
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

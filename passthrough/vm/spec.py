@@ -180,7 +180,10 @@ def _choose(host: Host, opts: VmOptions) -> tuple[list[GpuVerdict], list[str]]:
     refused = codes.refusals(findings, codes.PREPARED)
     if refused:
         raise policy.Refused(refused)
-    told = [f for f in findings if f.severity is Severity.WARNING]
+    # a large BAR is the address planner's to handle: it sizes the window (its notes say
+    # how) or refuses, so render has nothing left to warn about (validate tells it as info
+    # on a domain whose window holds it)
+    told = [f for f in findings if f.severity is Severity.WARNING and f.code != codes.LARGE_BAR]
     return chosen, [f"{f.message} [{f.code}]" for f in told]
 
 

@@ -257,8 +257,16 @@ def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
     plan and render: root disk, route NIC, bridges, BMC VGA, shared groups), the
     address planner's arithmetic (can the guest's window hold the BARs, below its limit),
     and the memlock estimate against the limits that apply (hard_limit, the daemons')."""
+    from dataclasses import replace
+
     from passthrough.analysis import policy
-    from passthrough.analysis.codes import UNKNOWN_DEVICE
+    from passthrough.analysis.codes import (
+        LARGE_BAR,
+        MMIO_ABOVE_LIMIT,
+        MMIO_TOO_SMALL,
+        UNKNOWN_DEVICE,
+    )
+    from passthrough.model import Severity
     from passthrough.vm import memlock
     from passthrough.vm.layout_check import layout_findings
 
@@ -288,5 +296,16 @@ def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
     # A boot VGA the host was prepared for (--allow-boot-gpu) is a warning here, not a
     # refusal: validate cannot know how the host was set up.
     findings = policy.verdict_findings(host, taken, allow_boot_gpu=True)
+    layout = layout_findings(ctx.doc, host)
+    if not any(f.code in (MMIO_TOO_SMALL, MMIO_ABOVE_LIMIT) for f in layout):
+        # the address check finds the domain's window big enough: a large BAR is handled
+        # here, not a warning a --strict gate should fail on
+        held = "; this domain's window holds it"
+        findings = [
+            replace(f, severity=Severity.INFO, message=f.message + held)
+            if f.code == LARGE_BAR
+            else f
+            for f in findings
+        ]
     place(ctx, [f for f in findings if f.code != UNKNOWN_DEVICE], devs)
-    place(ctx, layout_findings(ctx.doc, host), devs)
+    place(ctx, layout, devs)
