@@ -278,9 +278,9 @@ def test_validate_tells_a_daemon_that_cannot_raise_its_limit(
     assert (rc, found) == (0, [])
     capped(host_root)
     rc, found = validate(tmp_path, domain(), "--host-root", str(host_root), capsys=capsys)
-    assert [f["code"] for f in found] == ["memlock-short"] and found[0][
-        "xpath"
-    ] == "/domain/devices"
+    # libvirt's prlimit would fail: the guest does not start, an error without --strict
+    assert rc == 1 and [f["code"] for f in found] == ["memlock-capped"]
+    assert found[0]["severity"] == "error" and found[0]["xpath"] == "/domain/devices"
     message = str(found[0]["message"])
     assert message.startswith(
         "libvirtd.service runs without CAP_SYS_RESOURCE (CapabilityBoundingSet), so it cannot "
@@ -299,7 +299,7 @@ def test_validate_tells_a_daemon_that_cannot_raise_its_limit(
         "--host-root",
         str(host_root),
         "--ignore",
-        "memlock-short",
+        "memlock-capped",
         capsys=capsys,
     )
     assert found == []
@@ -318,24 +318,32 @@ def test_list_rules_has_memlock_short(capsys: pytest.CaptureFixture[str]) -> Non
     listed = {r["code"]: r for r in json.loads(capsys.readouterr().out)["rules"]}
     assert listed["memlock-short"]["layer"] == "host"
     assert listed["memlock-short"]["severity"] == "warning"
+    assert listed["memlock-capped"]["layer"] == "host"
+    assert listed["memlock-capped"]["severity"] == "error"
 
 
-def test_render_warns_as_validate_does_and_snapshots_agree(
+def test_render_refuses_as_validate_does_and_snapshots_agree(
     host_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A capped daemon: render refuses in one line (exit 2, nothing written) with the same
+    message validate gives the domain render writes once the daemon is fixed."""
     argv = ["render", "--root", str(host_root), "--name", "g", "--memory", "16G"]
-    assert main(argv) == 0
-    assert "memlock-short" not in capsys.readouterr().err
+    out = tmp_path / "g.xml"
+    assert main([*argv, "-o", str(out)]) == 0
+    assert "memlock-" not in capsys.readouterr().err
     capped(host_root)
-    assert main([*argv, "-o", str(tmp_path / "g.xml")]) == 0
+    out.unlink()
+    assert main([*argv, "-o", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err.count("[memlock-short]") == 1
+    assert len(err.splitlines()) == 1 and err.rstrip().endswith("[memlock-capped]"), err
     assert "to 17 GiB, 16.94 GiB short (17 GiB needed (16 GiB guest memory × 1 + 1 GiB" in err
-    rc, found = validate(
-        tmp_path, (tmp_path / "g.xml").read_text(), "--host-root", str(host_root), capsys=capsys
-    )
-    assert rc == 0 and [f["code"] for f in found] == ["memlock-short"]
-    assert f"{found[0]['message']} [memlock-short]" in err
+    assert not out.exists()
+    # the same card in a 16 GiB domain, validated against the capped host: the same words
+    rc, found = validate(tmp_path, domain(), "--host-root", str(host_root), capsys=capsys)
+    assert rc == 1 and [f["code"] for f in found] == ["memlock-capped"]
+    assert f"{found[0]['message']} [memlock-capped]" in err
+    # a snapshot carries the units: every command answers the same on it
+    assert _parity("capped", host_root, tmp_path, capsys) >= 11
     # a snapshot carries the units: every command answers the same on it
     assert _parity("capped", host_root, tmp_path, capsys) >= 11
 

@@ -52,8 +52,11 @@ VFIO_PARTLY = "vfio-partly"
 MMIO_TOO_SMALL = "mmio-window-too-small"
 MMIO_ABOVE_LIMIT = "mmio-window-above-limit"
 BITS_ABOVE_IOMMU = "guest-bits-above-iommu"
-# the memlock estimate's code (vm/memlock.py): a warning wherever it is told
+# the memlock estimate's codes (vm/memlock.py): a hard_limit below libvirt's rule is a
+# warning (the rule keeps a margin); a daemon that cannot raise QEMU's limit to what libvirt
+# sets is an error (libvirt's prlimit fails and the guest does not start)
 MEMLOCK_SHORT = "memlock-short"
+MEMLOCK_CAPPED = "memlock-capped"
 
 # What lifts a refusal: a command-line flag, or the plan itself (it turns the IOMMU on, so
 # a host whose IOMMU is off is no refusal for ``plan``; its groups are judged after the reboot).
@@ -183,8 +186,14 @@ POLICY: dict[str, Policy] = {
     ),
     MEMLOCK_SHORT: Policy(
         "warning",
-        "the locked-memory limit that applies (the domain's hard_limit, or a daemon's "
-        "LimitMEMLOCK it cannot raise) is below what libvirt's rule says the VFIO devices pin",
+        "the domain's hard_limit (QEMU's locked-memory limit) is below what libvirt's rule "
+        "says the VFIO devices pin",
+        layer="memlock",
+    ),
+    MEMLOCK_CAPPED: _error(
+        "a libvirt daemon that cannot raise QEMU's locked-memory limit (no CAP_SYS_RESOURCE, "
+        "a session daemon) is capped below what libvirt sets for the VFIO devices: the guest "
+        "does not start",
         layer="memlock",
     ),
 }

@@ -66,11 +66,18 @@ def vm_options(args: argparse.Namespace) -> VmOptions:
 
 def memlock_warnings(xml: str, host: Host) -> list[str]:
     """The memlock estimate of the rendered domain against the host's limits: the same
-    check as ``validate --host-root`` on that file."""
+    check as ``validate --host-root`` on that file. What validate rejects (a daemon capped
+    below what libvirt sets: the guest would not start) is refused, nothing written."""
+    from passthrough.analysis.policy import Refused
+    from passthrough.model import Severity
     from passthrough.vm import memlock
     from passthrough.vm.domxml import Domain
 
-    return [f"{f.message} [{f.code}]" for f, _ in memlock.check(Domain.parse(xml), host)]
+    found = [f for f, _ in memlock.check(Domain.parse(xml), host)]
+    refused = [f for f in found if f.severity is Severity.ERROR]
+    if refused:
+        raise Refused(refused)
+    return [f"{f.message} [{f.code}]" for f in found]
 
 
 def run(args: argparse.Namespace, stack: ExitStack) -> int:

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from passthrough.analysis.codes import MEMLOCK_SHORT
+from passthrough.analysis.codes import MEMLOCK_CAPPED, MEMLOCK_SHORT, severity
 from passthrough.model import Finding, Host, LibvirtDaemon, PciAddress, Severity
 from passthrough.units import GIB, KIB, format_size
 from passthrough.vm.domxml import Domain, HostDev, Interface, Memory
@@ -185,6 +185,7 @@ def _gib(size: int) -> str:
 class Shortfall:
     message: str
     element: str  # where in the domain it is about: "memtune/hard_limit" or "devices"
+    code: str = MEMLOCK_SHORT
 
 
 def shortfalls(estimate: Estimate, daemons: tuple[LibvirtDaemon, ...] = ()) -> list[Shortfall]:
@@ -213,7 +214,7 @@ def shortfalls(estimate: Estimate, daemons: tuple[LibvirtDaemon, ...] = ()) -> l
             f"{wanted}{gap} ({need}): the guest would not start; raise LimitMEMLOCK in a "
             f"drop-in ({d.unit}.d/*.conf)"
         )
-        out.append(Shortfall(message, "devices"))
+        out.append(Shortfall(message, "devices", MEMLOCK_CAPPED))
     return out
 
 
@@ -224,8 +225,8 @@ def daemons_in_use(host: Host) -> tuple[LibvirtDaemon, ...]:
 
 
 def check(doc: Domain | Element, host: Host | None) -> list[tuple[Finding, str]]:
-    """``memlock-short`` warnings for the domain ``doc`` (against the host's daemons when a
-    host is given), each with the element it is about."""
+    """``memlock-short`` warnings and ``memlock-capped`` errors for the domain ``doc``
+    (against the host's daemons when a host is given), each with the element it is about."""
 
     def group_of(a: PciAddress) -> int | None:
         f = host.function(a) if host is not None else None
@@ -234,6 +235,6 @@ def check(doc: Domain | Element, host: Host | None) -> list[tuple[Finding, str]]
     estimate = libvirt_limit(doc, group_of)
     daemons = daemons_in_use(host) if host is not None else ()
     return [
-        (Finding(MEMLOCK_SHORT, Severity.WARNING, s.message), s.element)
+        (Finding(s.code, Severity(severity(s.code)), s.message), s.element)
         for s in shortfalls(estimate, daemons)
     ]
