@@ -58,7 +58,7 @@ def host(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("command", ["plan", "apply"])
-@pytest.mark.parametrize("count", ["-1", "0", "100000", "57", "abc", "1e3"])
+@pytest.mark.parametrize("count", ["-1", "100000", "57", "abc", "1e3", "", "٣"])
 def test_hugepages_out_of_range_changes_nothing(host: Path, command: str, count: str) -> None:
     before = tree_hash(host)
     refused(run(command, "--root", str(host), f"--hugepages-1g={count}"), "hugepages")
@@ -80,6 +80,41 @@ def test_hugepages_up_to_what_the_host_can_spare(host: Path) -> None:
     r = run("plan", "--root", str(host), "--hugepages-1g=56")
     assert r.returncode == 0, r.stderr
     assert "hugepages=56" in r.stdout
+
+
+def test_hugepages_an_earlier_apply_reserved_are_kept_until_zero(host: Path) -> None:
+    """As with the cards: a new plan without the flag keeps the earlier apply's pages and says
+    so; --hugepages-1g 0 takes them out (ours only: the plan drops the keys we set); then
+    a plan keeps nothing, and undo brings back the original file."""
+    original = (host / "etc/default/grub").read_bytes()
+    assert run("apply", "--root", str(host), "--hugepages-1g", "8", "--yes").returncode == 0
+    dropin = host / "etc/default/grub.d/99-passthrough.cfg"
+    assert "hugepages=8" in dropin.read_text()
+    kept = run("plan", "--root", str(host), "--json")
+    plan = json.loads(kept.stdout)
+    assert kept.returncode == 0 and plan["kernel_args"] == {"set": [], "remove": []}
+    assert any(
+        n.startswith("hugepages=8 (1 GiB pages): kept from the earlier apply (--hugepages-1g 0")
+        for n in plan["notes"]
+    ), plan["notes"]
+    gone = run("plan", "--root", str(host), "--hugepages-1g", "0", "--json")
+    assert json.loads(gone.stdout)["kernel_args"]["remove"] == [
+        "default_hugepagesz",
+        "hugepages",
+        "hugepagesz",
+    ]
+    assert run("apply", "--root", str(host), "--hugepages-1g", "0", "--yes").returncode == 0
+    assert "hugepage" not in dropin.read_text() and "vfio-pci.ids=" in dropin.read_text()
+    after = json.loads(run("plan", "--root", str(host), "--json").stdout)
+    assert not any("hugepages" in n for n in after["notes"]), after["notes"]
+    assert run("undo", "--root", str(host), "--yes").returncode == 0
+    assert not dropin.exists() and (host / "etc/default/grub").read_bytes() == original
+
+
+def test_zero_pages_on_a_fresh_host_is_no_change(host: Path) -> None:
+    a = run("plan", "--root", str(host), "--json")
+    b = run("plan", "--root", str(host), "--hugepages-1g", "0", "--json")
+    assert a.returncode == b.returncode == 0 and a.stdout == b.stdout
 
 
 def test_library_checks_hugepages_too(host: Path) -> None:

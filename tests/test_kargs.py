@@ -41,7 +41,13 @@ NEW_KEYS = ["pt_a", "pt_b", "vfio_pci.disable_vga", "hugepages"]
 @st.composite
 def changes(draw: st.DrawFn) -> ArgChange:
     to_set = draw(st.dictionaries(st.sampled_from(KEYS + NEW_KEYS), VALUE, max_size=4))
-    drop = draw(st.frozensets(st.sampled_from(KEYS), max_size=3)) - set(to_set)
+    # a key is set or dropped, never both, in either spelling of a module parameter
+    setting = {key_of(k) for k in to_set}
+    drop = frozenset(
+        k
+        for k in draw(st.frozensets(st.sampled_from(KEYS), max_size=3))
+        if key_of(k) not in setting
+    )
     return ArgChange(set={k: f"{k}={v}" for k, v in to_set.items()}, drop=drop)
 
 
@@ -234,3 +240,13 @@ def test_every_options_line_of_a_loader_entry_counts() -> None:
     assert new == (
         "title Arch\nlinux /vmlinuz\noptions root=/dev/sda2 rw\noptions quiet intel_iommu=on\n"
     )
+
+
+def test_a_key_both_set_and_dropped_is_no_change() -> None:
+    """One key, one meaning: setting and dropping it at once is refused where the change is
+    made (either spelling of a dotted module parameter)."""
+    with pytest.raises(ValueError, match="both set and dropped: \\['hugepages'\\]"):
+        ArgChange(set={"hugepages": "hugepages=8"}, drop=frozenset({"hugepages"}))
+    with pytest.raises(ValueError, match=r"vfio-pci\.ids"):
+        ArgChange(set={"vfio_pci.ids": "vfio-pci.ids=10de:2684"}, drop=frozenset({"vfio-pci.ids"}))
+    assert ArgChange(set={"iommu": "iommu=pt"}, drop=frozenset({"hugepages"})).drop == {"hugepages"}

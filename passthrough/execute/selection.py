@@ -61,12 +61,31 @@ def plan_options(root: HostRoot, values: Mapping[str, Any], via: Via = "cli") ->
             f"{a}: kept from the earlier apply ({flag} {a} gives it back to the host)" for a in kept
         ) + tuple(f"{a}: released, goes back to the host after the reboot" for a in release)
         gpus = (*gpus, *kept)
+    # 1 GiB huge pages: the same rule as the cards (kept unless told, and said so)
+    pages: int | None = values["hugepages_1g"]
+    reserved = _reserved_pages(record.kernel_args.set if record else {})
+    if pages is None:
+        pages = reserved
+        if reserved:
+            notes += (
+                f"hugepages={reserved} (1 GiB pages): kept from the earlier apply "
+                f"({_name('hugepages_1g', via)} 0 gives them back to the host)",
+            )
     return PlanOptions(
         gpus=gpus,
         include_group=values["include_group"],
         allow_boot_gpu=values["allow_boot_gpu"],
         iommu_pt=values["iommu_pt"],
-        hugepages_1g=values["hugepages_1g"],
+        hugepages_1g=pages,
+        release_hugepages=bool(reserved) and pages == 0,
         iommu_only=values["iommu_only"],
         notes=notes,
     )
+
+
+def _reserved_pages(kernel_args: Mapping[str, str]) -> int:
+    """The 1 GiB pages an applied plan reserved (0: none)."""
+    if kernel_args.get("hugepagesz") != "hugepagesz=1G":
+        return 0
+    count = kernel_args.get("hugepages", "").partition("=")[2]
+    return int(count) if count.isascii() and count.isdigit() else 0

@@ -25,6 +25,8 @@ class PlanOptions:
     allow_boot_gpu: bool = False
     iommu_pt: bool = True
     hugepages_1g: int = 0
+    # 1 GiB pages an earlier apply reserved that go now (--hugepages-1g 0)
+    release_hugepages: bool = False
     iommu_only: bool = False  # only the kernel arguments that turn the IOMMU on: no card
     notes: tuple[str, ...] = ()  # what the caller decided about the selection, told in the plan
 
@@ -162,6 +164,7 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
         ),
         boot_gpu=sel.boot_gpu,
         hugepages_1g=opts.hugepages_1g,
+        release_hugepages=opts.release_hugepages,
     )
     configured = loader.configured() if loader else list(host.kernel.cmdline)
     target = desired(host, kopts, configured)

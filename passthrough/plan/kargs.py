@@ -56,6 +56,9 @@ class ArgChange:
         object.__setattr__(self, "set", {key_of(k): v for k, v in self.set.items()})
         object.__setattr__(self, "drop", frozenset(key_of(k) for k in self.drop))
         object.__setattr__(self, "why", {key_of(k): v for k, v in self.why.items()})
+        both = set(self.set) & self.drop
+        if both:  # a change that would set and drop one key has no single meaning
+            raise ValueError(f"kernel argument keys both set and dropped: {sorted(both)}")
 
     def is_empty(self) -> bool:
         return not self.set and not self.drop
@@ -125,6 +128,9 @@ def invert(before: Sequence[str], change: ArgChange) -> ArgChange:
     )
 
 
+HUGEPAGE_KEYS = ("default_hugepagesz", "hugepagesz", "hugepages")
+
+
 @dataclass(frozen=True)
 class KargOptions:
     iommu_pt: bool = True
@@ -134,6 +140,7 @@ class KargOptions:
     variant_ids: tuple[str, ...] = ()
     boot_gpu: bool = False
     hugepages_1g: int = 0
+    release_hugepages: bool = False  # the pages an earlier apply reserved go
 
 
 def _last(args: Sequence[str], key: str) -> str | None:
@@ -246,8 +253,13 @@ def desired(host: Host, opts: KargOptions, configured: Sequence[str] = ()) -> Ar
         to_set["default_hugepagesz"] = "default_hugepagesz=1G"
         to_set["hugepagesz"] = "hugepagesz=1G"
         to_set["hugepages"] = f"hugepages={opts.hugepages_1g}"
-        for key in ("default_hugepagesz", "hugepagesz", "hugepages"):
+        for key in HUGEPAGE_KEYS:
             why[key] = f"{opts.hugepages_1g} x 1 GiB huge pages reserved at boot for guest memory"
+    elif opts.release_hugepages:
+        for key in HUGEPAGE_KEYS:
+            if k.arg(key) is not None:
+                drop.add(key)
+                why[key] = "the 1 GiB huge pages an earlier apply reserved go back to the host"
     return ArgChange(set=to_set, drop=frozenset(drop), why=why)
 
 

@@ -21,10 +21,11 @@ from passthrough.analysis.cards import METAVAR
 Kind = Literal["bool", "int", "list"]
 
 
-def positive_int(text: str) -> int:
-    """A count given on purpose: 1 or more (leaving the flag out means none)."""
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number of 1 or more")
+def count(text: str) -> int:
+    """A count given on purpose: 0 or more (0: none, and what an earlier apply reserved
+    goes; leaving the flag out keeps what an earlier apply reserved)."""
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number (0 for none)")
     return int(text)
 
 
@@ -109,9 +110,12 @@ OPTIONS: tuple[PlanOption, ...] = (
         "hugepages_1g",
         "int",
         "--hugepages-1g",
-        "reserve N x 1 GiB huge pages at boot (at most what the host's RAM can spare)",
-        "Number of 1 GiB huge pages to reserve at boot",
-        default=0,
+        "reserve N x 1 GiB huge pages at boot (at most what the host's RAM can spare); 0 "
+        "removes what an earlier apply reserved, and without the flag a new plan keeps it, "
+        "and says so",
+        "Number of 1 GiB huge pages to reserve at boot; 0 for none (what an earlier apply "
+        "reserved goes); null keeps what an earlier apply reserved",
+        default=None,
         metavar="N",
         module="hugepages",
     ),
@@ -150,7 +154,7 @@ def add_flags(p: argparse.ArgumentParser, bind: bool = False) -> None:
             p.add_argument(
                 opt.flag,
                 dest=opt.name,
-                type=positive_int,
+                type=count,
                 default=opt.default,
                 metavar=opt.metavar,
                 help=opt.help,
@@ -176,7 +180,7 @@ def values(source: argparse.Namespace | Mapping[str, Any], module: bool = False)
         key = opt.module_name if module else opt.name
         value = got.get(key, opt.default)
         if value is None:
-            value = opt.default
+            value = opt.default  # an int left out stays None: "not given"
         out[opt.name] = tuple(value) if opt.kind == "list" else value
     return out
 

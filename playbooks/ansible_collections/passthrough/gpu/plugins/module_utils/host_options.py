@@ -40,7 +40,7 @@ HOST_OPTIONS: dict[str, dict[str, Any]] = json.loads(
   },
   "hugepages": {
     "type": "int",
-    "default": 0
+    "default": null
   }
 }
 """

@@ -39,9 +39,11 @@ options:
     type: bool
     default: true
   hugepages:
-    description: Number of 1 GiB huge pages to reserve at boot
+    description:
+      - Number of 1 GiB huge pages to reserve at boot; 0 for none (what an earlier apply
+        reserved goes); left out, what an earlier apply reserved is kept
+        (C(passthrough plan --hugepages-1g))
     type: int
-    default: 0
   release:
     description:
       - Cards an earlier apply bound that go back to the host; without them a new plan keeps
