@@ -42,15 +42,20 @@ def test_every_json_output_of_the_host_chain_is_valid(
     root = tmp_path / "host"
     shutil.copytree(hosts["consumer-intel"], root, symlinks=True)
     r = str(root)
+    # every command that reads a host root names it, the same way
+    on_root = [
+        out(capsys, "scan", "--root", r),
+        out(capsys, "check", "--root", r),
+        out(capsys, "plan", "--root", r),
+        out(capsys, "apply", "--root", r),
+        out(capsys, "status", "--root", r),
+        out(capsys, "verify", "--root", r, code=1),
+        out(capsys, "undo", "--root", r),
+        out(capsys, "render", "--root", r, "--name", "g", "--gpu", "0000:01:00.0"),
+    ]
+    assert [d["root"] for d in on_root] == [r] * len(on_root)
     seen = [
-        valid(out(capsys, "scan", "--root", r)),
-        valid(out(capsys, "check", "--root", r)),
-        valid(out(capsys, "plan", "--root", r)),
-        valid(out(capsys, "apply", "--root", r)),
-        valid(out(capsys, "status", "--root", r)),
-        valid(out(capsys, "verify", "--root", r, code=1)),
-        valid(out(capsys, "undo", "--root", r)),
-        valid(out(capsys, "render", "--root", r, "--name", "g", "--gpu", "0000:01:00.0")),
+        *(valid(d) for d in on_root),
         valid(out(capsys, "snapshot", "--root", r, "-o", str(tmp_path / "s.tar.gz"))),
         valid(out(capsys, "sample", "list")),
         valid(out(capsys, "validate", "--list-rules")),

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     now = listed(tx)
     still = [argv for argv in owed(root) if argv not in now]
     if args.json:
-        dump(apply_json(tx, plan, still), "apply")
+        dump({"root": root.path, **apply_json(tx, plan, still)}, "apply")
         return EXIT_OK
     if tx is None:
         print("Nothing to do: the host already matches the plan.")

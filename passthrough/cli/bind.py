@@ -145,6 +145,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     if args.json:
         dump(
             {
+                "root": root.path,
                 "bound": bound,
                 "functions": addresses,
                 "vfio_drivers": drivers,

@@ -106,6 +106,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     if args.json:
         dump(
             {
+                "root": host.root,
                 "name": spec.name,
                 "xml": xml,
                 "warnings": warnings,

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
         confirm(args, "undo", lambda: status_text(st))
     result = undo(root, progress=progress(args), force=args.force)
     if args.json:
-        dump(result.to_json(), "undo")
+        dump({"root": root.path, **result.to_json()}, "undo")
     elif result.changed or result.commands:
         parts = [f"Restored {count(len(result.restored), 'file')}"]
         if result.unpicked:

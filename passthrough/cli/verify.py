@@ -39,7 +39,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     results = verify(root, discover(root))
     report = verify_json(results)
     if args.json:
-        dump(report, "verify")
+        dump({"root": root.path, **report}, "verify")
     else:
         print(render_checks(results, Painter(wants_color(sys.stdout, args.color))))
     return EXIT_OK if report["ok"] else EXIT_CHECK_FAILED
