@@ -2,7 +2,7 @@
 """Which libvirt, QEMU and OVMF a host has: what the address planner may use depends on them.
 
 Discovery reads them (``host/packages.py``: the root's dpkg database, and on the live host
-the tools themselves); what neither says is assumed (Debian 12) and marked so.
+the tools themselves); where neither says, Debian 12's versions stand in, marked so.
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ class Versions:
         }
 
 
-# Debian 12, what this project's CI runs: the default when the host root does not say.
-ASSUMED = "assumed (Debian 12)"
+# Debian 12, what this project's CI runs: the default when the host root does not say
+# (worded so that an Ubuntu or Fedora root does not read as if it were taken for Debian)
+ASSUMED = "not found on this root (Debian 12's versions stand in)"
 DEFAULT_VERSIONS = Versions((9, 0), (7, 2), (2022, 11), ASSUMED, ("libvirt", "qemu", "ovmf"))
 
 
