@@ -465,7 +465,11 @@ def test_which_versions_are_assumed() -> None:
 
     assert DEFAULT_VERSIONS.is_assumed("ovmf") and DEFAULT_VERSIONS.is_assumed("qemu")
     partly = Versions(
-        (9, 0), (7, 2), (2022, 11), "dpkg status; not found on this root (Debian 12's versions stand in): libvirt", ("libvirt",)
+        (9, 0),
+        (7, 2),
+        (2022, 11),
+        "dpkg status; not found on this root (Debian 12's versions stand in): libvirt",
+        ("libvirt",),
     )
     assert partly.is_assumed("libvirt") and not partly.is_assumed("ovmf")
     assert not KNOWN_DEBIAN12.is_assumed("ovmf")
