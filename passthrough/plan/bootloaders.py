@@ -104,11 +104,24 @@ class KernelCmdlineFile(Bootloader):
     def regenerate(self) -> Run:
         release = checked_release(self.host.kernel.release) or "$(uname -r)"
         return Run(
-            ("kernel-install", "add", release, f"/usr/lib/modules/{release}/vmlinuz"),
+            ("kernel-install", "add", release, *self._images(release)),
             "install the kernel with the new command line",
             touches=(),
             regenerate=True,
         )
+
+    def _images(self, release: str) -> tuple[str, ...]:
+        """The kernel image and the initramfs for kernel-install. Where the kernel package
+        keeps the image in /usr/lib/modules (Arch, Fedora), kernel-install's own plugins
+        make the initramfs. Debian and Ubuntu keep both in /boot (vmlinuz-R, initrd.img-R,
+        no /usr/lib/modules/R/vmlinuz) and no plugin of theirs makes one: an entry given
+        no initrd has none, and does not boot (the lab's systemd-boot stack)."""
+        modules = f"usr/lib/modules/{release}/vmlinuz"
+        boot = f"boot/vmlinuz-{release}"
+        if self.root.exists(modules) or not self.root.exists(boot):
+            return ("/" + modules,)
+        initrd = f"boot/initrd.img-{release}"
+        return ("/" + boot, "/" + initrd) if self.root.exists(initrd) else ("/" + boot,)
 
     def actions(self, change: ArgChange) -> list[Action]:
         text = self._read(self.PATH)

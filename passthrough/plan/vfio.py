@@ -227,7 +227,8 @@ def _dracut(root: HostRoot, mods: list[str]) -> InitramfsEdits:
         Run(
             ("dracut", "-f", "--regenerate-all"),
             "rebuild every initramfs",
-            touches=("boot/initramfs-*.img",),
+            # Fedora's name, and Debian's (dracut writes beside /boot/vmlinuz-R there)
+            touches=("boot/initramfs-*.img", "boot/initrd.img-*"),
             regenerate=True,
         ),
         [],
