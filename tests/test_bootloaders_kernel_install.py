@@ -25,46 +25,40 @@ def _kernel_install(path: Path) -> list[str]:
     return argv
 
 
-def _host(tmp_path: Path) -> tuple[Path, str]:
+NAMES = ("vmlinuz", "initrd.img")
+
+
+def _host(tmp_path: Path, *files: str) -> tuple[Path, str]:
+    """A Debian host on systemd-boot with ``files`` (``{}`` the running release)."""
     desc = fakehost.load("consumer-intel")
     boot = {"bootloader": "systemd-boot", "initramfs": "initramfs-tools"}
     path = fakehost.build(
         fakehost.Description({**desc.data, "boot": boot}, "consumer-intel"), tmp_path / "root"
     )
-    return path, discover(str(path)).kernel.release
+    release = discover(str(path)).kernel.release
+    for name in files:
+        (path / name.format(release)).parent.mkdir(parents=True, exist_ok=True)
+        (path / name.format(release)).write_bytes(b"made up")
+    return path, release
 
 
 def test_debian_kernel_and_initramfs_in_boot(tmp_path: Path) -> None:
     """Debian 12: /boot/vmlinuz-R and /boot/initrd.img-R, no /usr/lib/modules/R/vmlinuz."""
-    path, release = _host(tmp_path)
-    (path / f"boot/vmlinuz-{release}").write_bytes(b"kernel")
-    (path / f"boot/initrd.img-{release}").write_bytes(b"initramfs")
-    assert _kernel_install(path) == [
-        "kernel-install",
-        "add",
-        release,
-        f"/boot/vmlinuz-{release}",
-        f"/boot/initrd.img-{release}",
-    ]
+    path, release = _host(tmp_path, "boot/vmlinuz-{}", "boot/initrd.img-{}")
+    argv = _kernel_install(path)
+    assert argv == ["kernel-install", "add", release, *(f"/boot/{n}-{release}" for n in NAMES)]
 
 
 def test_kernel_in_usr_lib_modules_leaves_the_initramfs_to_the_plugins(tmp_path: Path) -> None:
     """Arch and Fedora: the image in /usr/lib/modules, kernel-install's plugins make the
     initramfs (a stale /boot image beside it is not passed)."""
-    path, release = _host(tmp_path)
-    (path / f"usr/lib/modules/{release}").mkdir(parents=True, exist_ok=True)
-    (path / f"usr/lib/modules/{release}/vmlinuz").write_bytes(b"kernel")
-    (path / f"boot/vmlinuz-{release}").write_bytes(b"kernel")
-    (path / f"boot/initrd.img-{release}").write_bytes(b"initramfs")
-    assert _kernel_install(path) == [
-        "kernel-install",
-        "add",
-        release,
-        f"/usr/lib/modules/{release}/vmlinuz",
-    ]
+    path, release = _host(
+        tmp_path, "usr/lib/modules/{}/vmlinuz", "boot/vmlinuz-{}", "boot/initrd.img-{}"
+    )
+    argv = _kernel_install(path)
+    assert argv == ["kernel-install", "add", release, f"/usr/lib/modules/{release}/vmlinuz"]
 
 
 def test_debian_kernel_without_an_initramfs(tmp_path: Path) -> None:
-    path, release = _host(tmp_path)
-    (path / f"boot/vmlinuz-{release}").write_bytes(b"kernel")
+    path, release = _host(tmp_path, "boot/vmlinuz-{}")
     assert _kernel_install(path)[3:] == [f"/boot/vmlinuz-{release}"]

@@ -6,16 +6,12 @@ clean."""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).parents[2]
+from .script import TOOLS, UEFI_TOOLS, run_lab_script
+
 CARD = ["0000:01:00.0", "0000:01:00.1"]
 pytestmark = pytest.mark.lab
 
@@ -27,33 +23,9 @@ pytestmark = pytest.mark.lab
 def test_boot_stack_apply_reboot_undo(
     tmp_path: Path, stack: str, bootloader: str, initramfs: str
 ) -> None:
-    assert os.geteuid() == 0, "the stack images are built with debootstrap: run as root (CI does)"
-    tools = ["qemu-system-x86_64", "debootstrap", "mkfs.ext4", "mkfs.vfat", "mcopy", "sfdisk"]
-    tools += ["ssh", "ssh-keygen"] + (["grub-mkstandalone"] if bootloader == "grub" else [])
-    for tool in tools:
-        assert shutil.which(tool), f"{tool} is required (scripts/setup.sh test installs it)"
-    artifacts = Path(os.environ.get("PASSTHROUGH_LAB_ARTIFACTS", REPO / "lab-artifacts"))
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "lab/stacks.py"),
-            stack,
-            "--json",
-            "--artifacts",
-            str(artifacts / stack),
-            "--keep",
-            str(tmp_path / "work"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=2400,
-        check=False,
-    )
-    (tmp_path / "lab.log").write_text(r.stderr)
-    (tmp_path / "result.json").write_text(r.stdout)
-    assert r.returncode == 0, r.stderr[-3000:]
-    result = json.loads(r.stdout)
-    assert result["ok"] and result["stack"] == stack
+    tools = TOOLS + UEFI_TOOLS + (["grub-mkstandalone"] if bootloader == "grub" else [])
+    result = run_lab_script(tmp_path, "stacks.py", [stack], tools, 2400, stack)
+    assert result["stack"] == stack
     # discovery named the stack from the real tree, and the plan used its tools
     boot = result["first"]["boot"]
     assert (boot["bootloader"], boot["initramfs"]) == (bootloader, initramfs)
