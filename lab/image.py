@@ -49,6 +49,7 @@ GRUB_DEFAULTS = (
 )
 ROOT_FSTAB = "LABEL=labroot / ext4 defaults,errors=remount-ro 0 1\n"
 ESP_LABEL = "LABESP"
+ROOT_GIB = 3
 ESP_TYPE = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
 LINUX_TYPE = "0FC63DAF-8483-4772-8E79-3D69D8477DE4"
 
@@ -219,10 +220,6 @@ def disk(
     staging = _staging(src or tree(), work, public_key, users)
     tune(staging)
     esp_dir = esp_tree(staging, work)
-    root_img = work / "root.img"
-    root_img.unlink(missing_ok=True)
-    _run(["mkfs.ext4", "-q", "-F", "-L", "labroot", "-d", str(staging), str(root_img), "3G"])
-    shutil.rmtree(staging)
     esp = work / "esp.img"
     esp.unlink(missing_ok=True)
     _run(["mkfs.vfat", "-n", ESP_LABEL, "-C", str(esp), str(esp_mib * 1024)])
@@ -232,7 +229,7 @@ def disk(
     out.unlink(missing_ok=True)
     esp_start, esp_sectors = 2048, esp_mib * 2048
     root_start = esp_start + esp_sectors
-    root_sectors = root_img.stat().st_size // 512
+    root_sectors = ROOT_GIB << 21
     with open(out, "wb") as fh:
         fh.truncate((root_start + root_sectors + 2048) * 512)
     layout = (
@@ -256,17 +253,22 @@ def disk(
             "status=none",
         ]
     )
+    # the root file system made in place, at its partition's offset (no copy of it)
     _run(
         [
-            "dd",
-            f"if={root_img}",
-            f"of={out}",
-            "bs=1M",
-            f"seek={root_start * 512 // (1 << 20)}",
-            "conv=notrunc,sparse",
-            "status=none",
+            "mkfs.ext4",
+            "-q",
+            "-F",
+            "-L",
+            "labroot",
+            "-E",
+            f"offset={root_start * 512}",
+            "-d",
+            str(staging),
+            str(out),
+            f"{ROOT_GIB}G",
         ]
     )
-    root_img.unlink()
+    shutil.rmtree(staging)
     esp.unlink()
     return out

@@ -53,23 +53,18 @@ MACHINE_ID = "5ab1ab0a7f3e4c1b9d2e6f8a0b1c2d3e\n"
 
 
 @contextlib.contextmanager
-def _proc(tree: Path) -> Iterator[None]:
+def _mounted(what: list[str], where: Path) -> Iterator[None]:
+    subprocess.run(["mount", *what, str(where)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def _proc(tree: Path) -> contextlib.AbstractContextManager[None]:
     """/proc in the chroot while Debian's package scripts run (dracut and kernel-install
     read it)."""
-    subprocess.run(["mount", "-t", "proc", "proc", str(tree / "proc")], check=True)
-    try:
-        yield
-    finally:
-        subprocess.run(["umount", "-l", str(tree / "proc")], check=False)
-
-
-@contextlib.contextmanager
-def _bind(path: Path) -> Iterator[None]:
-    subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
-    try:
-        yield
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
+    return _mounted(["-t", "proc", "proc"], tree / "proc")
 
 
 def _chroot(tree: Path, *argv: str) -> str:
@@ -103,17 +98,15 @@ def _prepare_systemd_boot(tmp: Path) -> None:
     (tmp / "etc/machine-id").write_text(MACHINE_ID)
     (tmp / "etc/kernel").mkdir(exist_ok=True)
     (tmp / "etc/kernel/cmdline").write_text(KERNEL_CMDLINE)
-    esp = tmp / "boot/efi"
-    (esp / MACHINE_ID.strip()).mkdir(parents=True)
-    (esp / "loader/entries").mkdir(parents=True)
-    (esp / "loader/loader.conf").write_text("timeout 0\n")
-    efi = (tmp / "usr/lib/systemd/boot/efi/systemd-bootx64.efi").read_bytes()
-    for rel in ("EFI/systemd/systemd-bootx64.efi", "EFI/BOOT/BOOTX64.EFI"):
-        (esp / rel).parent.mkdir(parents=True, exist_ok=True)
-        (esp / rel).write_bytes(efi)
     release = image.release_of(tmp)
-    # the ESP a mount point, as in the guest: the entry's paths are relative to it
-    with _proc(tmp), _bind(esp):
+    esp = tmp / "boot/efi"
+    esp.mkdir(parents=True)
+    made = tmp / "boot/efi.made"
+    # the ESP a file system of its own while kernel-install writes, as in the guest: the
+    # entry's paths are relative to its mount point
+    with _proc(tmp), _mounted(["-t", "tmpfs", "esp"], esp):
+        (esp / MACHINE_ID.strip()).mkdir()
+        (esp / "loader/entries").mkdir(parents=True)
         _chroot(
             tmp,
             "kernel-install",
@@ -122,6 +115,14 @@ def _prepare_systemd_boot(tmp: Path) -> None:
             f"/boot/vmlinuz-{release}",
             f"/boot/initrd.img-{release}",
         )
+        shutil.copytree(esp, made)
+    esp.rmdir()
+    made.rename(esp)
+    (esp / "loader/loader.conf").write_text("timeout 0\n")
+    efi = (tmp / "usr/lib/systemd/boot/efi/systemd-bootx64.efi").read_bytes()
+    for rel in ("EFI/systemd/systemd-bootx64.efi", "EFI/BOOT/BOOTX64.EFI"):
+        (esp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (esp / rel).write_bytes(efi)
     entry = esp / f"loader/entries/{MACHINE_ID.strip()}-{release}.conf"
     if not entry.exists():
         raise RuntimeError(f"kernel-install wrote no loader entry {entry.name}")
@@ -181,7 +182,7 @@ STACKS = {
         _esp_from_boot_efi,
         256,
         "lsinitramfs",
-        2,
+        3,
     ),
 }
 
