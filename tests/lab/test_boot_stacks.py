@@ -43,6 +43,12 @@ def test_boot_stack_apply_reboot_undo(
     on = result["applied"]
     assert set(applied["args"]) <= set(on["cmdline"])
     assert any(n.startswith("vfio-pci.ko") for n in on["initramfs"])
+    # the card's display ID is shared with the negative case's display, so the plan binds
+    # per device: the udev rule must be in the initramfs as well (dracut copied it only
+    # once the plan named it in install_items; initramfs-tools copies it by itself)
+    assert applied["binding"] == "driver_override"
+    assert "40-passthrough-vfio.rules" in on["initramfs"]
+    assert "passthrough-vfio.conf" in on["initramfs"]
     assert on["drivers"] == dict.fromkeys(CARD, "vfio-pci")
     # undo: /etc as before, the next boot's entry without ours; after a reboot, clean
     assert not set(applied["args"]) & set(result["undo"]["boot_entry"].split())
