@@ -113,9 +113,12 @@ class KernelCmdlineFile(Bootloader):
     def _images(self, release: str) -> tuple[str, ...]:
         """The kernel image and the initramfs for kernel-install. Where the kernel package
         keeps the image in /usr/lib/modules (Arch, Fedora), kernel-install's own plugins
-        make the initramfs. Debian and Ubuntu keep both in /boot (vmlinuz-R, initrd.img-R,
-        no /usr/lib/modules/R/vmlinuz) and no plugin of theirs makes one: an entry given
-        no initrd has none, and does not boot (the lab's systemd-boot stack)."""
+        make the initramfs. Debian and Ubuntu keep both in /boot (vmlinuz-R, initrd.img-R)
+        and have no /usr/lib/modules/R/vmlinuz: Debian 12's kernel-install refuses that
+        argument ("not a file", exit 1), after the initramfs was already rebuilt (found on
+        the lab's systemd-boot boot). The initramfs is named too: Debian's own plugin
+        (85-initrd.install) would pick it, a kernel-install without that plugin would write
+        an entry with none, which does not boot."""
         modules = f"usr/lib/modules/{release}/vmlinuz"
         boot = f"boot/vmlinuz-{release}"
         if self.root.exists(modules) or not self.root.exists(boot):
