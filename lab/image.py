@@ -47,6 +47,9 @@ GRUB_DEFAULTS = (
     'GRUB_CMDLINE_LINUX="console=ttyS0"\n'
     "GRUB_TERMINAL=serial\n"
 )
+ROOT_FSTAB = "LABEL=labroot / ext4 defaults,errors=remount-ro 0 1\n"
+ESP_LABEL = "LABESP"
+ROOT_GIB = 3
 ESP_TYPE = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
 LINUX_TYPE = "0FC63DAF-8483-4772-8E79-3D69D8477DE4"
 
@@ -79,10 +82,11 @@ def cached_debootstrap(
     return path
 
 
-def _prepare_lab(tmp: Path) -> None:
+def prepare_base(tmp: Path) -> None:
+    """What every lab tree needs to boot and be reached: its name, its root by label,
+    DHCP on the wired interface through systemd-networkd."""
     (tmp / "etc/hostname").write_text("lab-host\n")
-    (tmp / "etc/fstab").write_text("LABEL=labroot / ext4 defaults,errors=remount-ro 0 1\n")
-    (tmp / "etc/default/grub").write_text(GRUB_DEFAULTS)
+    (tmp / "etc/fstab").write_text(ROOT_FSTAB)
     (tmp / "etc/systemd/network").mkdir(parents=True, exist_ok=True)
     (tmp / "etc/systemd/network/20-wired.network").write_text(NETWORK)
     wants = tmp / "etc/systemd/system/multi-user.target.wants"
@@ -90,6 +94,11 @@ def _prepare_lab(tmp: Path) -> None:
     link = wants / "systemd-networkd.service"
     if not link.exists():
         link.symlink_to("/lib/systemd/system/systemd-networkd.service")
+
+
+def _prepare_lab(tmp: Path) -> None:
+    prepare_base(tmp)
+    (tmp / "etc/default/grub").write_text(GRUB_DEFAULTS)
     # '*': no password can match, yet the account is not locked (sshd accepts its key)
     _run(["chroot", str(tmp), "useradd", "--create-home", "--shell", "/bin/bash", "-p", "*", USER])
     sudoers = tmp / f"etc/sudoers.d/{USER}"
@@ -120,15 +129,17 @@ def _authorize(staging: Path, user: str, public_key: str) -> None:
         os.chown(path, uid, gid)
 
 
-def _staging(src: Path, work: Path, public_key: str) -> Path:
-    """A private copy of the cached tree that root and the lab user log into with
-    ``public_key``."""
+def _staging(
+    src: Path, work: Path, public_key: str, users: tuple[str, ...] = ("root", USER)
+) -> Path:
+    """A private copy of the cached tree that ``users`` (root and the lab user) log into
+    with ``public_key``."""
     work.mkdir(parents=True, exist_ok=True)
     staging = work / "root"
     shutil.rmtree(staging, ignore_errors=True)
     _run(["cp", "-a", str(src), str(staging)])
     (staging / ".complete").unlink()
-    for user in ("root", USER):
+    for user in users:
         _authorize(staging, user, public_key)
     return staging
 
@@ -147,16 +158,22 @@ def image(work: Path, public_key: str, size: str = "3G") -> tuple[Path, Path, Pa
     return img, kernel, initrd
 
 
-def disk(work: Path, public_key: str) -> Path:
-    """A GPT disk that boots through OVMF: an ESP holding a standalone GRUB that reads
-    /boot/grub/grub.cfg from the root partition — so what update-grub writes there is what
-    the next boot uses, as on a physical host."""
-    src = tree()
-    staging = _staging(src, work, public_key)
-    # initramfs for this machine's own hardware: update-initramfs under TCG takes minutes with
-    # Debian's default MODULES=most; the lab tests that it runs, not how much it packs
+def modules_dep(staging: Path) -> None:
+    """initramfs for this machine's own hardware: update-initramfs under TCG takes minutes
+    with Debian's default MODULES=most; the lab tests that it runs, not how much it packs."""
     (staging / "etc/initramfs-tools/conf.d/lab.conf").write_text("MODULES=dep\n")
-    release = sorted(p.name[len("vmlinuz-") :] for p in (staging / "boot").glob("vmlinuz-*"))[-1]
+
+
+def release_of(tree: Path) -> str:
+    """The newest kernel release installed in ``tree``."""
+    return sorted(p.name[len("vmlinuz-") :] for p in (tree / "boot").glob("vmlinuz-*"))[-1]
+
+
+def grub_esp(staging: Path, work: Path) -> Path:
+    """An ESP tree holding a standalone GRUB that reads /boot/grub/grub.cfg from the root
+    partition, so what update-grub writes there is what the next boot uses; and the first
+    boot's grub.cfg."""
+    release = release_of(staging)
     (staging / "boot/grub").mkdir(parents=True, exist_ok=True)
     # the first boot's menu; update-grub inside the lab replaces it
     (staging / "boot/grub/grub.cfg").write_text(
@@ -165,28 +182,54 @@ def disk(work: Path, public_key: str) -> Path:
         f"  linux /boot/vmlinuz-{release} root=LABEL=labroot ro console=ttyS0 quiet\n"
         f"  initrd /boot/initrd.img-{release}\n}}\n"
     )
-    root_img = work / "root.img"
-    root_img.unlink(missing_ok=True)
-    _run(["mkfs.ext4", "-q", "-F", "-L", "labroot", "-d", str(staging), str(root_img), "3G"])
-    shutil.rmtree(staging)
     early = work / "early.cfg"
     early.write_text(
         # modules come from the image's own memdisk ($prefix stays there); the menu from the disk
         "insmod part_gpt\ninsmod ext2\ninsmod configfile\ninsmod normal\ninsmod linux\n"
         "search --no-floppy --label labroot --set=root\nconfigfile ($root)/boot/grub/grub.cfg\n"
     )
-    efi = work / "BOOTX64.EFI"
-    _run(["grub-mkstandalone", "-O", "x86_64-efi", "-o", str(efi), f"boot/grub/grub.cfg={early}"])
+    esp = work / "esp"
+    shutil.rmtree(esp, ignore_errors=True)
+    (esp / "EFI/BOOT").mkdir(parents=True)
+    _run(
+        [
+            "grub-mkstandalone",
+            "-O",
+            "x86_64-efi",
+            "-o",
+            str(esp / "EFI/BOOT/BOOTX64.EFI"),
+            f"boot/grub/grub.cfg={early}",
+        ]
+    )
+    return esp
+
+
+def disk(
+    work: Path,
+    public_key: str,
+    src: Path | None = None,
+    tune: Callable[[Path], None] = modules_dep,
+    esp_tree: Callable[[Path, Path], Path] = grub_esp,
+    esp_mib: int = 64,
+    users: tuple[str, ...] = ("root", USER),
+) -> Path:
+    """A GPT disk that boots through OVMF: an ESP (its files from ``esp_tree``, which may
+    take them out of the staged root) and the root partition, ``src`` (the lab tree by
+    default) as ``tune`` leaves it. By default the ESP holds a standalone GRUB reading
+    /boot/grub/grub.cfg from the root, as on a physical host."""
+    staging = _staging(src or tree(), work, public_key, users)
+    tune(staging)
+    esp_dir = esp_tree(staging, work)
     esp = work / "esp.img"
     esp.unlink(missing_ok=True)
-    _run(["mkfs.vfat", "-C", str(esp), str(64 * 1024)])
-    _run(["mmd", "-i", str(esp), "::/EFI", "::/EFI/BOOT"])
-    _run(["mcopy", "-i", str(esp), str(efi), "::/EFI/BOOT/BOOTX64.EFI"])
+    _run(["mkfs.vfat", "-n", ESP_LABEL, "-C", str(esp), str(esp_mib * 1024)])
+    _run(["mcopy", "-s", "-i", str(esp), *map(str, sorted(esp_dir.iterdir())), "::/"])
+    shutil.rmtree(esp_dir)
     out = work / "disk.img"
     out.unlink(missing_ok=True)
-    esp_start, esp_sectors = 2048, 64 * 2048
+    esp_start, esp_sectors = 2048, esp_mib * 2048
     root_start = esp_start + esp_sectors
-    root_sectors = root_img.stat().st_size // 512
+    root_sectors = ROOT_GIB << 21
     with open(out, "wb") as fh:
         fh.truncate((root_start + root_sectors + 2048) * 512)
     layout = (
@@ -210,17 +253,22 @@ def disk(work: Path, public_key: str) -> Path:
             "status=none",
         ]
     )
+    # the root file system made in place, at its partition's offset (no copy of it)
     _run(
         [
-            "dd",
-            f"if={root_img}",
-            f"of={out}",
-            "bs=1M",
-            f"seek={root_start * 512 // (1 << 20)}",
-            "conv=notrunc,sparse",
-            "status=none",
+            "mkfs.ext4",
+            "-q",
+            "-F",
+            "-L",
+            "labroot",
+            "-E",
+            f"offset={root_start * 512}",
+            "-d",
+            str(staging),
+            str(out),
+            f"{ROOT_GIB}G",
         ]
     )
-    root_img.unlink()
+    shutil.rmtree(staging)
     esp.unlink()
     return out

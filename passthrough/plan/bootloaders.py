@@ -104,11 +104,27 @@ class KernelCmdlineFile(Bootloader):
     def regenerate(self) -> Run:
         release = checked_release(self.host.kernel.release) or "$(uname -r)"
         return Run(
-            ("kernel-install", "add", release, f"/usr/lib/modules/{release}/vmlinuz"),
+            ("kernel-install", "add", release, *self._images(release)),
             "install the kernel with the new command line",
             touches=(),
             regenerate=True,
         )
+
+    def _images(self, release: str) -> tuple[str, ...]:
+        """The kernel image and the initramfs for kernel-install. Where the kernel package
+        keeps the image in /usr/lib/modules (Arch, Fedora), kernel-install's own plugins
+        make the initramfs. Debian and Ubuntu keep both in /boot (vmlinuz-R, initrd.img-R)
+        and have no /usr/lib/modules/R/vmlinuz: Debian 12's kernel-install refuses that
+        argument ("not a file", exit 1), after the initramfs was already rebuilt (found on
+        the lab's systemd-boot boot). The initramfs is named too: Debian's own plugin
+        (85-initrd.install) would pick it, a kernel-install without that plugin would write
+        an entry with none, which does not boot."""
+        modules = f"usr/lib/modules/{release}/vmlinuz"
+        boot = f"boot/vmlinuz-{release}"
+        if self.root.exists(modules) or not self.root.exists(boot):
+            return ("/" + modules,)
+        initrd = f"boot/initrd.img-{release}"
+        return ("/" + boot, "/" + initrd) if self.root.exists(initrd) else ("/" + boot,)
 
     def actions(self, change: ArgChange) -> list[Action]:
         text = self._read(self.PATH)

@@ -96,10 +96,11 @@ def variants_apart(sel: Selection, drivers: dict[str, str]) -> Selection:
 
 def _binding(
     root: HostRoot, host: Host, sel: Selection, drivers: dict[str, str]
-) -> tuple[list[Action], list[str]]:
+) -> tuple[list[Action], list[str], bool]:
     """modprobe.d (ours, and our IDs in another file's ids= read after ours) and the
     per-device udev rule (every function when IDs are ambiguous, else those bound to a vfio
-    variant driver), with a note for each other modprobe.d line about vfio."""
+    variant driver), with a note for each other modprobe.d line about vfio; and whether the
+    rule is in use."""
     actions: list[Action] = []
     deps = vfio.softdeps(root, host, sel.functions)
     ids, notes, theirs = modprobe_conflicts.review(
@@ -126,7 +127,7 @@ def _binding(
         actions.append(
             RemoveFile(vfio.UDEV_RULE, "IDs are unambiguous now; per-device overrides not needed")
         )
-    return actions, notes
+    return actions, notes, bool(per_device)
 
 
 def _binding_actions(
@@ -134,9 +135,9 @@ def _binding_actions(
 ) -> list[Action]:
     """vfio-pci at boot for the selection: modprobe.d, the udev rule, the initramfs. Files
     first, commands after them (the initramfs reads modprobe.d)."""
-    actions, bind_notes = _binding(root, host, sel, drivers)
+    actions, bind_notes, rule = _binding(root, host, sel, drivers)
     notes += bind_notes
-    init_writes, rebuild, init_notes = vfio.initramfs_actions(root, host)
+    init_writes, rebuild, init_notes = vfio.initramfs_actions(root, host, rule)
     notes += init_notes
     for write in init_writes:
         actions += _write_if_changed(root, write)

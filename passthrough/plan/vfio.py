@@ -166,18 +166,20 @@ def udev_rule(functions: list[PciFunction], drivers: dict[str, str] | None = Non
 InitramfsEdits = tuple[list[WriteFile], Run | None, list[str]]
 
 
-def initramfs_actions(root: HostRoot, host: Host) -> InitramfsEdits:
+def initramfs_actions(root: HostRoot, host: Host, rule: bool = False) -> InitramfsEdits:
     """The early-loading edits for the host's initramfs tool (as they should read; the
     planner drops those already in place) and the command that rebuilds the image. Every one
     of these tools copies /etc/modprobe.d into the image, and initramfs-tools copies the
     custom rules of /etc/udev/rules.d too (the lab saw the driver_override rule applied inside
-    the initramfs): a change to any of those files needs the rebuild, not only these edits."""
+    the initramfs): a change to any of those files needs the rebuild, not only these edits.
+    dracut copies only the rules its modules name: ``rule`` (the per-device udev rule is in
+    use) puts ours in its install_items."""
     mods = early_modules(host)
     kind = host.boot.initramfs
     if kind is InitramfsKind.INITRAMFS_TOOLS:
         return _initramfs_tools(root, mods)
     if kind is InitramfsKind.DRACUT:
-        return _dracut(root, mods)
+        return _dracut(root, mods, rule)
     if kind is InitramfsKind.MKINITCPIO:
         return _mkinitcpio(root, mods)
     return [], None, ["no initramfs tool recognised: vfio-pci binds once the root filesystem is up"]
@@ -215,9 +217,12 @@ def _initramfs_tools(root: HostRoot, mods: list[str]) -> InitramfsEdits:
     )
 
 
-def _dracut(root: HostRoot, mods: list[str]) -> InitramfsEdits:
+def _dracut(root: HostRoot, mods: list[str], rule: bool = False) -> InitramfsEdits:
     later_override(root, DRACUT, "force_drivers")
-    body = HEADER + f'force_drivers+=" {" ".join(mods)} "\n' + f'install_items+=" /{MODPROBE} "\n'
+    # the lab's Debian + dracut boot found the rule missing from the image: the card waited
+    # for the real root's udev, after any GPU driver the initramfs loads
+    items = " ".join(f"/{p}" for p in (MODPROBE, UDEV_RULE)[: 2 if rule else 1])
+    body = HEADER + f'force_drivers+=" {" ".join(mods)} "\n' + f'install_items+=" {items} "\n'
     return (
         [
             WriteFile(
@@ -227,7 +232,8 @@ def _dracut(root: HostRoot, mods: list[str]) -> InitramfsEdits:
         Run(
             ("dracut", "-f", "--regenerate-all"),
             "rebuild every initramfs",
-            touches=("boot/initramfs-*.img",),
+            # Fedora's name, and Debian's (dracut writes beside /boot/vmlinuz-R there)
+            touches=("boot/initramfs-*.img", "boot/initrd.img-*"),
             regenerate=True,
         ),
         [],

@@ -4,51 +4,20 @@ toolkit run inside it over SSH. See lab/run.py for the stages."""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).parents[2]
+from .script import TOOLS, UEFI_TOOLS, run_lab_script
+
 pytestmark = pytest.mark.lab
 
 
 def _run_lab(tmp_path: Path, *flags: str) -> dict[str, Any]:
-    assert os.geteuid() == 0, "the lab image is built with debootstrap: run as root (CI does)"
-    tools = ["qemu-system-x86_64", "debootstrap", "mkfs.ext4", "ssh", "ssh-keygen"]
-    if "--full" in flags:
-        tools += ["grub-mkstandalone", "mkfs.vfat", "mcopy", "sfdisk"]
-    for tool in tools:
-        assert shutil.which(tool), f"{tool} is required (scripts/setup.sh test installs it)"
-    artifacts = Path(os.environ.get("PASSTHROUGH_LAB_ARTIFACTS", REPO / "lab-artifacts"))
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "lab/run.py"),
-            *flags,
-            "--json",
-            "--artifacts",
-            str(artifacts),
-            "--keep",
-            str(tmp_path / "work"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=3600,  # the full chain with both nested boots: 35 min at load 6
-        check=False,
-    )
-    # what the lab said (each stage and its time) and its result, beside its work directory
-    (tmp_path / "lab.log").write_text(r.stderr)
-    (tmp_path / "result.json").write_text(r.stdout)
-    assert r.returncode == 0, r.stderr[-3000:]
-    result: dict[str, Any] = json.loads(r.stdout)
-    assert result["ok"]
-    return result
+    tools = TOOLS + (["grub-mkstandalone", *UEFI_TOOLS] if "--full" in flags else [])
+    # the full chain with both nested boots: 35 min at load 6
+    return run_lab_script(tmp_path, "run.py", list(flags), tools, 3600, "")
 
 
 def test_lab_on_a_real_kernel(tmp_path: Path) -> None:
