@@ -30,7 +30,17 @@ REPO = Path(__file__).parents[1]
 # -- tiers: what a test needs beyond Python decides its tier (docs/testing.md) ---------------
 # A bare `pytest` runs the quick tier (no root, no daemon, no Ansible run); CI runs them all
 # (`pytest -m ""`). A test's tier comes from this table, its fixtures, or its own marker.
-TIER_MARKERS = ("root", "libvirtd", "fleet", "umockdev", "realworld", "faults", "slow", "lab")
+TIER_MARKERS = (
+    "root",
+    "libvirtd",
+    "fleet",
+    "umockdev",
+    "realworld",
+    "faults",
+    "slow",
+    "lab",
+    "bootstacks",
+)
 MODULE_TIERS: dict[str, tuple[str, ...]] = {
     # real ansible-playbook / ansible-doc / ansible-test runs: seconds to minutes each
     "test_ansible.py": ("fleet",),
@@ -43,6 +53,8 @@ MODULE_TIERS: dict[str, tuple[str, ...]] = {
     "test_realworld_boot.py": ("realworld",),
     # libvirt's own test domains, fetched by setup.sh test into the test cache
     "test_libvirt_corpus.py": ("realworld",),
+    # the other boot stacks on a real boot: tens of minutes each, not in CI's run
+    "test_boot_stacks.py": ("lab", "bootstacks"),
 }
 NAME_TIERS: dict[str, tuple[str, ...]] = {
     "test_guest_role_": ("fleet",),  # tests/test_guest.py: the guest role's real playbook runs
