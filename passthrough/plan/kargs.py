@@ -249,6 +249,15 @@ def desired(host: Host, opts: KargOptions, configured: Sequence[str] = ()) -> Ar
         else:
             to_set["video"] = "video=efifb:off"
             why["video"] = "keeps the EFI framebuffer off the boot GPU"
+    _hugepages(opts, k, to_set, drop, why)
+    return ArgChange(set=to_set, drop=frozenset(drop), why=why)
+
+
+def _hugepages(
+    opts: KargOptions, k: _Args, to_set: dict[str, str], drop: set[str], why: dict[str, str]
+) -> None:
+    """1 GiB pages reserved at boot, or (``release_hugepages``) those an earlier apply
+    reserved taken out again."""
     if opts.hugepages_1g:
         to_set["default_hugepagesz"] = "default_hugepagesz=1G"
         to_set["hugepagesz"] = "hugepagesz=1G"
@@ -260,7 +269,6 @@ def desired(host: Host, opts: KargOptions, configured: Sequence[str] = ()) -> Ar
             if k.arg(key) is not None:
                 drop.add(key)
                 why[key] = "the 1 GiB huge pages an earlier apply reserved go back to the host"
-    return ArgChange(set=to_set, drop=frozenset(drop), why=why)
 
 
 def describe(change: ArgChange) -> list[str]:
