@@ -41,6 +41,14 @@ COLLECTIONS = REPO / "playbooks"
 ROUND_TRIPS: list[tuple[type[XMLObject], str, object, str]] = [
     (domxml.Domain, "type", "kvm", "<domain type='kvm'/>"),
     (domxml.Domain, "arch", "ppc64le", "<domain><os><type arch='ppc64le'/></os></domain>"),
+    (domxml.Domain, "machine", "q35", "<domain><os><type machine='q35'/></os></domain>"),
+    (domxml.Domain, "firmware", "efi", "<domain><os firmware='efi'/></domain>"),
+    (
+        domxml.Domain,
+        "loader",
+        "/usr/share/OVMF/OVMF_CODE_4M.fd",
+        "<domain><os><loader>/usr/share/OVMF/OVMF_CODE_4M.fd</loader></os></domain>",
+    ),
     (domxml.HostDev, "type", "pci", "<hostdev type='pci'/>"),
     (domxml.HostDev, "mode", "subsystem", "<hostdev mode='subsystem'/>"),
     (domxml.HostDev, "driver", "vfio", "<hostdev><driver name='vfio'/></hostdev>"),

@@ -272,6 +272,9 @@ class Domain(XMLObject):
     __slots__ = ()
     type = XMLField("@type", STR)
     arch = XMLField("os/type/@arch", STR)
+    machine = XMLField("os/type/@machine", STR)
+    firmware = XMLField("os/@firmware", STR)  # efi, bios, or absent (a <loader> decides)
+    loader = XMLField("os/loader", STR)  # the firmware image's path
     memory = XMLChild(Memory, "memory")
     max_memory = XMLChild(Memory, "maxMemory")
     hard_limit = XMLChild(Memory, "memtune/hard_limit")

@@ -77,6 +77,48 @@ def _guest_bits(dom: Domain, host: Host, versions: Versions) -> tuple[int, str]:
     return QEMU_DEFAULT_PHYS_BITS, "unreadable <maxphysaddr>: QEMU's default"
 
 
+def _by_guest_bus(dom: Domain, host: Host) -> dict[int, list[PciFunction]]:
+    """The host's functions the domain passes, by the guest bus each sits on."""
+    by_bus: dict[int, list[PciFunction]] = {}
+    for hd in dom.pci_hostdevs:
+        src = hd.source
+        fn = host.function(src) if src is not None else None
+        guest = hd.guest
+        bus = guest.bus if guest is not None else None
+        if fn is not None:
+            by_bus.setdefault(bus if bus is not None else -1 - len(by_bus), []).append(fn)
+    return by_bus
+
+
+def _boots_ovmf(dom: Domain) -> bool:
+    """UEFI firmware on q35: what builds a 64-bit MMIO window at all (SeaBIOS does not)."""
+    loader = (dom.loader or "").lower()
+    uefi = dom.firmware == "efi" or any(n in loader for n in ("ovmf", "edk2", "uefi"))
+    return uefi and (dom.machine or "").startswith(("q35", "pc-q35"))
+
+
+def window_sure(domain: Domain | Element, host: Host, versions: Versions | None = None) -> bool:
+    """Whether the domain's 64-bit window surely holds its hostdevs' BARs: no window finding,
+    UEFI on q35, and either OVMF's version known (its own sizing relied on, as render relies
+    on it) or a window the domain sets itself (``X-PciMmio64Mb``) large enough. With OVMF's
+    version only a stand-in, render does not rely on OVMF's own sizing, and neither does
+    this."""
+    if versions is None:
+        versions = host_versions(host)
+    dom = Domain.of(domain)
+    if not _boots_ovmf(dom):
+        return False
+    if any(
+        f.code in (MMIO_TOO_SMALL, MMIO_ABOVE_LIMIT) for f in layout_findings(dom, host, versions)
+    ):
+        return False
+    if not versions.is_assumed("ovmf"):
+        return True
+    need, _ = pack(card_bars(fns) for fns in _by_guest_bus(dom, host).values())
+    x_mib = _x_pcimmio64(dom)
+    return x_mib is not None and x_mib * MIB >= need + DEVICE_ROOM
+
+
 def layout_findings(
     domain: Domain | Element, host: Host, versions: Versions | None = None
 ) -> list[Finding]:
@@ -87,15 +129,8 @@ def layout_findings(
     if versions is None:
         versions = host_versions(host)
     dom = Domain.of(domain)
-    by_bus: dict[int, list[PciFunction]] = {}
-    for hd in dom.pci_hostdevs:
-        src = hd.source
-        fn = host.function(src) if src is not None else None
-        guest = hd.guest
-        bus = guest.bus if guest is not None else None
-        if fn is not None:
-            by_bus.setdefault(bus if bus is not None else -1 - len(by_bus), []).append(fn)
     out: list[Finding] = []
+    by_bus = _by_guest_bus(dom, host)
     if not by_bus:
         return out
     devices = tuple(sorted(f.address for fns in by_bus.values() for f in fns))

@@ -260,15 +260,10 @@ def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
     from dataclasses import replace
 
     from passthrough.analysis import policy
-    from passthrough.analysis.codes import (
-        LARGE_BAR,
-        MMIO_ABOVE_LIMIT,
-        MMIO_TOO_SMALL,
-        UNKNOWN_DEVICE,
-    )
+    from passthrough.analysis.codes import LARGE_BAR, UNKNOWN_DEVICE
     from passthrough.model import Severity
     from passthrough.vm import memlock
-    from passthrough.vm.layout_check import layout_findings
+    from passthrough.vm.layout_check import layout_findings, window_sure
 
     known = facts(host).known
     for d in devs:
@@ -297,9 +292,9 @@ def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
     # refusal: validate cannot know how the host was set up.
     findings = policy.verdict_findings(host, taken, allow_boot_gpu=True)
     layout = layout_findings(ctx.doc, host)
-    if not any(f.code in (MMIO_TOO_SMALL, MMIO_ABOVE_LIMIT) for f in layout):
-        # the address check finds the domain's window big enough: a large BAR is handled
-        # here, not a warning a --strict gate should fail on
+    if window_sure(ctx.doc, host):
+        # the domain's window surely holds the BARs (layout_check.window_sure): a large BAR
+        # is handled here, not a warning a --strict gate should fail on
         held = "; this domain's window holds it"
         findings = [
             replace(f, severity=Severity.INFO, message=f.message + held)
