@@ -124,6 +124,26 @@ def test_host_play_check_then_apply_then_nothing(tmp_path: Path) -> None:
     assert undone.ok and not (a / "etc/default/grub.d/99-passthrough.cfg").exists()
 
 
+def test_host_role_keeps_the_pages_an_earlier_apply_reserved_unless_told(tmp_path: Path) -> None:
+    """The CLI's rule in the role: passthrough_host_hugepages left at its default (null)
+    keeps the 1 GiB pages an earlier apply reserved (here the CLI's), 0 gives them back."""
+    from passthrough.cli import main
+
+    root = _root(tmp_path, "h", "consumer-intel")
+    assert main(["apply", "--root", str(root), "--hugepages-1g", "8", "--yes", "-q"]) == 0
+    dropin = root / "etc/default/grub.d/99-passthrough.cfg"
+    assert "hugepages=8" in dropin.read_text()
+    kept = run(str(_inventory(tmp_path, {"h": {"passthrough_root": str(root)}})), "host.yml")
+    assert kept.ok and kept.hosts["h"].changed == 0, summary_table(kept)
+    assert "hugepages=8" in dropin.read_text()
+    inv = _inventory(
+        tmp_path, {"h": {"passthrough_root": str(root), "passthrough_host_hugepages": 0}}
+    )
+    given_back = run(str(inv), "host.yml")
+    assert given_back.ok and given_back.hosts["h"].changed >= 1, summary_table(given_back)
+    assert "hugepage" not in dropin.read_text() and "vfio-pci.ids=" in dropin.read_text()
+
+
 def test_bad_values_stop_that_host_and_others_go_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
