@@ -213,6 +213,7 @@ class LibvirtDaemon:
     path: str  # the unit file that defines it (drop-ins applied on top)
     memlock: int | None  # LimitMEMLOCK's hard value in bytes; None: infinity or not set
     memlock_text: str  # as written ("64M"); "" when not set
+    memlock_from: str  # the file whose LimitMEMLOCK= line wins (a drop-in, or path); "" unset
     can_raise: bool  # root with CAP_SYS_RESOURCE: libvirt's prlimit may go above memlock
     why_capped: str  # when it cannot: "as User=libvirt", "without CAP_SYS_RESOURCE"
     enabled: bool  # linked into a .wants directory under etc/systemd/system

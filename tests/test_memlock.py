@@ -201,6 +201,9 @@ def test_drop_ins_apply_in_order_and_etc_hides_the_same_name(host_root: Path) ->
     by_unit = {d.unit: d for d in discover(str(host_root)).libvirt_daemons}
     libvirtd, virtqemud = by_unit["libvirtd.service"], by_unit["virtqemud.service"]
     assert libvirtd.memlock == 2 * GIB and libvirtd.memlock_text == "1G:2G"
+    # the file the winning line is in: what a message must name for the admin to edit
+    assert libvirtd.memlock_from == "/etc/systemd/system/libvirtd.service.d/zz-limit.conf"
+    assert libvirtd.path == "/lib/systemd/system/libvirtd.service"
     assert not libvirtd.can_raise and "CAP_SYS_RESOURCE" in libvirtd.why_capped
     assert libvirtd.enabled and not virtqemud.enabled and virtqemud.can_raise
     # service.d/ drop-ins apply to every service
@@ -293,6 +296,8 @@ def test_validate_tells_a_daemon_that_cannot_raise_its_limit(
         tmp_path, domain(extra=locked), "--host-root", str(host_root), capsys=capsys
     )
     assert "to no limit (<locked/>)" in str(found[0]["message"])
+    # no finite limit serves <locked/>: the fix it names is infinity
+    assert "set LimitMEMLOCK=infinity in a drop-in" in str(found[0]["message"])
     _, found = validate(
         tmp_path,
         domain(),

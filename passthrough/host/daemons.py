@@ -94,12 +94,12 @@ def read_daemon(root: HostRoot, unit: str) -> LibvirtDaemon | None:
     if found is None:
         return None
     main, dropins = found
-    memlock_text, user = "", ""
+    memlock_text, memlock_from, user = "", "", ""
     bounding: set[str] | None = None  # None: every capability
     for path in (main, *dropins):
         for key, value in _service_keys(root.read(path) or ""):
             if key == "LimitMEMLOCK":
-                memlock_text = value
+                memlock_text, memlock_from = value, "/" + path
             elif key == "User":
                 user = value
             elif key == "CapabilityBoundingSet":
@@ -116,6 +116,7 @@ def read_daemon(root: HostRoot, unit: str) -> LibvirtDaemon | None:
         path="/" + main,
         memlock=memlock,
         memlock_text=memlock_text,
+        memlock_from=memlock_from,
         can_raise=not why,
         why_capped=why,
         enabled=_enabled(root, unit),

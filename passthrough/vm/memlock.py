@@ -208,11 +208,13 @@ def shortfalls(estimate: Estimate, daemons: tuple[LibvirtDaemon, ...] = ()) -> l
             continue
         wanted = "no limit (<locked/>)" if applied is None else _gib(applied)
         gap = "" if applied is None else f", {_gib(applied - d.memlock)} short"
+        # <locked/> asks for no limit at all: only infinity (or the capability) serves
+        to = "infinity" if applied is None else f"at least {_gib(applied)}"
         message = (
             f"{d.unit} runs {d.why_capped}, so it cannot raise QEMU's locked-memory limit "
-            f"above its LimitMEMLOCK={d.memlock_text} ({_gib(d.memlock)}, {d.path}) to "
-            f"{wanted}{gap} ({need}): the guest would not start; raise LimitMEMLOCK in a "
-            f"drop-in ({d.unit}.d/*.conf)"
+            f"above its LimitMEMLOCK={d.memlock_text} ({_gib(d.memlock)}, {d.memlock_from}) "
+            f"to {wanted}{gap} ({need}): the guest would not start; set LimitMEMLOCK={to} in "
+            f"a drop-in ({d.unit}.d/*.conf), or let it keep CAP_SYS_RESOURCE as root"
         )
         out.append(Shortfall(message, "devices", MEMLOCK_CAPPED))
     return out
