@@ -11,19 +11,27 @@ imports (a quarter of a second each, hundreds of times in the quick tier).
 What is decided when an interpreter starts cannot be given to a fork: an environment that
 changes Python's own settings or the locale (``PYTHON*``, ``LANG``, ``LC_*``) runs a real
 ``python -m passthrough``, and so does any call with ``fresh=True`` (start-up, imports and
-signals under test)."""
+signals under test). The child puts back what the test process set up for itself (pytest's
+warning recorder and log handlers, faulthandler) but inherits the rest of its state: modules
+already imported (a ``tarfile.py`` in the working directory is not picked up, as ``-m``
+would), anything a test monkeypatched (such a test must use ``fresh=True``), and it skips
+``atexit`` handlers (``os._exit``; the CLI registers none)."""
 
 from __future__ import annotations
 
+import faulthandler
 import io
+import logging
 import os
 import selectors
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -31,6 +39,10 @@ PT = [sys.executable, "-m", "passthrough"]
 MAIN = str(Path(__file__).parents[1] / "passthrough" / "__main__.py")
 # settings the interpreter reads once, at start-up
 _STARTUP = ("PYTHON", "LANG", "LC_")
+# how warnings are shown and filtered before pytest records them per test (this module is
+# imported at collection, outside any test): the child shows them on its stderr again
+_SHOWWARNING = warnings.showwarning
+_FILTERS = list(warnings.filters)
 
 
 def _startup_differs(env: Mapping[str, str]) -> bool:
@@ -95,6 +107,12 @@ def _child(
         if cwd is not None:
             os.chdir(cwd)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        # what the test process set up for itself is not the command's: pytest's warning
+        # recorder, its log handlers, faulthandler on its own descriptor
+        warnings.showwarning = _SHOWWARNING
+        warnings.filters[:] = _FILTERS
+        logging.root.handlers.clear()
+        faulthandler.disable()
         # the standard streams as a new interpreter opens them on pipes (UTF-8 here)
         sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8")
@@ -128,6 +146,16 @@ def _child(
         os._exit(code & 0xFF)
 
 
+def _feed(fd: int, data: bytes) -> None:
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+    except BrokenPipeError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _collect(
     pid: int,
     argv: list[str],
@@ -138,13 +166,9 @@ def _collect(
     timeout: float,
 ) -> subprocess.CompletedProcess[str]:
     if input is not None:
-        data = input.encode()
-        try:
-            while data:
-                data = data[os.write(in_w, data) :]
-        except BrokenPipeError:
-            pass
-        os.close(in_w)
+        # fed beside the reading below: a child that answers before it has read all of its
+        # input fills its pipes while we write, and neither would go on
+        threading.Thread(target=_feed, args=(in_w, input.encode()), daemon=True).start()
     chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
     deadline = time.monotonic() + timeout
     with selectors.DefaultSelector() as sel:
