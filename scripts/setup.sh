@@ -134,7 +134,7 @@ echo "==> ruff"
 .venv/bin/ruff format --check passthrough tests benchmarks playbooks/ansible_collections/passthrough/gpu/plugins lab
 echo "==> mypy (strict)"
 .venv/bin/mypy
-# Every tier but one: the boot stacks (dracut, systemd-boot) take 20-50 minutes under TCG,
+# Every tier but one: the boot stacks (dracut, systemd-boot) take 23-27 minutes each under TCG,
 # more than CI's hour allows beside the rest; `bash scripts/setup.sh bootstacks` runs them
 echo "==> pytest (every tier but bootstacks: a bare pytest runs the quick tier only)"
 .venv/bin/python -m pytest -q -m "not bootstacks"
