@@ -522,3 +522,17 @@ def test_man_pages_are_the_parsers_and_format_cleanly(regenerate: bool, tmp_path
     ).stdout
     plain = re.sub(".\b", "", apply).replace("‐", "-")  # no overstrike, no hyphen glyphs
     assert "-y, --yes" in plain and "exit codes:" in plain
+
+
+def test_render_says_a_warning_once_for_every_card_it_holds(
+    hosts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The HGX's eight H100s share one NVSwitch warning: one line, the count before the
+    code; --json keeps one entry per card (what each card was told)."""
+    root = str(hosts["hgx-h100"])
+    assert main(["render", "--root", root, "--name", "g"]) == 0
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.endswith("[nvswitch]")]
+    assert len(lines) == 1 and lines[0].endswith("(the same for 8 cards) [nvswitch]"), lines
+    assert main(["render", "--root", root, "--name", "g", "--json"]) == 0
+    told = json.loads(capsys.readouterr().out)["warnings"]
+    assert sum(w.endswith("[nvswitch]") for w in told) == 8

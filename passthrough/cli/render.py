@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections import Counter
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
@@ -91,8 +92,11 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     spec = build_spec(host, vm_options(args))
     xml = render(spec)
     warnings = [*spec.warnings, *memlock_warnings(xml, host)]
-    for w in warnings:
-        warn(w)
+    # one line per warning: the same one for each of eight cards is said once, with the count
+    said = Counter(warnings)
+    for w in said:
+        text, code = (w[: w.rindex(" [")], w[w.rindex(" [") :]) if w.endswith("]") else (w, "")
+        warn(w if said[w] == 1 else f"{text} (the same for {said[w]} cards){code}")
     layout = spec.layout.as_json() if spec.layout else None
     for line in layout["decisions"] if layout else []:  # the address planner's reasons
         note(args, f"layout: {line}")
