@@ -24,20 +24,24 @@ PACKAGES = (
     # Ansible logs in as an ordinary user and becomes root through sudo
     "sudo,"
     # the lab host's own libvirt + QEMU + OVMF for a nested guest, and the toolkit's
-    # Python dependencies from Debian (the library is put on the path, as pip would)
+    # Python dependencies from Debian (the library itself is not in the image: the full
+    # chain's host play installs it into a venv that sees these; stage one copies it in)
     "dbus,libpam-systemd,libvirt-daemon-system,libvirt-clients,qemu-system-x86,ovmf,python3-libvirt,"
     "python3-jinja2,python3-lxml,python3-yaml,python3-pyudev,python3-pycdlib,"
     # the nested guest's initramfs: one static shell and its applets
     "busybox-static"
 )
 NETWORK = "[Match]\nName=en* eth*\n\n[Network]\nDHCP=yes\n"
+# as Debian's installer writes it: sudo resolves the host's own name (without the line it
+# warns "unable to resolve host lab-host" on every command)
+HOSTS = "127.0.0.1\tlocalhost\n127.0.1.1\tlab-host\n"
 # The user Ansible logs in as: no password (key only), root through sudo without one, as a
 # cloud image's default user; root's own key stays for the lab's inspection
 USER = "lab"
 SUDOERS = f"{USER} ALL=(ALL:ALL) NOPASSWD: ALL\n"
 RECIPE = (
     f"debootstrap --variant=minbase --include={PACKAGES} bookworm {MIRROR}\n{NETWORK}\n"
-    f"useradd {USER}\n{SUDOERS}rev 4"
+    f"useradd {USER}\n{SUDOERS}{HOSTS}rev 5"
 )
 # GRUB as Debian's installer leaves it, plus a serial console for the lab's log.
 GRUB_DEFAULTS = (
@@ -81,6 +85,7 @@ def cached_debootstrap(
 
 def _prepare_lab(tmp: Path) -> None:
     (tmp / "etc/hostname").write_text("lab-host\n")
+    (tmp / "etc/hosts").write_text(HOSTS)
     (tmp / "etc/fstab").write_text("LABEL=labroot / ext4 defaults,errors=remount-ro 0 1\n")
     (tmp / "etc/default/grub").write_text(GRUB_DEFAULTS)
     (tmp / "etc/systemd/network").mkdir(parents=True, exist_ok=True)

@@ -81,6 +81,11 @@ def test_full_chain_through_a_real_reboot(tmp_path: Path) -> None:
     again = result["host_again"]["host"]
     assert again["changed"] == 0 and again["ok"] > 0 and not again["reboot_required"]
     assert again["failed"] == 0 and again["unreachable"] == 0
+    # the lab host had no library: the first play installed the controller's into a venv,
+    # the second left it as it was (the same identity, the file not written again)
+    runtime = result["runtime"]
+    assert runtime["library"].startswith("/opt/passthrough/venv/") and "+" in runtime["identity"]
+    assert result["host_again"]["runtime"] == runtime
     assert result["guest"]["attached"] == card and result["guest"]["qemu_vfio_devices"] == 2
     assert set(result["guest"]["drivers_after"].values()) == {"vfio-pci"}
     # the nested guest booted its kernel through OVMF and printed its own view: the card
