@@ -116,7 +116,7 @@ class Lab:
         # the lab host's Python with the library: the system's in stage one (put there by
         # boot), the collection's venv in the full chain (installed by the host play)
         self.python = "python3"
-        self.installed: dict[str, str] = {}
+        self.installed: dict[str, Any] = {}
 
     def stage(self, name: str, fn: Callable[[], Any]) -> Any:
         self.say(f"[lab] {name} ...")
@@ -295,6 +295,7 @@ class Lab:
             raise LabFailed(f"the lab host is not bare: {bare.stderr.strip()[-300:]}")
         boot_id = self.sh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
         result = self.provision("host.yml")
+        result["bare"] = bare.stderr.strip().splitlines()[-1]
         self.python = f"{VENV}/bin/python"
         self.installed = result["runtime"] = self.runtime()
         if not result["hosts"]["lab-host"]["changed"]:
@@ -316,17 +317,25 @@ class Lab:
             raise LabFailed(f"regeneration commands did not run: {ran}")
         return result
 
-    def runtime(self) -> dict[str, str]:
-        """What the collection installed: the identity in the venv, when it was written, and
-        where the venv's Python finds the library."""
+    def runtime(self) -> dict[str, Any]:
+        """What the collection installed: the identity in the venv, when the venv was made and
+        when the identity was written (the install step's last act, so the difference is its
+        time on the host), and where the venv's Python finds the library."""
         r = self.sh(
-            f"cat {VENV}/passthrough-runtime && stat -c %Y {VENV}/passthrough-runtime && "
+            f"cat {VENV}/passthrough-runtime && stat -c %.3Y {VENV}/pyvenv.cfg "
+            f"{VENV}/passthrough-runtime && "
             f"{VENV}/bin/python -c 'import passthrough; print(passthrough.__file__)'"
         )
         lines = r.stdout.split()
-        if r.returncode != 0 or len(lines) != 3 or not lines[2].startswith(VENV + "/"):
+        if r.returncode != 0 or len(lines) != 4 or not lines[3].startswith(VENV + "/"):
             raise LabFailed(f"no runtime in {VENV}: {r.stdout.strip()} {r.stderr.strip()[-300:]}")
-        return {"identity": lines[0], "written": lines[1], "library": lines[2]}
+        return {
+            "identity": lines[0],
+            "created": lines[1],
+            "written": lines[2],
+            "install_seconds": round(float(lines[2]) - float(lines[1]), 1),
+            "library": lines[3],
+        }
 
     def provision_again(self) -> dict[str, Any]:
         """The host play a second time on the prepared host: every task ok, none changed,
@@ -751,6 +760,7 @@ class Lab:
                 "accel": self.accel,
                 "timings": self.timings,
                 "provision_seconds": host["seconds"],
+                "bare_host": host["bare"],
                 "runtime": host["runtime"],
                 "ansible_user": image.USER,
                 "host_again": again,

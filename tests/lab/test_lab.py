@@ -81,10 +81,20 @@ def test_full_chain_through_a_real_reboot(tmp_path: Path) -> None:
     again = result["host_again"]["host"]
     assert again["changed"] == 0 and again["ok"] > 0 and not again["reboot_required"]
     assert again["failed"] == 0 and again["unreachable"] == 0
-    # the lab host had no library: the first play installed the controller's into a venv,
-    # the second left it as it was (the same identity, the file not written again)
+    # the lab host had no library (its python3 could not import it, no venv): the first
+    # play installed the controller's into the collection's venv, the second left it as it
+    # was (the same identity, neither the venv nor the identity file written again)
+    assert result["bare_host"] == "ModuleNotFoundError: No module named 'passthrough'"
     runtime = result["runtime"]
-    assert runtime["library"].startswith("/opt/passthrough/venv/") and "+" in runtime["identity"]
+    assert (
+        runtime["library"]
+        == "/opt/passthrough/venv/lib/python3.11/site-packages/passthrough/__init__.py"
+    )
+    if str(REPO / "playbooks") not in sys.path:
+        sys.path.append(str(REPO / "playbooks"))
+    from ansible_collections.passthrough.gpu.plugins.plugin_utils.runtime import identity
+
+    assert runtime["identity"] == identity() and runtime["install_seconds"] > 0
     assert result["host_again"]["runtime"] == runtime
     assert result["guest"]["attached"] == card and result["guest"]["qemu_vfio_devices"] == 2
     assert set(result["guest"]["drivers_after"].values()) == {"vfio-pci"}
