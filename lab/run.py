@@ -70,7 +70,8 @@ CARD = "0000:01:00.0"
 CARD_FUNCTIONS = ["0000:01:00.0", "0000:01:00.1"]
 NEGATIVE = "0000:02:01.0"
 NEGATIVE_PEER = "0000:02:02.0"
-APPEND = "root=/dev/vda rw console=ttyS0 intel_iommu=on iommu=pt"
+# no_timer_check: see image.GRUB_DEFAULTS
+APPEND = "root=/dev/vda rw console=ttyS0 no_timer_check intel_iommu=on iommu=pt"
 SRC = "/opt/passthrough-src"
 # the venv the collection installs the controller's library into (passthrough_runtime)
 VENV = "/opt/passthrough/venv"
