@@ -24,28 +24,36 @@ PACKAGES = (
     # Ansible logs in as an ordinary user and becomes root through sudo
     "sudo,"
     # the lab host's own libvirt + QEMU + OVMF for a nested guest, and the toolkit's
-    # Python dependencies from Debian (the library is put on the path, as pip would)
+    # Python dependencies from Debian (the library itself is not in the image: the full
+    # chain's host play installs it into a venv that sees these; stage one copies it in)
     "dbus,libpam-systemd,libvirt-daemon-system,libvirt-clients,qemu-system-x86,ovmf,python3-libvirt,"
     "python3-jinja2,python3-lxml,python3-yaml,python3-pyudev,python3-pycdlib,"
     # the nested guest's initramfs: one static shell and its applets
     "busybox-static"
 )
 NETWORK = "[Match]\nName=en* eth*\n\n[Network]\nDHCP=yes\n"
+# as Debian's installer writes it: sudo resolves the host's own name (without the line it
+# warns "unable to resolve host lab-host" on every command)
+HOSTS = "127.0.0.1\tlocalhost\n127.0.1.1\tlab-host\n"
 # The user Ansible logs in as: no password (key only), root through sudo without one, as a
 # cloud image's default user; root's own key stays for the lab's inspection
 USER = "lab"
 SUDOERS = f"{USER} ALL=(ALL:ALL) NOPASSWD: ALL\n"
-RECIPE = (
-    f"debootstrap --variant=minbase --include={PACKAGES} bookworm {MIRROR}\n{NETWORK}\n"
-    f"useradd {USER}\n{SUDOERS}rev 4"
-)
-# GRUB as Debian's installer leaves it, plus a serial console for the lab's log.
+# GRUB as Debian's installer leaves it, plus a serial console for the lab's log and
+# no_timer_check (as Fedora's and RHEL's cloud images have it): under TCG on a loaded machine the
+# kernel's early check that the IO-APIC timer ticks can miss its window, and with interrupt
+# remapping on that is a panic ("timer doesn't work through Interrupt-remapped IO-APIC",
+# seen on the lab host's reboot at load 6)
 GRUB_DEFAULTS = (
     "GRUB_DEFAULT=0\nGRUB_TIMEOUT=0\n"
     "GRUB_DISTRIBUTOR=`lsb_release -i -s 2> /dev/null || echo Debian`\n"
     'GRUB_CMDLINE_LINUX_DEFAULT="quiet"\n'
-    'GRUB_CMDLINE_LINUX="console=ttyS0"\n'
+    'GRUB_CMDLINE_LINUX="console=ttyS0 no_timer_check"\n'
     "GRUB_TERMINAL=serial\n"
+)
+RECIPE = (
+    f"debootstrap --variant=minbase --include={PACKAGES} bookworm {MIRROR}\n{NETWORK}\n"
+    f"useradd {USER}\n{SUDOERS}{HOSTS}{GRUB_DEFAULTS}rev 6"
 )
 ROOT_FSTAB = "LABEL=labroot / ext4 defaults,errors=remount-ro 0 1\n"
 ESP_LABEL = "LABESP"
@@ -98,6 +106,7 @@ def prepare_base(tmp: Path) -> None:
 
 def _prepare_lab(tmp: Path) -> None:
     prepare_base(tmp)
+    (tmp / "etc/hosts").write_text(HOSTS)
     (tmp / "etc/default/grub").write_text(GRUB_DEFAULTS)
     # '*': no password can match, yet the account is not locked (sshd accepts its key)
     _run(["chroot", str(tmp), "useradd", "--create-home", "--shell", "/bin/bash", "-p", "*", USER])
@@ -179,7 +188,7 @@ def grub_esp(staging: Path, work: Path) -> Path:
     (staging / "boot/grub/grub.cfg").write_text(
         "set timeout=0\nserial --unit=0 --speed=115200\nterminal_output serial\n"
         "menuentry 'Debian (lab first boot)' {\n  search --no-floppy --label labroot --set=root\n"
-        f"  linux /boot/vmlinuz-{release} root=LABEL=labroot ro console=ttyS0 quiet\n"
+        f"  linux /boot/vmlinuz-{release} root=LABEL=labroot ro console=ttyS0 no_timer_check quiet\n"
         f"  initrd /boot/initrd.img-{release}\n}}\n"
     )
     early = work / "early.cfg"

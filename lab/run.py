@@ -15,10 +15,13 @@ Stage one (each stage prints what it does and how long it took):
           kernel's bind events through pyudev; the negative case is refused and left alone
 
 --full, the whole chain on a disk that boots through OVMF and GRUB:
-  provision  `passthrough provision --playbook host.yml` over SSH as the user `lab`, root
-             through sudo (become): checks, plan, apply (real update-initramfs and
-             update-grub inside), the reboot through Ansible, verify; then the same play
-             again, which must report 0 changed and not reboot
+  provision  the lab host has no passthrough library (stage one copies it onto python3's
+             path; the full chain does not); `passthrough provision --playbook host.yml`
+             over SSH as the user `lab`, root through sudo (become): the collection
+             installs the controller's wheel into /opt/passthrough/venv, then checks,
+             plan, apply (real update-initramfs and update-grub inside), the reboot
+             through Ansible, verify; then the same play again, which must report 0
+             changed, not reboot, and leave the venv as it was
   verify     /proc/cmdline, `passthrough verify`, both functions on vfio-pci, the negative
              case untouched and refused
   guest      `passthrough provision --playbook vm.yml`: the lab host's own libvirt renders,
@@ -67,8 +70,11 @@ CARD = "0000:01:00.0"
 CARD_FUNCTIONS = ["0000:01:00.0", "0000:01:00.1"]
 NEGATIVE = "0000:02:01.0"
 NEGATIVE_PEER = "0000:02:02.0"
-APPEND = "root=/dev/vda rw console=ttyS0 intel_iommu=on iommu=pt"
+# no_timer_check: see image.GRUB_DEFAULTS
+APPEND = "root=/dev/vda rw console=ttyS0 no_timer_check intel_iommu=on iommu=pt"
 SRC = "/opt/passthrough-src"
+# the venv the collection installs the controller's library into (passthrough_runtime)
+VENV = "/opt/passthrough/venv"
 GUEST = "lab-guest"
 COMPANION = CARD_FUNCTIONS[1]  # the card's second function (a USB controller)
 BIG = "0000:03:00.0"  # the large-BAR stand-in (ivshmem-plain, BAR2 64 GiB)
@@ -108,6 +114,10 @@ class Lab:
         self.artifact_files: list[Path] = []
         self.ours: list[str] = []  # the arguments our GRUB drop-in appends
         self.admin_grub = ""  # sha256 of /etc/default/grub as the admin's edit left it
+        # the lab host's Python with the library: the system's in stage one (put there by
+        # boot), the collection's venv in the full chain (installed by the host play)
+        self.python = "python3"
+        self.installed: dict[str, Any] = {}
 
     def stage(self, name: str, fn: Callable[[], Any]) -> Any:
         self.say(f"[lab] {name} ...")
@@ -125,7 +135,7 @@ class Lab:
         return r
 
     def pt(self, args: str) -> subprocess.CompletedProcess[str]:
-        return self.sh(f"python3 -m passthrough {args}")
+        return self.sh(f"{self.python} -m passthrough {args}")
 
     # -- stages -------------------------------------------------------------------------
     def _key(self) -> Path:
@@ -149,10 +159,12 @@ class Lab:
         initrd: Path | None,
         key: Path,
         tree: Callable[[], Path] = image.tree,
+        library: bool = True,
     ) -> float:
         """Start the machine (direct kernel boot, or UEFI from the disk when no kernel is
-        given: the bootloader on its ESP), wait for sshd, and put the toolkit inside. The KVM
-        probe boots ``kernel``, or the newest one of the image's ``tree``."""
+        given: the bootloader on its ESP), wait for sshd, and put the toolkit inside unless
+        ``library`` is false (the full chain: the collection installs it). The KVM probe
+        boots ``kernel``, or the newest one of the image's ``tree``."""
         probe_kernel = kernel or tree() / f"boot/vmlinuz-{image.release_of(tree())}"
         self.accel = "kvm" if machine.kvm_works(probe_kernel) else "tcg"
         self.say(f"[lab] accelerator: {self.accel}")
@@ -161,6 +173,8 @@ class Lab:
         )
         self.machine.start()
         seconds = self.machine.wait_ssh()
+        if not library:
+            return seconds
         # the library and its template, on python3's path as an installed package would be
         # (its dependencies are Debian's python3-* packages in the image)
         self.machine.copy_to(REPO / "passthrough", SRC)
@@ -237,8 +251,9 @@ class Lab:
             "ansible_ssh_private_key_file": str(m.key),
             "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
             "ansible_python_interpreter": "/usr/bin/python3",
-            # the lab puts the library on the system Python (boot): no runtime venv yet
-            "passthrough_runtime": "none",
+            # the host has no library: the collection installs the controller's (its wheel,
+            # copied over) into a venv of its own (passthrough_runtime's default, venv)
+            "passthrough_runtime_venv": VENV,
             "passthrough_host_gpus": [CARD],
             "passthrough_reboot_ok": True,
             "passthrough_vm_wait_ssh": False,
@@ -282,8 +297,15 @@ class Lab:
         if "iommu=pt" in cmdline:
             raise LabFailed(f"the first boot already has iommu=pt: {cmdline}")
         self.baseline = self.sh(self.FILES).stdout
+        # a bare host: neither the system's python3 nor a venv has the library
+        bare = self.sh(f"python3 -c 'import passthrough' || test -e {VENV}")
+        if "No module named 'passthrough'" not in bare.stderr or bare.returncode == 0:
+            raise LabFailed(f"the lab host is not bare: {bare.stderr.strip()[-300:]}")
         boot_id = self.sh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
         result = self.provision("host.yml")
+        result["bare"] = bare.stderr.strip().splitlines()[-1]
+        self.python = f"{VENV}/bin/python"
+        self.installed = result["runtime"] = self.runtime()
         if not result["hosts"]["lab-host"]["changed"]:
             raise LabFailed("the host play changed nothing")
         # Debian's kernel has the Intel IOMMU on by default: the plan adds iommu=pt
@@ -303,6 +325,26 @@ class Lab:
             raise LabFailed(f"regeneration commands did not run: {ran}")
         return result
 
+    def runtime(self) -> dict[str, Any]:
+        """What the collection installed: the identity in the venv, when the venv was made and
+        when the identity was written (the install step's last act, so the difference is its
+        time on the host), and where the venv's Python finds the library."""
+        r = self.sh(
+            f"cat {VENV}/passthrough-runtime && stat -c %.3Y {VENV}/pyvenv.cfg "
+            f"{VENV}/passthrough-runtime && "
+            f"{VENV}/bin/python -c 'import passthrough; print(passthrough.__file__)'"
+        )
+        lines = r.stdout.split()
+        if r.returncode != 0 or len(lines) != 4 or not lines[3].startswith(VENV + "/"):
+            raise LabFailed(f"no runtime in {VENV}: {r.stdout.strip()} {r.stderr.strip()[-300:]}")
+        return {
+            "identity": lines[0],
+            "created": lines[1],
+            "written": lines[2],
+            "install_seconds": round(float(lines[2]) - float(lines[1]), 1),
+            "library": lines[3],
+        }
+
     def provision_again(self) -> dict[str, Any]:
         """The host play a second time on the prepared host: every task ok, none changed,
         no reboot; and the plays' root came through sudo (its journal names the lab user)."""
@@ -313,6 +355,9 @@ class Lab:
             raise LabFailed(f"the second host play was not a no-op: {host}")
         if self.sh("cat /proc/sys/kernel/random/boot_id").stdout.strip() != boot_id:
             raise LabFailed("the second host play rebooted the lab host")
+        runtime = self.runtime()
+        if runtime != self.installed:  # the install step too did nothing
+            raise LabFailed(f"the second host play touched the runtime: {runtime}")
         # sudo logs each command it runs; Ansible's become runs its modules that way
         journal = self.sh("journalctl -b -o cat _COMM=sudo").stdout
         become = [
@@ -322,7 +367,12 @@ class Lab:
         ]
         if not become:
             raise LabFailed(f"no sudo to root by {image.USER} in this boot's journal")
-        return {"host": host, "seconds": result["seconds"], "sudo_commands": len(become)}
+        return {
+            "host": host,
+            "seconds": result["seconds"],
+            "sudo_commands": len(become),
+            "runtime": runtime,
+        }
 
     def reboot(self) -> float:
         assert self.machine is not None
@@ -407,7 +457,7 @@ class Lab:
         r = self.sh(f"{build} && cp $(ls /boot/vmlinuz-* | tail -1) {IMAGES}/nested-vmlinuz")
         if r.returncode != 0:
             raise LabFailed(f"building the nested guest's initramfs: {r.stderr.strip()[-800:]}")
-        r = self.sh(f"python3 {SRC}/lab/nested_render.py {NESTED} {CARD} {BIG} {NESTED_MIB}")
+        r = self.sh(f"{self.python} {SRC}/lab/nested_render.py {NESTED} {CARD} {BIG} {NESTED_MIB}")
         if r.returncode != 0:
             raise LabFailed(f"rendering the nested guest: {r.stderr.strip()[-800:]}")
         rendered: dict[str, Any] = json.loads(r.stdout)
@@ -425,7 +475,7 @@ class Lab:
         path = f"/tmp/{NESTED}-{tag}.xml"
         self.sh(f"cat > {path} <<'LAB_XML_EOF'\n{booted}\nLAB_XML_EOF")
         (self.work / f"{NESTED}-{tag}.xml").write_text(booted)
-        r = self.sh(f"python3 {SRC}/lab/nested_render.py --check {path}")
+        r = self.sh(f"{self.python} {SRC}/lab/nested_render.py --check {path}")
         if r.returncode != 0:
             raise LabFailed(f"layout check of the {tag} domain: {r.stderr.strip()[-800:]}")
         codes = [f["code"] for f in json.loads(r.stdout)]
@@ -687,7 +737,10 @@ class Lab:
                 return image.disk(self.work, (self.work / "id_lab.pub").read_text()), key
 
             disk, key = self.stage("image", build)
-            self.stage("boot (UEFI, GRUB from disk)", lambda: self.boot(disk, None, None, key))
+            self.stage(
+                "boot (UEFI, GRUB from disk)",
+                lambda: self.boot(disk, None, None, key, library=False),
+            )
             host = self.stage(
                 "provision host.yml (apply, Ansible reboot, verify)", self.provision_host
             )
@@ -720,6 +773,8 @@ class Lab:
                 "accel": self.accel,
                 "timings": self.timings,
                 "provision_seconds": host["seconds"],
+                "bare_host": host["bare"],
+                "runtime": host["runtime"],
                 "ansible_user": image.USER,
                 "host_again": again,
                 "guest": guest,
