@@ -93,10 +93,11 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     xml = render(spec)
     warnings = [*spec.warnings, *memlock_warnings(xml, host)]
     # one line per warning: the same one for each of eight cards is said once, with the count
-    said = Counter(warnings)
-    for w in said:
-        text, code = (w[: w.rindex(" [")], w[w.rindex(" [") :]) if w.endswith("]") else (w, "")
-        warn(w if said[w] == 1 else f"{text} (the same for {said[w]} cards){code}")
+    for w, n in Counter(warnings).items():
+        if n > 1:  # the count goes before the code in brackets, which stays last
+            head, sep, code = w.rpartition(" [")
+            w = f"{head} (the same for {n} cards){sep}{code}" if sep else f"{w} ({n} times)"
+        warn(w)
     layout = spec.layout.as_json() if spec.layout else None
     for line in layout["decisions"] if layout else []:  # the address planner's reasons
         note(args, f"layout: {line}")

@@ -4,6 +4,8 @@ the planner (layout.py), applied to XML someone else wrote (validate's "host" ru
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from passthrough.analysis.codes import (
     BITS_ABOVE_IOMMU,
     MMIO_ABOVE_LIMIT,
@@ -97,20 +99,18 @@ def _boots_ovmf(dom: Domain) -> bool:
     return uefi and (dom.machine or "").startswith(("q35", "pc-q35"))
 
 
-def window_sure(domain: Domain | Element, host: Host, versions: Versions | None = None) -> bool:
-    """Whether the domain's 64-bit window surely holds its hostdevs' BARs: no window finding,
-    UEFI on q35, and either OVMF's version known (its own sizing relied on, as render relies
-    on it) or a window the domain sets itself (``X-PciMmio64Mb``) large enough. With OVMF's
-    version only a stand-in, render does not rely on OVMF's own sizing, and neither does
-    this."""
-    if versions is None:
-        versions = host_versions(host)
+def window_sure(
+    domain: Domain | Element, host: Host, found: Sequence[Finding], versions: Versions
+) -> bool:
+    """Whether the domain's 64-bit window surely holds its hostdevs' BARs, given what
+    :func:`layout_findings` ``found`` with these ``versions``: no window finding, UEFI on
+    q35, and either OVMF's version known (its own sizing relied on, as render relies on it)
+    or a window the domain sets itself (``X-PciMmio64Mb``) large enough. With OVMF's version
+    only a stand-in, render does not rely on OVMF's own sizing, and neither does this."""
     dom = Domain.of(domain)
     if not _boots_ovmf(dom):
         return False
-    if any(
-        f.code in (MMIO_TOO_SMALL, MMIO_ABOVE_LIMIT) for f in layout_findings(dom, host, versions)
-    ):
+    if any(f.code in (MMIO_TOO_SMALL, MMIO_ABOVE_LIMIT) for f in found):
         return False
     if not versions.is_assumed("ovmf"):
         return True

@@ -264,6 +264,7 @@ def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
     from passthrough.model import Severity
     from passthrough.vm import memlock
     from passthrough.vm.layout_check import layout_findings, window_sure
+    from passthrough.vm.versions import host_versions
 
     known = facts(host).known
     for d in devs:
@@ -291,8 +292,9 @@ def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
     # A boot VGA the host was prepared for (--allow-boot-gpu) is a warning here, not a
     # refusal: validate cannot know how the host was set up.
     findings = policy.verdict_findings(host, taken, allow_boot_gpu=True)
-    layout = layout_findings(ctx.doc, host)
-    if window_sure(ctx.doc, host):
+    versions = host_versions(host)
+    layout = layout_findings(ctx.doc, host, versions)
+    if window_sure(ctx.doc, host, layout, versions):
         # the domain's window surely holds the BARs (layout_check.window_sure): a large BAR
         # is handled here, not a warning a --strict gate should fail on
         held = "; this domain's window holds it"
