@@ -46,7 +46,9 @@ BASE = (
     "python3-yaml,python3-jinja2,python3-pyudev"
 )
 ESP_FSTAB = f"LABEL={image.ESP_LABEL} /boot/efi vfat umask=0077 0 2\n"
-KERNEL_CMDLINE = "root=LABEL=labroot ro console=ttyS0 quiet\n"
+# no_timer_check as the GRUB images have it (image.GRUB_DEFAULTS: a loaded TCG boot once
+# panicked on the IO-APIC timer check)
+KERNEL_CMDLINE = "root=LABEL=labroot ro console=ttyS0 no_timer_check quiet\n"
 # A fixed machine ID: kernel-install names the loader entry and its folder on the ESP after
 # it, and a first boot that made up a new one would write where systemd-boot never looks
 MACHINE_ID = "5ab1ab0a7f3e4c1b9d2e6f8a0b1c2d3e\n"
@@ -155,7 +157,12 @@ class Stack:
 
     @property
     def recipe(self) -> str:
-        return f"{self.name}\n{self.packages}\n{image.NETWORK}\nrev {self.rev}"
+        """What the cached tree is made of: a change to any of it rebuilds the tree (the
+        files ``prepare`` writes from constants included)."""
+        return (
+            f"{self.name}\n{self.packages}\n{image.NETWORK}\n{image.GRUB_DEFAULTS}\n"
+            f"{KERNEL_CMDLINE}rev {self.rev}"
+        )
 
     def tree(self) -> Path:
         return image.cached_debootstrap(
