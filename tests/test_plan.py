@@ -75,6 +75,12 @@ CASES: dict[str, tuple[str, dict[str, Any], PlanOptions, Callable[[Path], None]]
     ),
     "ubuntu2404-arc-a770": ("intel-arc-a770", {}, PlanOptions(gpus=("03:00.0",)), nothing),
     "arch-turing-4fn": ("turing-desktop", {}, PlanOptions(), nothing),
+    "arch-systemd-boot-entries-turing": (
+        "turing-desktop",
+        {"distro": "arch-systemd-boot-entries"},
+        PlanOptions(),
+        nothing,
+    ),
     "debian12-iommu-off": (
         "iommu-off",
         {},

@@ -176,6 +176,9 @@ def pve(tmp_path: Path, entry: bool = False) -> Path:
         (path / CMDLINE).unlink()
         (path / ENTRY).parent.mkdir(parents=True)
         (path / ENTRY).write_text(ENTRY_BEFORE)
+        # the entry's kernel is installed: an entry that cannot boot is left alone
+        (path / "boot/abc").mkdir()
+        (path / "boot/abc/vmlinuz").write_bytes(b"")
     return path
 
 

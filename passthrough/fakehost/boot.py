@@ -22,6 +22,29 @@ def _boot_args(desc: Description) -> tuple[list[str], list[str]]:
     return base, rest
 
 
+# Arch's kernel packages with the ESP at /boot: each kernel has an entry and a fallback
+# entry, written by hand (the wiki's recipe); the default one named in loader.conf
+ARCH_KERNELS = ("linux", "linux-lts")
+
+
+def _arch_entries(desc: Description, w: Writer, args: list[str]) -> None:
+    w.file("boot/loader/loader.conf", "default arch.conf\ntimeout 4\neditor no\n")
+    w.file("boot/intel-ucode.img", "")
+    for pkg in ARCH_KERNELS:
+        w.file(f"boot/vmlinuz-{pkg}", "")
+        tag = pkg.removeprefix("linux").lstrip("-")
+        for fallback in ("", "-fallback"):
+            image = f"initramfs-{pkg}{fallback}.img"
+            w.file(f"boot/{image}", "")
+            name = "-".join(filter(None, ("arch", tag))) + fallback
+            title = f"Arch Linux ({pkg}{', fallback initramfs' if fallback else ''})"
+            w.file(
+                f"boot/loader/entries/{name}.conf",
+                f"title   {title}\nlinux   /vmlinuz-{pkg}\ninitrd  /intel-ucode.img\n"
+                f"initrd  /{image}\noptions {' '.join(args)}\n",
+            )
+
+
 def boot_files(desc: Description, w: Writer) -> None:
     bl, init = desc.bootloader, desc.initramfs
     exe = 0o755
@@ -49,6 +72,9 @@ def boot_files(desc: Description, w: Writer) -> None:
         w.file("usr/bin/bootctl", "#!/bin/sh\n", exe)
         w.file("usr/bin/kernel-install", "#!/bin/sh\n", exe)
         w.file("etc/kernel/cmdline", " ".join(base + rest) + "\n")
+    elif bl == "systemd-boot-entries":
+        w.file("usr/bin/bootctl", "#!/bin/sh\n", exe)
+        _arch_entries(desc, w, base + rest)
     elif bl == "proxmox-boot-tool":
         w.file("usr/sbin/proxmox-boot-tool", "#!/bin/sh\n", exe)
         w.file("usr/sbin/update-grub", "#!/bin/sh\n", exe)

@@ -14,8 +14,10 @@ from passthrough.model import BootloaderKind, InitramfsKind
 
 TABLE = Path(__file__).with_name("distros.yaml")
 
-# "none": a host whose boot tooling discovery cannot find (what the checks must report)
-BOOTLOADERS = (*(k.value for k in BootloaderKind), "none")
+# "none": a host whose boot tooling discovery cannot find (what the checks must report);
+# "systemd-boot-entries": systemd-boot with hand-written loader entries and no
+# /etc/kernel/cmdline (Arch's usual setup), discovered as systemd-boot
+BOOTLOADERS = (*(k.value for k in BootloaderKind), "none", "systemd-boot-entries")
 INITRAMFS = (*(k.value for k in InitramfsKind), "none")
 
 _DISTRO = Keys(

@@ -149,7 +149,7 @@ def _firmware_files(desc: Description, w: Writer) -> None:
     """UEFI, DMI, os-release and the boot tooling."""
     if desc.uefi:
         w.dir("sys/firmware/efi/efivars")
-        if desc.bootloader == "systemd-boot":
+        if desc.bootloader.startswith("systemd-boot"):
             w.file(
                 "sys/firmware/efi/efivars/LoaderInfo-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f",
                 b"\x06\x00\x00\x00s\x00d\x00",

@@ -4,18 +4,20 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from passthrough.errors import PassthroughError
 from passthrough.host.root import HostRoot
 from passthrough.model import BootloaderKind, Host
 from passthrough.plan.actions import Action
-from passthrough.plan.kargs import ArgChange
+from passthrough.plan.kargs import ArgChange, needed
 
 # what a kernel release (``uname -r``) or a loader entry's file name can look like: it goes
 # into a command line and a path, so anything else is refused where it is read
 RELEASE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+~-]{0,127}")
+# the arguments a host needs, drawn from the arguments a configuration holds (kargs.desired)
+TargetOf = Callable[[list[str]], ArgChange]
 ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+~@:-]{0,250}\.conf")
 
 
@@ -58,3 +60,12 @@ class Bootloader:
 
     def actions(self, change: ArgChange) -> list[Action]:
         raise NotImplementedError
+
+    def change_for(
+        self, configured: list[str], target_of: TargetOf
+    ) -> tuple[ArgChange, list[Action], list[str]]:
+        """The change ``configured`` needs to reach its target (``target_of`` draws it from
+        the arguments it is for), its actions and notes for the plan. One configuration
+        here; loaders with several (loader entries) draw one change each."""
+        change = needed(configured, target_of(configured))
+        return change, ([] if change.is_empty() else self.actions(change)), []

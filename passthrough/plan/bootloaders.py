@@ -8,18 +8,30 @@ Each knows where its configured arguments live (``configured``) and how to chang
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import NoReturn
 
 from passthrough.host.root import HostRoot
 from passthrough.model import BootloaderKind, Host
+from passthrough.plan import loaderentries
 from passthrough.plan.actions import Action, Run, WriteFile
 from passthrough.plan.bootloader_base import (
     Bootloader,
+    TargetOf,
     UnknownBootloader,
     checked_entry,
     checked_release,
 )
 from passthrough.plan.grub import Grub
-from passthrough.plan.kargs import ArgChange, UnsafeCmdline, invert, key_of, utf8_text
+from passthrough.plan.kargs import (
+    ArgChange,
+    UnsafeCmdline,
+    invert,
+    key_of,
+    needed,
+    union,
+    utf8_text,
+)
 from passthrough.plan.linefiles import arguments, cmdline_arg_line, edit_lines, options_line
 
 __all__ = ["Bootloader", "Grub", "UnknownBootloader", "for_host"]
@@ -77,7 +89,8 @@ class Grubby(Bootloader):
 
 
 class KernelCmdlineFile(Bootloader):
-    """systemd-boot / Proxmox: /etc/kernel/cmdline, then the tool that copies it to the ESP."""
+    """systemd-boot / Proxmox: /etc/kernel/cmdline, then the tool that copies it to the ESP;
+    without that file, the loader entries themselves (every one that can boot)."""
 
     name = BootloaderKind.SYSTEMD_BOOT
     PATH = "etc/kernel/cmdline"
@@ -86,17 +99,56 @@ class KernelCmdlineFile(Bootloader):
         text = self._read(self.PATH)
         if text is not None:
             return arguments(text, cmdline_arg_line, is_options=False)
-        entry = self._entry()
-        if entry is None:
-            return []
-        return arguments(self._read(entry) or "", options_line, is_options=True)
+        entries = loaderentries.bootable(self.root)
+        return entries[0].arguments() if entries else []
 
-    def _entry(self) -> str | None:
-        for base in ("boot/loader/entries", "efi/loader/entries", "boot/efi/loader/entries"):
-            for name in sorted(self.root.listdir(base)):
-                if name.endswith(".conf"):
-                    return f"{base}/{checked_entry(name)}"
-        return None
+    def change_for(
+        self, configured: list[str], target_of: TargetOf
+    ) -> tuple[ArgChange, list[Action], list[str]]:
+        """Without /etc/kernel/cmdline each bootable entry gets what it lacks of its own
+        target (an entry may differ from the default one: a fallback written apart)."""
+        if self._read(self.PATH) is not None:
+            return super().change_for(configured, target_of)
+        if not loaderentries.bootable(self.root):
+            if needed(configured, target_of(configured)).is_empty():
+                return ArgChange(), [], []
+            self._no_entry()
+        writes = self._entry_writes(lambda e: needed(e.arguments(), target_of(e.arguments())))
+        change = union([c for c, _w in writes])
+        return change, [w for _c, w in writes], self._unbootable_notes()
+
+    def _entry_writes(
+        self, change_of: Callable[[loaderentries.Entry], ArgChange]
+    ) -> list[tuple[ArgChange, WriteFile]]:
+        """One exact line edit per bootable entry that needs one, the default entry first."""
+        entries = loaderentries.bootable(self.root)
+        if not entries:
+            self._no_entry()
+        default = loaderentries.default_entry(self.root, entries)
+        out: list[tuple[ArgChange, WriteFile]] = []
+        for entry in entries:
+            change = change_of(entry)
+            if change.is_empty():
+                continue
+            new = edit_lines(entry.text, change, options_line, "options ")
+            why = "kernel arguments in the loader entry"
+            if entry == default:
+                why += " that boots by default"
+            out.append((change, WriteFile(entry.path, new.encode(), why)))
+        return out
+
+    def _no_entry(self) -> NoReturn:
+        raise UnsafeCmdline(
+            "/etc/kernel/cmdline",
+            "missing, and no loader entry whose `linux` kernel is installed on its partition",
+        )
+
+    def _unbootable_notes(self) -> list[str]:
+        return [
+            f"/{e.path}: its kernel {e.kernel} is not on the partition; left unchanged"
+            for e in loaderentries.all_entries(self.root)
+            if e.kernel is not None and not loaderentries.installed(self.root, e)
+        ]
 
     def _read(self, rel: str) -> str | None:
         return utf8_text(self.root.read_bytes(rel), "/" + rel)
@@ -134,11 +186,7 @@ class KernelCmdlineFile(Bootloader):
                 WriteFile(self.PATH, new.encode(), "kernel arguments for the next boot"),
                 self.regenerate(),
             ]
-        entry = self._entry()
-        if entry is None:
-            raise UnsafeCmdline("/etc/kernel/cmdline", "missing, and no loader entry found")
-        new = edit_lines(self._read(entry) or "", change, options_line, "options ")
-        return [WriteFile(entry, new.encode(), "kernel arguments in the loader entry")]
+        return [w for _c, w in self._entry_writes(lambda _e: change)]
 
 
 class Proxmox(KernelCmdlineFile):

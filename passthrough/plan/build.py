@@ -182,9 +182,11 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
                 list(missing.set.values()) + [f"(remove {k})" for k in sorted(missing.drop)]
             )
     else:
-        change = needed(configured, target)
-        if not change.is_empty():
-            actions += loader.actions(change)
+        change, loader_actions, loader_notes = loader.change_for(
+            configured, lambda args: desired(host, kopts, args)
+        )
+        actions += loader_actions
+        notes += loader_notes
     cards = [
         PlannedCard(
             address=str(v.gpu.address),

@@ -115,6 +115,16 @@ def needed(args: Sequence[str], change: ArgChange) -> ArgChange:
     )
 
 
+def union(changes: Sequence[ArgChange]) -> ArgChange:
+    """Several changes drawn from one target (one per loader entry) as the one the plan
+    and the journal record: every key any of them sets or drops."""
+    return ArgChange(
+        set={k: v for c in changes for k, v in c.set.items()},
+        drop=frozenset(k for c in changes for k in c.drop),
+        why={k: v for c in changes for k, v in c.why.items()},
+    )
+
+
 def invert(before: Sequence[str], change: ArgChange) -> ArgChange:
     """The change that turns ``edit(before, change)`` back into ``before`` for the keys
     ``change`` touches: each one's value before (the last, the one the kernel reads) set
