@@ -5,6 +5,7 @@ our arguments, the default one first; undo takes them back from every one."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,59 @@ def test_no_installed_kernel_refuses_and_changes_nothing(
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "no loader entry whose `linux` kernel is installed" in line
     assert changed(before, snapshot_tree(path)) == []
+
+
+# -- after a kernel update: entries our journal does not know -----------------------------
+
+
+def kernel_update(path: Path) -> tuple[str, str]:
+    """linux-zen installed after apply: its entry copied from the running command line
+    (ours in it), its fallback from a template (ours not). Returns both texts."""
+    (path / "boot/vmlinuz-linux-zen").write_bytes(b"")
+    running = [ln for ln in (path / ENTRIES / "arch.conf").read_text().splitlines()][-1]
+    assert running.startswith("options ") and OURS[1] in running
+    copied = f"title Arch Linux (linux-zen)\nlinux /vmlinuz-linux-zen\n{running} nowatchdog\n"
+    template = "title Arch Linux (linux-zen, fallback)\nlinux /vmlinuz-linux-zen\noptions rw\n"
+    (path / ENTRIES / "arch-zen.conf").write_text(copied)
+    (path / ENTRIES / "arch-zen-fallback.conf").write_text(template)
+    return copied, template
+
+
+def test_status_names_entries_a_kernel_update_wrote(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = arch(tmp_path)
+    assert main(["apply", "--root", str(path)]) == 0
+    kernel_update(path)
+    capsys.readouterr()
+    assert main(["status", "--root", str(path), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["new_entries"]
+    assert got == [
+        {"path": f"/{ENTRIES}/arch-zen-fallback.conf", "carries": [], "lacks": OURS},
+        {"path": f"/{ENTRIES}/arch-zen.conf", "carries": OURS, "lacks": []},
+    ]
+    assert main(["status", "--root", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert f"Loader entry /{ENTRIES}/arch-zen.conf carries our {' '.join(OURS)}" in text
+    assert f"Loader entry /{ENTRIES}/arch-zen-fallback.conf lacks {' '.join(OURS)}" in text
+
+
+def test_undo_takes_our_words_out_of_an_entry_a_kernel_update_copied(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = arch(tmp_path)
+    before = snapshot_tree(path)
+    assert main(["apply", "--root", str(path)]) == 0
+    copied, template = kernel_update(path)
+    capsys.readouterr()
+    assert main(["undo", "--root", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert f"take out {' '.join(OURS)} from /{ENTRIES}/arch-zen.conf" in err
+    zen = (path / ENTRIES / "arch-zen.conf").read_text()
+    assert zen == copied.replace(" " + " ".join(OURS), "")  # the admin's nowatchdog stays
+    assert (path / ENTRIES / "arch-zen-fallback.conf").read_text() == template
+    new = {f"{ENTRIES}/arch-zen.conf", f"{ENTRIES}/arch-zen-fallback.conf"}
+    new.add("boot/vmlinuz-linux-zen")
+    assert set(changed(before, snapshot_tree(path))) == new  # the rest as it was
+    assert main(["status", "--root", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["new_entries"] == []

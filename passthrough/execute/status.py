@@ -16,6 +16,7 @@ from typing import Any
 
 from passthrough.execute.files import read_file, temp_of
 from passthrough.execute.journal import Journal, Step, StepKind, StepState, TxKind, TxState, sha256
+from passthrough.execute.newentries import StrangeEntry, strangers
 from passthrough.host.root import HostRoot
 
 
@@ -58,6 +59,8 @@ class Status:
     # temporary files of ours a killed run left (/etc/.X.passthrough-tmp): the next apply
     # or undo removes them
     temporary_files: list[str] = field(default_factory=list)
+    # loader entries our journal does not know (a kernel update's) that carry or lack ours
+    new_entries: list[StrangeEntry] = field(default_factory=list)
 
     @property
     def drifted(self) -> list[str]:
@@ -131,7 +134,7 @@ def status(root: HostRoot) -> Status:
     ]
     temps = {temp_of(p) for p in journal.written_through_temps()}
     left = sorted("/" + os.path.relpath(t, root.path) for t in temps if os.path.lexists(t))
-    return Status(root.path, out, pending, left)
+    return Status(root.path, out, pending, left, strangers(root, journal.live()))
 
 
 def status_json(st: Status) -> dict[str, Any]:
@@ -145,6 +148,7 @@ def status_json(st: Status) -> dict[str, Any]:
         "drifted": ["/" + p for p in st.drifted],
         "pending": [asdict(p) for p in st.pending],
         "temporary_files": st.temporary_files,
+        "new_entries": [{**asdict(e), "path": "/" + e.path} for e in st.new_entries],
     }
 
 
@@ -155,6 +159,25 @@ def _temps_text(st: Status) -> list[str]:
         "Temporary files left by a cut-off run (the next `passthrough apply` or "
         "`passthrough undo` removes them): " + ", ".join(st.temporary_files)
     ]
+
+
+def _entries_text(st: Status) -> list[str]:
+    """The loader entries written after apply, each with what it carries or lacks."""
+    lines: list[str] = []
+    for e in st.new_entries:
+        if e.carries:
+            lines.append(
+                f"Loader entry /{e.path} carries our {' '.join(e.carries)} but our journal "
+                "did not write it (a kernel update copied them): `passthrough undo` takes "
+                "them out of it too"
+            )
+        if e.lacks:
+            lines.append(
+                f"Loader entry /{e.path} lacks {' '.join(e.lacks)} (written after apply, by "
+                "a kernel update): booting it gives no passthrough; `passthrough apply` adds "
+                "them"
+            )
+    return lines
 
 
 def status_text(st: Status) -> str:
@@ -173,6 +196,9 @@ def status_text(st: Status) -> str:
             # a transaction cut off part-way may not have written the file that carries them
             planned = " (planned; see the files above)" if t.state in ("running", "failed") else ""
             lines.append(f"  kernel args{planned} {args}")
+    strange = _entries_text(st)
+    if strange:
+        lines += ["", *strange]
     if st.drifted:
         lines.append("")
         lines.append(

@@ -157,9 +157,9 @@ def _attrs(root: HostRoot, d: Decision) -> Attrs | None:
     """What the file is written with: the original's mode, owner and group (as apply
     recorded them) and extended attributes (carried by the file, or by the backup when the
     file is gone); None (those of the file there now) for our lines taken out of it."""
-    first = d.steps[0]
-    if d.action == "unpick" or not first.existed:
+    if d.action in ("unpick", "stranger") or not d.steps[0].existed:
         return None
+    first = d.steps[0]
     current = files.attrs_of(root.real(d.path))
     if current is not None:
         xattrs = current.xattrs
@@ -222,10 +222,16 @@ def _files(
                 say(
                     f"take out what apply added to /{d.path} (changed since apply: the rest is kept)"
                 )
+            elif d.action == "stranger":
+                say(
+                    f"take out {d.why} from /{d.path} (a loader entry written after apply, "
+                    "by a kernel update: the rest is kept)"
+                )
             else:
                 say(f"restore /{d.path}")
             _put(journal, tx, d)
             lists = {"drifted": result.forced, "unpick": result.unpicked}
+            lists["stranger"] = result.unpicked
             lists.get(d.action, result.restored).append(d.path)
         for step in d.steps:
             step.state = StepState.UNDONE

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from passthrough.execute import files
+from passthrough.execute import files, newentries
 from passthrough.execute.drift import Ambiguous, unpick
 from passthrough.execute.files import read_file
 from passthrough.execute.journal import (
@@ -29,7 +29,9 @@ from passthrough.host.root import HostRoot
 class Decision:
     path: str
     steps: list[Step]  # the live steps on this path, oldest first
-    action: str  # "restore", "unpick", "nothing", "finished", "drifted", "missing"
+    # "restore", "unpick", "nothing", "finished", "drifted", "missing"; "stranger": a loader
+    # entry no step of ours wrote that carries our words (``why``: them)
+    action: str
     content: bytes | None = None  # what to write for "restore"/"unpick" (None: remove)
     why: str = ""
 
@@ -114,4 +116,18 @@ def decide_all(journal: Journal, targets: list[Transaction]) -> list[Decision]:
             if step.state is not StepState.UNDONE and step.path is not None:
                 by_path.setdefault(step.path, []).append(step)
     earlier = _earlier(journal, targets)
-    return [_decide(journal.root, p, steps, targets, earlier) for p, steps in by_path.items()]
+    out = [_decide(journal.root, p, steps, targets, earlier) for p, steps in by_path.items()]
+    return out + _strangers(journal.root, targets)
+
+
+def _strangers(root: HostRoot, targets: list[Transaction]) -> list[Decision]:
+    """Loader entries written after apply (a kernel update) that carry our words: ours
+    come out of them (newentries.py). No step of ours is on them: nothing to mark undone."""
+    out: list[Decision] = []
+    for entry in newentries.strangers(root, targets):
+        if not entry.carries:
+            continue
+        text = (read_file(root, entry.path) or b"").decode()
+        content = newentries.without(text, entry.carries).encode()
+        out.append(Decision(entry.path, [], "stranger", content, why=" ".join(entry.carries)))
+    return out

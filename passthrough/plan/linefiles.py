@@ -36,7 +36,8 @@ def arguments(text: str, is_arg: ArgLine, is_options: bool) -> list[str]:
     return [m[0] for line in text.split("\n") if is_arg(line) for m in _words(line, is_options)]
 
 
-def _without(line: str, spans: list[tuple[int, int]]) -> str:
+def without_spans(line: str, spans: list[tuple[int, int]]) -> str:
+    """``line`` without the words at ``spans``, each with one blank beside it."""
     for start, end in sorted(spans, reverse=True):
         if start > 0 and line[start - 1] in " \t":
             start -= 1
@@ -64,7 +65,7 @@ def edit_lines(text: str, change: ArgChange, is_arg: ArgLine, new_prefix: str) -
                 spans.append(m.span())
             else:
                 kept.append(m[0])
-        lines[n] = _without(line, spans)
+        lines[n] = without_spans(line, spans)
     missing = [a for a in change.set.values() if a not in kept]
     if missing:
         if last >= 0:
