@@ -15,6 +15,7 @@ EXIT_CHECK_FAILED = 1  # a check / verify / validate found problems
 EXIT_USAGE = 2  # usage, input or a refusal: nothing was changed
 EXIT_HOST_STEP = 3  # a step on the host failed part-way: `status` / `undo` say what to do
 EXIT_BACKEND = 4  # libvirt or Ansible failed underneath
+EXIT_NEXT_BOOT = 5  # apply is done, but what the next boot reads lacks our change
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 
 

@@ -29,6 +29,9 @@ if [ "$mode" != demo ]; then
     # gir1.2-umockdev-1.0 + the headers PyGObject builds against: a UMockdev test bed
     # that emits bind/unbind uevents; debootstrap: the chroot apply/undo test.
     packages+=(umockdev gir1.2-umockdev-1.0 libgirepository1.0-dev libcairo2-dev pciutils bash debootstrap)
+    # initramfs-tools-core + cpio: lsinitramfs lists real initramfs images (the check of
+    # what the next boot gets, tests/test_nextboot.py)
+    packages+=(initramfs-tools-core cpio)
     # strace: the fault harness kills apply at real syscalls (inject=…:signal=KILL)
     packages+=(strace)
     # kmod: modprobe -c reads real modprobe.d files the way boot does (realworld boot tier)

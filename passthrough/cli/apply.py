@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import shlex
 from contextlib import ExitStack
+from typing import TYPE_CHECKING
 
 from passthrough.cli.common import (
     CHANGES,
@@ -19,6 +20,12 @@ from passthrough.cli.common import (
 )
 from passthrough.cli.plan import owed, plan_arguments, planned
 from passthrough.errors import EXIT_OK
+
+if TYPE_CHECKING:  # the command's modules load when it runs (start-up stays light)
+    from passthrough.execute.journal import Transaction
+    from passthrough.execute.nextboot import NextBoot
+    from passthrough.host.root import HostRoot
+    from passthrough.plan.actions import Plan
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -38,6 +45,7 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
+    from passthrough.execute import nextboot
     from passthrough.execute.apply import apply, apply_json, command_mode, listed
     from passthrough.plan.actions import plan_text
 
@@ -49,8 +57,12 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     # changed anything (this run's own listed commands are named apart)
     now = listed(tx)
     still = [argv for argv in owed(root) if argv not in now]
+    checked = next_boot(root, tx, plan)
     if args.json:
-        dump({"root": root.path, **apply_json(tx, plan, still)}, "apply")
+        extra = {"next_boot": nextboot.to_json(checked)} if checked else {}
+        dump({"root": root.path, **apply_json(tx, plan, still), **extra}, "apply")
+        if checked and checked.missing:
+            raise nextboot.NextBootLacks(checked.missing)
         return EXIT_OK
     if tx is None:
         print("Nothing to do: the host already matches the plan.")
@@ -65,9 +77,42 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
         )
         for argv in now:
             print("  " + shlex.join(argv))
+        print("What the next boot gets is not checked: these did not run here.")
     if still:
         print("Still pending from an earlier apply (run them inside the root too):")
         for argv in still:
             print("  " + shlex.join(argv))
+    if checked is not None:
+        said_next_boot(checked)
     print("Reboot, then run `passthrough verify`." if plan.reboot else "No reboot required.")
     return EXIT_OK
+
+
+def next_boot(root: HostRoot, tx: Transaction | None, plan: Plan) -> NextBoot | None:
+    """What the next boot reads, checked where this apply ran its commands (None: it ran
+    none here, they are listed above, or it changed nothing)."""
+    from passthrough.execute import nextboot
+    from passthrough.execute.apply import command_mode
+
+    if tx is None or command_mode(root) == "list":
+        return None
+    return nextboot.check(root, tx, plan.initramfs)
+
+
+def said_next_boot(checked: NextBoot) -> None:
+    """The check's outcome before "reboot"; a lack stops here (exit 5, one line)."""
+    from passthrough.execute import nextboot
+
+    if checked.missing:
+        raise nextboot.NextBootLacks(checked.missing)
+    if checked.not_run:
+        print(
+            "What the next boot gets is not checked: the regeneration did not run ("
+            + "; ".join(shlex.join(a) for a in checked.not_run)
+            + ")."
+        )
+        return
+    if checked.checked:
+        print("Checked what the next boot reads: " + ", ".join(checked.checked) + ".")
+    if checked.unchecked:
+        print("Not checked: " + "; ".join(checked.unchecked) + ".")

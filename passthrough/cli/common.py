@@ -22,6 +22,7 @@ exit codes:
   2    usage, input or a refusal: nothing was changed
   3    a host step failed part-way: `passthrough undo` puts back what was changed
   4    libvirt or Ansible failed underneath
+  5    apply is done, but what the next boot reads lacks it: `passthrough undo` puts it back
   130  interrupted (Ctrl-C)
 docs: README.md, docs/ (--json: passthrough/schemas/COMMAND-v1.schema.json, named by its "schema" key)
 """

@@ -1,0 +1,222 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What the next boot gets, read from what apply's regeneration produced, before "reboot".
+
+A file of ours that the host's boot tool never reads (upstream grub-mkconfig and
+/etc/default/grub.d, a kernel-install without our command line) would leave the next boot
+without passthrough while apply said "reboot". So after the regeneration commands ran,
+each source the boot reads is checked, one function each:
+
+- ``grub_default``: the ``linux`` line of the first ``menuentry`` of grub.cfg — what
+  ``GRUB_DEFAULT=0``, and ``saved`` before anything was saved, boot;
+- ``loader_entries``: every loader entry that can boot (the BLS ``options`` lines, written
+  by us or by kernel-install from /etc/kernel/cmdline);
+- ``initramfs``: the new image's listing by the root's own tool (``lsinitramfs``,
+  ``lsinitrd``, ``lsinitcpio``): the vfio-pci module and our modprobe.d file inside.
+
+A source that is not there, or whose tool the root lacks, is named as not checked; only
+what is there and lacks ours is a failure.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from passthrough.errors import EXIT_NEXT_BOOT, PassthroughError
+from passthrough.execute.apply import Runner, _default_runner, chroot_argv, command_mode
+from passthrough.execute.journal import StepState, Transaction
+from passthrough.host.root import HostRoot
+from passthrough.model import BootloaderKind, InitramfsKind
+from passthrough.plan import loaderentries
+from passthrough.plan.actions import PlanRecord
+from passthrough.plan.kargs import key_of
+from passthrough.plan.vfio import MODPROBE
+
+GRUB_CFGS = ("boot/grub/grub.cfg", "boot/grub2/grub.cfg")
+LINUX_COMMANDS = ("linux", "linuxefi", "linux16")
+# the listing tool of each initramfs generator, and where its images are (dracut names
+# them initrd.img-R beside Debian's kernels); a rescue image is built once, never again
+LISTERS = {
+    InitramfsKind.INITRAMFS_TOOLS: ("lsinitramfs", ("boot/initrd.img-*",)),
+    InitramfsKind.DRACUT: ("lsinitrd", ("boot/initramfs-*.img", "boot/initrd.img-*")),
+    InitramfsKind.MKINITCPIO: ("lsinitcpio", ("boot/initramfs-*.img",)),
+}
+RESCUE = "-rescue-"
+VFIO_MODULES = ("vfio-pci.ko", "vfio_pci.ko")
+
+
+@dataclass
+class NextBoot:
+    missing: list[str] = field(default_factory=list)  # "/boot/grub/grub.cfg: iommu=pt"
+    checked: list[str] = field(default_factory=list)  # what was read
+    unchecked: list[str] = field(default_factory=list)  # what could not be, and why
+    not_run: list[list[str]] = field(default_factory=list)  # regenerations that did not run
+
+
+def grub_default(text: str) -> list[str] | None:
+    """The arguments on the ``linux`` line of grub.cfg's first ``menuentry`` (after the
+    kernel's path); None when there is no such entry."""
+    inside = False
+    for line in text.split("\n"):
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue  # an unbalanced quote in a script line: no linux line of a menuentry
+        if not words:
+            continue
+        if words[0] == "menuentry":
+            inside = True
+        elif inside and words[0] in LINUX_COMMANDS:
+            return words[2:]
+        elif inside and words[0] == "}":
+            return None  # the first entry boots no Linux kernel
+    return None
+
+
+def lacking(args: list[str], record: PlanRecord) -> list[str]:
+    """The arguments of ``record`` that ``args`` does not give the kernel: one of ours
+    missing or overridden by a later value, or a key we dropped still there."""
+    last: dict[str, str] = {}
+    for arg in args:
+        last[key_of(arg)] = arg
+    out = [a for k, a in record.kernel_args.set.items() if last.get(k) != a]
+    return out + [f"(not {k})" for k in sorted(record.kernel_args.drop) if k in last]
+
+
+def check_grub(root: HostRoot, record: PlanRecord, out: NextBoot) -> None:
+    for rel in GRUB_CFGS:
+        text = root.read(rel)
+        if text is None:
+            continue
+        args = grub_default(text)
+        if args is None:
+            out.missing.append(f"/{rel}: no menuentry with a linux line")
+        elif gone := lacking(args, record):
+            out.missing.append(f"/{rel} (first menuentry): {' '.join(gone)}")
+        out.checked.append("/" + rel)
+        return
+    out.unchecked.append("grub.cfg (no /boot/grub/grub.cfg or /boot/grub2/grub.cfg)")
+
+
+def check_loader_entries(root: HostRoot, record: PlanRecord, out: NextBoot) -> None:
+    entries = loaderentries.bootable(root)
+    if not entries:
+        out.unchecked.append("loader entries (none on /efi, /boot or /boot/efi)")
+        return
+    for entry in entries:
+        if gone := lacking(entry.arguments(), record):
+            out.missing.append(f"/{entry.path}: {' '.join(gone)}")
+        out.checked.append("/" + entry.path)
+
+
+def _listing(root: HostRoot, argv: tuple[str, ...], runner: Runner) -> str | None:
+    full = list(argv) if command_mode(root) == "host" else chroot_argv(root.path, argv)
+    try:
+        result = runner(full)
+    except FileNotFoundError:
+        return None
+    return result.stdout if result.returncode == 0 else None
+
+
+def listed_paths(listing: str) -> list[str]:
+    """The paths of a listing: lsinitramfs and lsinitcpio print one a line, lsinitrd an
+    ``ls -l`` line ending in it (a link's ``-> target`` left out)."""
+    out: list[str] = []
+    for line in listing.split("\n"):
+        line = line.split(" -> ", 1)[0].strip()
+        if line:
+            out.append(line.split()[-1].lstrip("./"))
+    return out
+
+
+def builtin_vfio(root: HostRoot) -> bool:
+    """vfio-pci is built into an installed kernel (modules.builtin names it): no image
+    carries it as a module then."""
+    return any(
+        "/vfio-pci.ko" in (root.read(f"lib/modules/{release}/modules.builtin") or "")
+        for release in root.listdir("lib/modules")
+    )
+
+
+def image_lacks(paths: list[str], modprobe: bool, builtin: bool = False) -> list[str]:
+    names = [p.rsplit("/", 1)[-1] for p in paths]
+    gone = []
+    if not builtin and not any(n.split(".ko")[0] + ".ko" in VFIO_MODULES for n in names):
+        gone.append("vfio-pci module")
+    if modprobe and MODPROBE not in paths:
+        gone.append("/" + MODPROBE)
+    return gone
+
+
+def check_initramfs(root: HostRoot, kind: InitramfsKind, runner: Runner, out: NextBoot) -> None:
+    """Every image the regeneration rebuilt (each command rebuilds them all: ``-k all``,
+    ``--regenerate-all``, ``-P``), listed by the root's own tool."""
+    lister = LISTERS.get(kind)
+    if lister is None:
+        return
+    tool, patterns = lister
+    images = sorted({i for p in patterns for i in root.glob(p) if RESCUE not in i})
+    if not images:
+        out.unchecked.append("the initramfs (no " + " or ".join(f"/{p}" for p in patterns) + ")")
+        return
+    modprobe = root.exists(MODPROBE)
+    builtin = builtin_vfio(root)
+    for image in images:
+        listing = _listing(root, (tool, "/" + image), runner)
+        if listing is None:
+            out.unchecked.append(f"/{image} ({tool} is not in the root, or failed)")
+            continue
+        if gone := image_lacks(listed_paths(listing), modprobe, builtin):
+            out.missing.append(f"/{image}: {', '.join(gone)}")
+        out.checked.append("/" + image)
+
+
+CHECKS: dict[BootloaderKind, Callable[[HostRoot, PlanRecord, NextBoot], None]] = {
+    BootloaderKind.GRUB: check_grub,
+    BootloaderKind.SYSTEMD_BOOT: check_loader_entries,
+    BootloaderKind.PROXMOX: check_loader_entries,
+}
+
+
+class NextBootLacks(PassthroughError):
+    """apply made every change, but what the next boot reads lacks it (exit 5)."""
+
+    exit_code = EXIT_NEXT_BOOT
+
+    def __init__(self, missing: list[str]) -> None:
+        super().__init__(
+            "apply is done, but the next boot would not get it: "
+            + "; ".join(missing)
+            + "; the journal holds every step: `passthrough undo` puts everything back"
+        )
+
+
+def check(
+    root: HostRoot, tx: Transaction, initramfs: InitramfsKind, runner: Runner = _default_runner
+) -> NextBoot:
+    """What the next boot reads after ``tx``, an apply; nothing is read while one of its
+    regeneration commands has not run (listed, failed): ``not_run`` names them."""
+    out = NextBoot()
+    out.not_run = [s.argv for s in tx.steps if s.regenerate and s.state is not StepState.DONE]
+    record = tx.record
+    if out.not_run or record is None:
+        return out
+    by_loader = CHECKS.get(record.bootloader)
+    if by_loader is None:
+        out.unchecked.append(f"{record.bootloader.value}'s own configuration (not read here)")
+    elif record.kernel_args.set or record.kernel_args.drop:
+        by_loader(root, record, out)
+    if record.functions:
+        check_initramfs(root, initramfs, runner, out)
+    return out
+
+
+def to_json(nb: NextBoot) -> dict[str, Any]:
+    return {
+        "checked": nb.checked,
+        "missing": nb.missing,
+        "unchecked": nb.unchecked,
+        "not_run": nb.not_run,
+    }

@@ -1,0 +1,313 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What the next boot gets, checked after apply's regeneration and before "reboot"
+(execute/nextboot.py).
+
+The sample trees are made runnable through chroot with this machine's real ``dash`` and
+``env`` (and the libraries they load). GRUB's own ``grub-mkconfig`` cannot run here
+(``grub-probe`` finds no device for / in this container: it exits 1), so ``update-grub``
+in the tree is a **stand-in**: a real shell script that sources the GRUB files with the
+real dash and writes grub.cfg's first ``menuentry`` from them. The initramfs listings
+come from this machine's real ``lsinitramfs`` (initramfs-tools-core) on images made by the
+real ``cpio``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from passthrough.cli import main
+from passthrough.execute import nextboot
+from passthrough.host.root import HostRoot
+from passthrough.model import InitramfsKind
+from passthrough.plan.actions import PlanRecord
+
+from .test_apply import snapshot_tree
+from .test_plan import build
+
+# (the sample's /etc/default/grub has iommu=pt already: only the IDs are ours to add)
+OURS = "vfio-pci.ids=10de:2684,10de:22ba"
+MODPROBE = "etc/modprobe.d/passthrough-vfio.conf"
+VFIO_KO = "usr/lib/modules/6.1.0-27-amd64/kernel/drivers/vfio/pci/vfio-pci.ko"
+
+# update-grub stand-ins (see the module's docstring): one reads /etc/default/grub only, as
+# upstream grub-mkconfig does; the other reads the grub.d drop-ins after it, as Debian's
+MKCONFIG = """#!/bin/sh
+. /etc/default/grub
+{dropins}
+printf 'menuentry "Debian GNU/Linux" {{\\n\\tlinux\\t/boot/vmlinuz-6.1.0-27-amd64 root=/dev/vda ro %s %s\\n}}\\n' \\
+    "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT" > /boot/grub/grub.cfg
+"""
+UPSTREAM = MKCONFIG.format(dropins="")
+DEBIAN = MKCONFIG.format(dropins='for f in /etc/default/grub.d/*.cfg; do . "$f"; done')
+
+
+def _libraries(binary: str) -> list[str]:
+    out = subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout
+    return re.findall(r"(/\S+\.so[.\d]*)", out)
+
+
+def runnable(tree: Path) -> None:
+    """This machine's dash (as /bin/sh) and env with their libraries, so that apply runs
+    commands in the tree through chroot (a full OS tree to command_mode)."""
+    assert os.geteuid() == 0, "chroot and mounts: run as root (CI does)"
+    for src, dest in (("/usr/bin/dash", "bin/sh"), ("/usr/bin/env", "usr/bin/env")):
+        for lib in _libraries(src):
+            (tree / lib.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(lib, tree / lib.lstrip("/"))
+        (tree / dest).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, tree / dest)
+    (tree / "dev").mkdir(exist_ok=True)
+
+
+def grub_host(tmp_path: Path, mkconfig: str) -> Path:
+    path = build(tmp_path, "consumer-intel", {})
+    runnable(path)
+    (path / "usr/sbin/update-grub").write_text(mkconfig)
+    return path
+
+
+# -- GRUB: grub.cfg's default entry, after a real regeneration in the root -----------------
+
+
+@pytest.mark.root
+def test_a_grub_cfg_without_our_arguments_stops_before_reboot_and_undo_restores(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = grub_host(tmp_path, UPSTREAM)
+    before = snapshot_tree(path)
+    capsys.readouterr()
+    assert main(["apply", "--root", str(path)]) == 5
+    out, err = capsys.readouterr()
+    assert "Reboot" not in out
+    (line,) = err.strip().splitlines()[-1:]
+    assert line.startswith(
+        "passthrough: error: apply is done, but the next boot would not get it: "
+    )
+    assert f"/boot/grub/grub.cfg (first menuentry): {OURS}" in line
+    assert "`passthrough undo` puts everything back" in line
+    assert (
+        "linux\t/boot/vmlinuz-6.1.0-27-amd64 root=/dev/vda ro  quiet"
+        in (path / "boot/grub/grub.cfg").read_text()
+    )  # the stand-in really ran, through chroot
+    assert main(["undo", "--root", str(path)]) == 0
+    after = snapshot_tree(path)
+    assert {k: v for k, v in after.items() if k.startswith("etc/")} == {
+        k: v for k, v in before.items() if k.startswith("etc/")
+    }
+
+
+@pytest.mark.root
+def test_a_grub_cfg_with_our_arguments_is_checked_then_reboot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = grub_host(tmp_path, DEBIAN)
+    capsys.readouterr()
+    assert main(["apply", "--root", str(path), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["next_boot"]
+    assert got["checked"] == ["/boot/grub/grub.cfg"] and got["missing"] == []
+    assert got["not_run"] == []
+    # the sample has no initramfs image: named, not a failure
+    assert got["unchecked"] == ["the initramfs (no /boot/initrd.img-*)"]
+    assert OURS in (path / "boot/grub/grub.cfg").read_text()
+
+
+def test_commands_only_listed_are_not_checked_and_say_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tree that is not a full OS: update-grub is listed, so nothing is read."""
+    path = build(tmp_path, "consumer-intel", {})
+    capsys.readouterr()
+    assert main(["apply", "--root", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "What the next boot gets is not checked: these did not run here." in out
+    assert out.strip().endswith("Reboot, then run `passthrough verify`.")
+
+
+def test_grub_default_reads_the_first_menuentry() -> None:
+    cfg = (
+        'set default=0\nfunction gfxmode {\n\tset gfxpayload="$1"\n}\n'
+        "menuentry 'Debian GNU/Linux' --class debian {\n\tload_video\n"
+        "\tlinux\t/vmlinuz-6.1 root=UUID=1 ro  quiet iommu=pt\n\tinitrd\t/initrd.img-6.1\n}\n"
+        "submenu 'Advanced' {\n\tmenuentry 'recovery' {\n\t\tlinux /vmlinuz-6.1 single\n\t}\n}\n"
+    )
+    assert nextboot.grub_default(cfg) == ["root=UUID=1", "ro", "quiet", "iommu=pt"]
+    assert nextboot.grub_default("menuentry 'UEFI' {\n\tfwsetup\n}\n") is None
+
+
+def test_lacking_counts_the_last_value_and_dropped_keys() -> None:
+    record = PlanRecord.from_json(
+        {"kernel_args": {"set": ["iommu=pt", "intel_iommu=on"], "remove": ["amd_iommu"]}}
+    )
+    assert nextboot.lacking(["iommu=pt", "intel_iommu=on"], record) == []
+    assert nextboot.lacking(["intel_iommu=on", "iommu=pt", "iommu=off"], record) == ["iommu=pt"]
+    assert nextboot.lacking(["iommu=pt", "intel_iommu=on", "amd_iommu=on"], record) == [
+        "(not amd_iommu)"
+    ]
+
+
+# -- the initramfs: this machine's lsinitramfs on images made by cpio ----------------------
+
+
+def image(tmp_path: Path, name: str, members: list[str]) -> Path:
+    """A real initramfs (a newc cpio archive, gzip-compressed) holding ``members``."""
+    src = tmp_path / f"{name}.d"
+    for member in members:
+        (src / member).parent.mkdir(parents=True, exist_ok=True)
+        (src / member).write_text("x\n")
+    names = "\n".join(str(p.relative_to(src)) for p in sorted(src.rglob("*"))) + "\n"
+    archive = subprocess.run(
+        ["cpio", "--quiet", "-o", "-H", "newc"],
+        input=names.encode(),
+        cwd=src,
+        capture_output=True,
+        check=True,
+    ).stdout
+    out = tmp_path / name
+    # compressed, as mkinitramfs writes it (COMPRESS=gzip): lsinitramfs reads an
+    # uncompressed first archive as the early microcode one and looks for more
+    out.write_bytes(
+        subprocess.run(["gzip", "-c"], input=archive, capture_output=True, check=True).stdout
+    )
+    return out
+
+
+def lsinitramfs(path: Path) -> str:
+    assert shutil.which("lsinitramfs"), "lsinitramfs: scripts/setup.sh test installs it"
+    return subprocess.run(
+        ["lsinitramfs", str(path)], capture_output=True, text=True, check=True
+    ).stdout
+
+
+@pytest.mark.parametrize(
+    ("members", "lacks"),
+    [
+        ([VFIO_KO, MODPROBE], []),
+        (
+            [MODPROBE, "usr/lib/modules/6.1.0-27-amd64/kernel/drivers/vfio/vfio.ko"],
+            ["vfio-pci module"],
+        ),
+        ([VFIO_KO, "etc/modprobe.d/other.conf"], ["/" + MODPROBE]),
+    ],
+)
+def test_a_real_lsinitramfs_listing_says_what_the_image_lacks(
+    tmp_path: Path, members: list[str], lacks: list[str]
+) -> None:
+    listing = lsinitramfs(image(tmp_path, "initrd.img", members))
+    paths = nextboot.listed_paths(listing)
+    assert set(members) <= set(paths)
+    assert nextboot.image_lacks(paths, modprobe=True) == lacks
+
+
+def test_check_initramfs_lists_every_image_with_the_roots_tool(tmp_path: Path) -> None:
+    """Each image under /boot is listed and judged; the listing tool is this machine's
+    lsinitramfs, run on the tree's image (a redirect: the sample tree has no
+    initramfs-tools of its own to chroot into)."""
+    path = build(tmp_path, "consumer-intel", {})
+    (path / MODPROBE).write_text("options vfio-pci ids=10de:2684\n")
+    good = image(tmp_path, "good", [VFIO_KO, MODPROBE])
+    bad = image(tmp_path, "bad", [MODPROBE])
+    shutil.copy(good, path / "boot/initrd.img-6.1.0-27-amd64")
+    shutil.copy(bad, path / "boot/initrd.img-6.1.0-26-amd64")
+    asked: list[list[str]] = []
+
+    def this_machines_lsinitramfs(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        asked.append(argv[-2:])
+        return subprocess.run(
+            ["lsinitramfs", str(path) + argv[-1]], capture_output=True, text=True, check=False
+        )
+
+    out = nextboot.NextBoot()
+    nextboot.check_initramfs(
+        HostRoot(str(path)), InitramfsKind.INITRAMFS_TOOLS, this_machines_lsinitramfs, out
+    )
+    assert sorted(asked) == [
+        ["lsinitramfs", "/boot/initrd.img-6.1.0-26-amd64"],
+        ["lsinitramfs", "/boot/initrd.img-6.1.0-27-amd64"],
+    ]
+    assert out.missing == ["/boot/initrd.img-6.1.0-26-amd64: vfio-pci module"]
+    assert len(out.checked) == 2 and out.unchecked == []
+
+
+# -- systemd-boot: the loader entries, after kernel-install or our own edit ----------------
+
+# a kernel-install stand-in that takes the running command line, not /etc/kernel/cmdline
+# (what kernel-install does where it does not find the file): its entry lacks ours
+KERNEL_INSTALL = """#!/bin/sh
+read -r running < /proc/cmdline
+printf 'title Arch Linux\\nlinux /vmlinuz-linux\\noptions %s\\n' "$running" \\
+    > /boot/loader/entries/arch.conf
+"""
+
+
+@pytest.mark.root
+def test_a_kernel_install_entry_without_our_arguments_stops_before_reboot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = build(tmp_path, "turing-desktop", {})
+    runnable(path)
+    (path / "usr/bin/kernel-install").write_text(KERNEL_INSTALL)
+    (path / "boot/loader/entries").mkdir(parents=True)
+    (path / "boot/vmlinuz-linux").write_bytes(b"")
+    capsys.readouterr()
+    assert main(["apply", "--root", str(path)]) == 5
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert "/boot/loader/entries/arch.conf: iommu=pt vfio-pci.ids=10de:1e87" in line
+    assert line.count("/boot/loader/entries/") == 1 and "`passthrough undo`" in line
+    assert main(["undo", "--root", str(path)]) == 0
+
+
+@pytest.mark.root
+def test_hand_written_entries_are_checked_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Arch's entries get our words from apply itself; mkinitcpio (a no-op stand-in) is
+    the regeneration that runs. Every entry is read back before "reboot"."""
+    path = build(tmp_path, "turing-desktop", {"distro": "arch-systemd-boot-entries"})
+    runnable(path)
+    capsys.readouterr()
+    assert main(["apply", "--root", str(path), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["next_boot"]
+    names = ["arch.conf", "arch-fallback.conf", "arch-lts-fallback.conf", "arch-lts.conf"]
+    assert got["checked"] == [f"/boot/loader/entries/{n}" for n in names]
+    assert got["missing"] == []
+    # the tree has no lsinitcpio: each image named as not checked, never a failure
+    assert (
+        "/boot/initramfs-linux.img (lsinitcpio is not in the root, or failed)" in (got["unchecked"])
+    )
+
+
+def test_a_builtin_vfio_pci_needs_no_module_and_a_rescue_image_is_not_read(
+    tmp_path: Path,
+) -> None:
+    """dracut (Fedora): vfio-pci built into the kernel (modules.builtin names it), so the
+    image carries only our modprobe.d file; the rescue image, built once at install and
+    never regenerated, is not listed."""
+    path = build(tmp_path, "consumer-intel", {})
+    (path / MODPROBE).write_text("options vfio-pci ids=10de:2684\n")
+    modules = path / "lib/modules/6.1.0-27-amd64"
+    modules.mkdir(parents=True, exist_ok=True)
+    (modules / "modules.builtin").write_text("kernel/drivers/vfio/pci/vfio-pci.ko\n")
+    shutil.copy(image(tmp_path, "img", [MODPROBE]), path / "boot/initramfs-6.1.0-27-amd64.img")
+    shutil.copy(
+        image(tmp_path, "old", ["etc/initrd-release"]), path / "boot/initramfs-0-rescue-abc.img"
+    )
+    asked: list[str] = []
+
+    def this_machines_lsinitramfs(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        asked.append(argv[-1])  # dracut's lsinitrd is not here: the same listing, by path
+        return subprocess.run(
+            ["lsinitramfs", str(path) + argv[-1]], capture_output=True, text=True, check=False
+        )
+
+    out = nextboot.NextBoot()
+    root = HostRoot(str(path))
+    nextboot.check_initramfs(root, InitramfsKind.DRACUT, this_machines_lsinitramfs, out)
+    assert asked == ["/boot/initramfs-6.1.0-27-amd64.img"]
+    assert out.missing == [] and out.checked == asked
