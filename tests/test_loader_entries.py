@@ -254,3 +254,28 @@ def test_undo_takes_our_words_out_of_an_entry_a_kernel_update_copied(
     assert set(changed(before, snapshot_tree(path))) == new  # the rest as it was
     assert main(["status", "--root", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["new_entries"] == []
+
+
+def test_apply_after_a_kernel_update_gives_the_new_entry_ours_and_undo_takes_all_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = arch(tmp_path)
+    before = snapshot_tree(path)
+    assert main(["apply", "--root", str(path)]) == 0
+    copied, template = kernel_update(path)
+    assert planned_entries(path) == ["arch-zen-fallback.conf"]  # the copy has them already
+    assert main(["apply", "--root", str(path)]) == 0
+    assert set(OURS) <= set(options_of(path, "arch-zen-fallback.conf"))
+    capsys.readouterr()
+    assert main(["status", "--root", str(path), "--json"]) == 0
+    (left,) = json.loads(capsys.readouterr().out)["new_entries"]
+    assert left == {"path": f"/{ENTRIES}/arch-zen.conf", "carries": OURS, "lacks": []}
+    assert main(["undo", "--root", str(path)]) == 0
+    # the template entry back byte for byte (journaled by the second apply), ours out of
+    # the copy, everything else as it was before the first apply
+    assert (path / ENTRIES / "arch-zen-fallback.conf").read_text() == template
+    assert (path / ENTRIES / "arch-zen.conf").read_text() == copied.replace(
+        " " + " ".join(OURS), ""
+    )
+    new = [f"{ENTRIES}/arch-zen-fallback.conf", f"{ENTRIES}/arch-zen.conf"]
+    assert changed(before, snapshot_tree(path)) == sorted([*new, "boot/vmlinuz-linux-zen"])
