@@ -216,16 +216,30 @@ def kernel_update(path: Path) -> tuple[str, str]:
     return copied, template
 
 
+def new_entries(path: Path, capsys: pytest.CaptureFixture[str]) -> list[dict[str, object]]:
+    capsys.readouterr()
+    assert main(["status", "--root", str(path), "--json"]) == 0
+    got: list[dict[str, object]] = json.loads(capsys.readouterr().out)["new_entries"]
+    return got
+
+
+def assert_undone(path: Path, before: dict[str, bytes | str], copied: str, template: str) -> None:
+    """After undo: the template entry as the kernel update wrote it, ours out of the copy
+    (its nowatchdog stays), everything else as it was before apply."""
+    assert (path / ENTRIES / "arch-zen-fallback.conf").read_text() == template
+    zen = (path / ENTRIES / "arch-zen.conf").read_text()
+    assert zen == copied.replace(" " + " ".join(OURS), "")
+    new = [f"{ENTRIES}/arch-zen-fallback.conf", f"{ENTRIES}/arch-zen.conf"]
+    assert changed(before, snapshot_tree(path)) == sorted([*new, "boot/vmlinuz-linux-zen"])
+
+
 def test_status_names_entries_a_kernel_update_wrote(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = arch(tmp_path)
     assert main(["apply", "--root", str(path)]) == 0
     kernel_update(path)
-    capsys.readouterr()
-    assert main(["status", "--root", str(path), "--json"]) == 0
-    got = json.loads(capsys.readouterr().out)["new_entries"]
-    assert got == [
+    assert new_entries(path, capsys) == [
         {"path": f"/{ENTRIES}/arch-zen-fallback.conf", "carries": [], "lacks": OURS},
         {"path": f"/{ENTRIES}/arch-zen.conf", "carries": OURS, "lacks": []},
     ]
@@ -246,14 +260,8 @@ def test_undo_takes_our_words_out_of_an_entry_a_kernel_update_copied(
     assert main(["undo", "--root", str(path)]) == 0
     err = capsys.readouterr().err
     assert f"take out {' '.join(OURS)} from /{ENTRIES}/arch-zen.conf" in err
-    zen = (path / ENTRIES / "arch-zen.conf").read_text()
-    assert zen == copied.replace(" " + " ".join(OURS), "")  # the admin's nowatchdog stays
-    assert (path / ENTRIES / "arch-zen-fallback.conf").read_text() == template
-    new = {f"{ENTRIES}/arch-zen.conf", f"{ENTRIES}/arch-zen-fallback.conf"}
-    new.add("boot/vmlinuz-linux-zen")
-    assert set(changed(before, snapshot_tree(path))) == new  # the rest as it was
-    assert main(["status", "--root", str(path), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["new_entries"] == []
+    assert_undone(path, before, copied, template)
+    assert new_entries(path, capsys) == []
 
 
 def test_apply_after_a_kernel_update_gives_the_new_entry_ours_and_undo_takes_all_back(
@@ -266,16 +274,9 @@ def test_apply_after_a_kernel_update_gives_the_new_entry_ours_and_undo_takes_all
     assert planned_entries(path) == ["arch-zen-fallback.conf"]  # the copy has them already
     assert main(["apply", "--root", str(path)]) == 0
     assert set(OURS) <= set(options_of(path, "arch-zen-fallback.conf"))
-    capsys.readouterr()
-    assert main(["status", "--root", str(path), "--json"]) == 0
-    (left,) = json.loads(capsys.readouterr().out)["new_entries"]
-    assert left == {"path": f"/{ENTRIES}/arch-zen.conf", "carries": OURS, "lacks": []}
+    assert new_entries(path, capsys) == [
+        {"path": f"/{ENTRIES}/arch-zen.conf", "carries": OURS, "lacks": []}
+    ]
     assert main(["undo", "--root", str(path)]) == 0
-    # the template entry back byte for byte (journaled by the second apply), ours out of
-    # the copy, everything else as it was before the first apply
-    assert (path / ENTRIES / "arch-zen-fallback.conf").read_text() == template
-    assert (path / ENTRIES / "arch-zen.conf").read_text() == copied.replace(
-        " " + " ".join(OURS), ""
-    )
-    new = [f"{ENTRIES}/arch-zen-fallback.conf", f"{ENTRIES}/arch-zen.conf"]
-    assert changed(before, snapshot_tree(path)) == sorted([*new, "boot/vmlinuz-linux-zen"])
+    # the template entry back byte for byte (journaled by the second apply)
+    assert_undone(path, before, copied, template)
