@@ -139,6 +139,17 @@ def test_grub_default_reads_the_first_menuentry() -> None:
     )
     assert nextboot.grub_default(cfg) == ["root=UUID=1", "ro", "quiet", "iommu=pt"]
     assert nextboot.grub_default("menuentry 'UEFI' {\n\tfwsetup\n}\n") is None
+    assert nextboot.grub_default("insmod blscfg\nblscfg\n") is None
+
+
+def test_a_grub_cfg_of_bls_entries_is_named_not_checked(tmp_path: Path) -> None:
+    path = build(tmp_path, "consumer-intel", {})
+    (path / "boot/grub/grub.cfg").write_text("set default=0\ninsmod blscfg\nblscfg\n")
+    record = PlanRecord.from_json({"kernel_args": {"set": ["iommu=pt"]}, "bootloader": "grub"})
+    out = nextboot.NextBoot()
+    nextboot.check_grub(HostRoot(str(path)), record, out)
+    assert out.missing == [] and out.checked == []
+    assert out.unchecked == ["/boot/grub/grub.cfg (its first menuentry has no linux line)"]
 
 
 def test_lacking_counts_the_last_value_and_dropped_keys() -> None:
