@@ -6,11 +6,11 @@ A file of ours that the host's boot tool never reads (upstream grub-mkconfig and
 without passthrough while apply said "reboot". So after the regeneration commands ran,
 each source the boot reads is checked, one function each:
 
-- ``grub_default``: the ``linux`` line of the first ``menuentry`` of grub.cfg — what
+- ``check_grub``: the ``linux`` line of the first ``menuentry`` of grub.cfg — what
   ``GRUB_DEFAULT=0``, and ``saved`` before anything was saved, boot;
-- ``loader_entries``: every loader entry that can boot (the BLS ``options`` lines, written
-  by us or by kernel-install from /etc/kernel/cmdline);
-- ``initramfs``: the new image's listing by the root's own tool (``lsinitramfs``,
+- ``check_loader_entries``: every loader entry that can boot (the BLS ``options`` lines,
+  written by us or by kernel-install from /etc/kernel/cmdline);
+- ``check_initramfs``: each new image's listing by the root's own tool (``lsinitramfs``,
   ``lsinitrd``, ``lsinitcpio``): the vfio-pci module and our modprobe.d file inside.
 
 A source that is not there, or whose tool the root lacks, is named as not checked; only
