@@ -84,6 +84,26 @@ def versions_of(packages: dict[str, str], tools: dict[str, str]) -> Versions:
     )
 
 
+# iommufd in QEMU: the ``-object iommufd`` backend and vfio-pci's ``iommufd=`` property
+# (QEMU 9.0); in libvirt: a hostdev's ``<driver iommufd='yes'/>`` (libvirt 11.10). See
+# docs/iommufd.md for the sources.
+IOMMUFD_QEMU = (9, 0)
+IOMMUFD_LIBVIRT = (11, 10)
+
+
+def iommufd_lacks(v: Versions) -> list[str]:
+    """What of QEMU and libvirt is too old for iommufd, one phrase each ([] when neither)."""
+    lacks = []
+    for name, have, need in (
+        ("QEMU", v.qemu, IOMMUFD_QEMU),
+        ("libvirt", v.libvirt, IOMMUFD_LIBVIRT),
+    ):
+        if have < need:
+            assumed = " (assumed: not found on this root)" if v.is_assumed(name.lower()) else ""
+            lacks.append(f"{name} {dotted(have)}{assumed} predates iommufd ({dotted(need)}+)")
+    return lacks
+
+
 def host_versions(host: Host) -> Versions:
     """The versions of a discovered host (read by discovery: a snapshot gives the same)."""
     return versions_of(host.packages, host.tool_versions)
