@@ -244,8 +244,14 @@ def iommufd_kernel_lacks(host: Host) -> list[str]:
     ]
 
 
+def iommufd_node_lacks(host: Host) -> list[str]:
+    """What the host's kernel side lacks for iommufd (options, then nodes): [] when ready.
+    render, validate and kubevirt refuse with these words; the check says them too."""
+    return iommufd_kernel_lacks(host) or iommufd_missing_pieces(host)[0]
+
+
 def _iommufd(host: Host) -> CheckResult:
-    from passthrough.vm.versions import host_versions, iommufd_lacks
+    from passthrough.host.versions import iommufd_lacks, versions_of
 
     off = iommufd_kernel_lacks(host)
     if off:
@@ -267,7 +273,7 @@ def _iommufd(host: Host) -> CheckResult:
         if cdevs
         else "no function bound to vfio-pci yet"
     )
-    lacks = iommufd_lacks(host_versions(host))
+    lacks = iommufd_lacks(versions_of(host.packages, host.tool_versions))
     if lacks:
         return CheckResult(
             "iommufd",
