@@ -89,6 +89,9 @@ def test_nothing_on_vfio_is_nothing_to_do(hosts: dict[str, Path]) -> None:
     assert out["functions"] == ["0000:01:00.0", "0000:01:00.1"]
     r = run_cli(["release", "--root", str(hosts["consumer-intel"])])
     assert r.stdout == "No function of these cards is on a vfio driver: nothing to do.\n"
+    # a host without an NVIDIA card: nothing to give back either (not "no viable GPU")
+    r = run_cli(["release", "--root", str(hosts["bmc-only-server"])])
+    assert r.returncode == 0 and "nothing to do" in r.stdout, r.stderr
 
 
 def test_a_damaged_live_journal_is_one_line(on_vfio: Path) -> None:

@@ -51,7 +51,8 @@ def release_functions(host: Host, gpus: list[str]) -> list[PciFunction]:
     from passthrough.analysis.cards import choose_cards
     from passthrough.analysis.policy import judge_all
 
-    cards = choose_cards(judge_all(host), gpus, default="nvidia")
+    # no card named and none on the host: nothing to give back, not a usage error
+    cards = choose_cards(judge_all(host), gpus, default="nvidia", required=False)
     return [f for v in cards for f in v.gpu.functions if not f.is_bridge_like]
 
 
