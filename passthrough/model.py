@@ -118,6 +118,17 @@ class Cpu:
 
 
 @dataclass(frozen=True, slots=True)
+class VfioCdev:
+    """A function bound to vfio-pci and its vfio device cdev (Linux 6.6+, CONFIG_VFIO_DEVICE_CDEV):
+    the name the kernel gave it under the function's ``vfio-dev/`` and whether the node
+    ``/dev/vfio/devices/<name>`` that iommufd users open exists."""
+
+    address: PciAddress
+    name: str | None  # vfioN; None: no vfio-dev/ entry in sysfs
+    dev_node: bool  # /dev/vfio/devices/<name> exists
+
+
+@dataclass(frozen=True, slots=True)
 class Iommu:
     units: tuple[str, ...]  # sys/class/iommu entries: dmar0, ivhd0, ...
     acpi_tables: tuple[str, ...]  # DMAR / IVRS present in firmware
@@ -127,6 +138,11 @@ class Iommu:
     allow_unsafe_interrupts: bool | None
     # the narrowest DMA address width of the IOMMU units (Intel VT-d MGAW); None: unknown
     address_bits: int | None = None
+    # iommufd (Linux 6.2+): /dev/iommu, its module's sysfs directory (loaded or built in),
+    # and the device cdev of each function bound to vfio-pci
+    dev_iommu: bool = False
+    iommufd_module: bool = False
+    vfio_cdevs: tuple[VfioCdev, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +324,7 @@ class Level(StrEnum):
     WARN = "WARN"
     FAIL = "FAIL"
     SKIP = "SKIP"  # not applicable here (a host check inside a guest), with the reason
+    INFO = "INFO"  # an optional feature this host lacks: nothing to fix for passthrough itself
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,14 +18,18 @@ PROBE = Path(__file__).with_name("umockdev_bind_probe.py")
 pytestmark = pytest.mark.umockdev
 
 
-def _run(hosts: dict[str, Path], tmp_path: Path, mode: str) -> dict[str, object]:
+def _run(
+    hosts: dict[str, Path], tmp_path: Path, mode: str, sample: str = "consumer-intel"
+) -> dict[str, object]:
+    """The probe under umockdev-wrapper on ``sample``'s record; release modes get a state
+    directory of their own for the live-driver journal."""
     assert WRAPPER, "umockdev-wrapper is required (apt-get install umockdev); .ci/run installs it"
     record = tmp_path / "host.umockdev"
-    record.write_text(
-        fakehost.umockdev_record(fakehost.load("consumer-intel"), hosts["consumer-intel"])
-    )
+    record.write_text(fakehost.umockdev_record(fakehost.load(sample), hosts[sample]))
+    state = tmp_path / "state"
+    state.mkdir()
     r = subprocess.run(
-        [WRAPPER, sys.executable, str(PROBE), str(record), mode],
+        [WRAPPER, sys.executable, str(PROBE), str(record), mode, str(state)],
         capture_output=True,
         text=True,
         check=False,
@@ -90,3 +94,62 @@ def test_bind_refuses_when_the_variant_driver_is_not_loaded(
         "BindRefused: my_variant_vfio_pci is not loaded: run `modprobe my_variant_vfio_pci` first"
     )
     assert data["kernel_saw"] == []  # nothing was written
+
+
+# -- release: the card on vfio-pci given back, under the same stand-in kernel ---------------
+
+
+def _release(hosts: dict[str, Path], tmp_path: Path, mode: str) -> dict[str, object]:
+    return _run(hosts, tmp_path, mode, "acs-override-proxmox")  # its card is on vfio-pci
+
+
+def test_release_gives_each_function_to_its_default_driver_and_bind_takes_it_back(
+    hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    data = _release(hosts, tmp_path, "release")
+    assert "error" not in data, data
+    assert data["released"] == {"0000:24:00.0": "nvidia", "0000:24:00.1": "snd_hda_intel"}
+    assert data["drivers"] == {"0000:24:00.0": "nvidia", "0000:24:00.1": "snd_hda_intel"}
+    assert data["bound"] == ["0000:24:00.0", "0000:24:00.1"]
+    assert data["drivers_after_bind"] == {"0000:24:00.0": "vfio-pci", "0000:24:00.1": "vfio-pci"}
+    # one function at a time, each unbound, its override cleared, probed, then bind's moves
+    assert data["kernel_saw"] == [
+        "unbind 0000:24:00.0",
+        "probe 0000:24:00.0 override=",
+        "unbind 0000:24:00.1",
+        "probe 0000:24:00.1 override=",
+        "unbind 0000:24:00.0",
+        "probe 0000:24:00.0 override=vfio-pci",
+        "unbind 0000:24:00.1",
+        "probe 0000:24:00.1 override=vfio-pci",
+    ]
+    journal = data["journal"]
+    assert isinstance(journal, dict)
+    # bind noted the drivers it took them from: the next release goes back to them by name
+    assert {a: (e["host_driver"], e["where"], e["moving"]) for a, e in journal.items()} == {
+        "0000:24:00.0": ("nvidia", "vfio", None),
+        "0000:24:00.1": ("snd_hda_intel", "vfio", None),
+    }
+
+
+def test_release_binds_by_name_the_driver_the_journal_remembers(
+    hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    data = _release(hosts, tmp_path, "release-journal")
+    assert "error" not in data, data
+    assert data["released"] == {"0000:24:00.0": "nouveau", "0000:24:00.1": "snd_hda_intel"}
+    assert data["kernel_saw"][:2] == ["unbind 0000:24:00.0", "bind 0000:24:00.0 to nouveau"]
+
+
+def test_release_without_a_bind_event_fails_naming_the_function(
+    hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    data = _release(hosts, tmp_path, "release-no-bind")
+    assert str(data["error"]).startswith(
+        "BindFailed: no bind event for 0000:24:00.0 within 2s: no host driver took it"
+    )
+    journal = data["journal"]
+    assert isinstance(journal, dict)
+    # the journal says where the cut-short move was going
+    assert journal["0000:24:00.0"]["moving"] == "to-host"
+    assert "0000:24:00.1" not in journal  # never started

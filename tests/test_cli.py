@@ -359,7 +359,7 @@ def test_an_unknown_command_gets_the_closest_name_and_the_list() -> None:
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.splitlines() == [
         "passthrough: error: unknown command 'scna' (did you mean scan?); the commands: "
-        "scan, check, snapshot, sample, plan, apply, undo, status, verify, bind, render, "
+        "scan, check, snapshot, sample, plan, apply, undo, status, verify, bind, release, render, "
         "validate, kubevirt, vm, provision, guest, completion"
     ]
     r = run("common")  # a module of the CLI package, but no command: nothing imported by name

@@ -52,6 +52,7 @@ ROUND_TRIPS: list[tuple[type[XMLObject], str, object, str]] = [
     (domxml.HostDev, "type", "pci", "<hostdev type='pci'/>"),
     (domxml.HostDev, "mode", "subsystem", "<hostdev mode='subsystem'/>"),
     (domxml.HostDev, "driver", "vfio", "<hostdev><driver name='vfio'/></hostdev>"),
+    (domxml.HostDev, "iommufd", "yes", "<hostdev><driver iommufd='yes'/></hostdev>"),
     (domxml.StorageSource, "type", "nvme", "<backingStore type='nvme'/>"),
     (domxml.Controller, "type", "pci", "<controller type='pci'/>"),
     (domxml.Controller, "model", "pci-root", "<controller model='pci-root'/>"),

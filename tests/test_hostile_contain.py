@@ -403,8 +403,8 @@ def test_sysfs_link_loop_is_tolerated(root: Path, outside: Path) -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["apply"], ["undo"], ["bind", "--gpu", "0000:01:00.0"]],
-    ids=["apply", "undo", "bind"],
+    [["apply"], ["undo"], ["bind", "--gpu", "0000:01:00.0"], ["release"]],
+    ids=["apply", "undo", "bind", "release"],
 )
 def test_snapshot_root_is_read_only(
     argv: list[str], hosts: dict[str, Path], tmp_path: Path, outside: Path

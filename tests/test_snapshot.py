@@ -100,3 +100,32 @@ def test_snapshot_into_missing_directory_fails_cleanly(
         f"passthrough: error: snapshot: cannot write {target}: Is a directory"
     ]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".snapshot-")]
+
+
+def test_snapshot_carries_iommufd_nodes(tmp_path: Path) -> None:
+    """/dev/iommu, sys/module/iommufd, each vfio-dev/vfioN and /dev/vfio/devices/vfioN
+    travel in the archive: the check reads the same from it."""
+    from .conftest import build_variant
+
+    root = build_variant(
+        tmp_path,
+        "acs-override-proxmox",
+        kernel={"config": {"CONFIG_IOMMUFD": "m", "CONFIG_VFIO_DEVICE_CDEV": "y"}},
+        packages={"qemu-system-x86": "1:10.0.2+ds-1", "libvirt-daemon": "11.10.0-1"},
+        iommufd={"dev_iommu": True, "vfio_dev": True},
+    )
+    archive = tmp_path / "ready.tar.gz"
+    _snapshot(str(root), archive)
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    assert {"dev/iommu", "dev/vfio/devices/vfio0", "dev/vfio/devices/vfio1"} <= names
+    assert any(n.endswith("0000:24:00.0/vfio-dev/vfio0") for n in names)
+    live, snap = _scan(str(root)), _scan(str(archive))
+    assert live == snap
+    check = next(c for c in snap["checks"] if c["id"] == "iommufd")
+    assert check["level"] == "PASS"
+    assert snap["host"]["iommu"]["vfio_cdevs"][1] == {
+        "address": "0000:24:00.1",
+        "name": "vfio1",
+        "dev_node": True,
+    }

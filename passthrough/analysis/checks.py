@@ -219,6 +219,99 @@ def _gpus(host: Host, verdicts: list[GpuVerdict]) -> CheckResult:
     )
 
 
+# The first releases with each piece (include/uapi/linux/iommufd.h came in 6.2; the vfio
+# device cdev, drivers/vfio/device_cdev.c, in 6.6): see docs/iommufd.md.
+IOMMUFD_OPTIONS = (("CONFIG_IOMMUFD", (6, 2)), ("CONFIG_VFIO_DEVICE_CDEV", (6, 6)))
+
+
+def _iommufd_option_missing(host: Host, key: str, since: tuple[int, int]) -> str | None:
+    """Why the running kernel lacks ``key`` (None when it has it, or when it cannot tell)."""
+    k = host.kernel
+    if k.config.get(key) in ("y", "m") or k.config_source is None:
+        return None
+    v = kernel_version(k.release)
+    if v is not None and v < since:
+        return f"kernel {k.release} is too old for {key} (Linux {since[0]}.{since[1]}+)"
+    return f"{key} is not set in {k.config_source}"
+
+
+def iommufd_kernel_lacks(host: Host) -> list[str]:
+    """The options the running kernel was built without, and why, one phrase each."""
+    return [
+        why
+        for key, since in IOMMUFD_OPTIONS
+        if (why := _iommufd_option_missing(host, key, since)) is not None
+    ]
+
+
+def iommufd_node_lacks(host: Host) -> list[str]:
+    """What the host's kernel side lacks for iommufd (options, then nodes): [] when ready.
+    render, validate and kubevirt refuse with these words; the check says them too."""
+    return iommufd_kernel_lacks(host) or iommufd_missing_pieces(host)[0]
+
+
+def _iommufd(host: Host) -> CheckResult:
+    from passthrough.host.versions import iommufd_lacks, versions_of
+
+    off = iommufd_kernel_lacks(host)
+    if off:
+        # the legacy vfio container still works: an optional feature, not a fault
+        return CheckResult(
+            "iommufd",
+            Level.INFO,
+            "; ".join(off) + ": guests use the legacy vfio container (/dev/vfio/N)",
+            "for iommufd boot a kernel built with CONFIG_IOMMUFD and CONFIG_VFIO_DEVICE_CDEV "
+            "(Linux 6.6+)",
+        )
+    missing, fixes = iommufd_missing_pieces(host)
+    if missing:
+        return CheckResult("iommufd", Level.WARN, "; ".join(missing), "; ".join(fixes))
+    unread = "" if host.kernel.config_source else " (no kernel config found: by the nodes alone)"
+    cdevs = host.iommu.vfio_cdevs
+    bound = (
+        ", ".join(f"{c.address} → /dev/vfio/devices/{c.name}" for c in cdevs)
+        if cdevs
+        else "no function bound to vfio-pci yet"
+    )
+    lacks = iommufd_lacks(versions_of(host.packages, host.tool_versions))
+    if lacks:
+        return CheckResult(
+            "iommufd",
+            Level.INFO,
+            f"kernel ready (/dev/iommu, {bound}){unread}, but " + "; ".join(lacks),
+            "install QEMU 9.0+ and libvirt 11.10+ to start guests on iommufd",
+        )
+    return CheckResult("iommufd", Level.PASS, f"/dev/iommu, {bound}{unread}")
+
+
+def iommufd_missing_pieces(host: Host) -> tuple[list[str], list[str]]:
+    """The nodes a kernel built for iommufd should have made and has not, with the fix."""
+    io, cfg = host.iommu, host.kernel.config
+    missing: list[str] = []
+    fixes: list[str] = []
+    if not io.dev_iommu:
+        if cfg.get("CONFIG_IOMMUFD") == "m" and not io.iommufd_module:
+            missing.append("/dev/iommu missing: the iommufd module is not loaded")
+            fixes.append("modprobe iommufd (and list it in /etc/modules-load.d/ to keep it)")
+        elif host.kernel.config_source is None and not io.iommufd_module:
+            missing.append("/dev/iommu missing and no kernel config found to say why")
+            fixes.append("modprobe iommufd, or boot a kernel built with CONFIG_IOMMUFD")
+        else:
+            missing.append("/dev/iommu missing although iommufd is in the kernel")
+            fixes.append("check that devtmpfs and udev made the node (ls -l /dev/iommu)")
+    for c in io.vfio_cdevs:
+        if c.name is None:
+            missing.append(f"{c.address} is bound to vfio-pci but has no vfio-dev/vfioN")
+            # vfio core names vfio-dev/vfioN when the device registers (Linux 6.1+)
+            fixes.append(f"rebind {c.address} to vfio-pci (passthrough bind)")
+        elif not c.dev_node:
+            missing.append(f"{c.address}: /dev/vfio/devices/{c.name} missing")
+            fixes.append(
+                "CONFIG_VFIO_DEVICE_CDEV makes the node: check that devtmpfs and udev made it"
+            )
+    return missing, fixes
+
+
 def _kernel_reset(host: Host) -> CheckResult | None:
     v = kernel_version(host.kernel.release)
     reported = any(f.reset_methods is not None for f in host.functions)
@@ -247,6 +340,7 @@ HOST_ONLY = frozenset(
         "bootloader",
         "gpu-viable",
         "kernel-version",
+        "iommufd",
     }
 )
 
@@ -278,6 +372,7 @@ def run_checks(host: Host, verdicts: list[GpuVerdict]) -> list[CheckResult]:
         _vfio(host),
         _boot(host),
         _gpus(host, verdicts),
+        _iommufd(host),
     ]
     extra = _kernel_reset(host)
     if extra:

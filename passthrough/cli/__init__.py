@@ -34,6 +34,7 @@ from passthrough.errors import (
 # in the order --help lists them; each is the module passthrough/cli/<name>.py
 COMMANDS = (
     *("scan", "check", "snapshot", "sample", "plan", "apply", "undo", "status", "verify", "bind"),
+    "release",
     *("render", "validate", "kubevirt", "vm", "provision", "guest", "completion"),
 )
 

@@ -26,7 +26,11 @@ from passthrough.cli.plan import plan_flags
 from passthrough.errors import EXIT_HOST_STEP, EXIT_OK
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from passthrough.execute.holders import Outcome
+    from passthrough.host.root import HostRoot
+    from passthrough.model import Host, PciFunction
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -90,9 +94,35 @@ def _report(args: argparse.Namespace, out: Outcome | None, recovered: bool = Fal
         print(mark + line)
 
 
+def _binder(
+    args: argparse.Namespace,
+    root: HostRoot,
+    host: Host,
+    functions: list[PciFunction],
+    drivers: dict[str, str],
+) -> Callable[[], list[str]]:
+    """The bind itself, run alone or between stopping and starting the holders' units."""
+    from passthrough.execute.bind import bind_now
+    from passthrough.execute.livedrivers import LiveDrivers
+
+    def bind() -> list[str]:
+        # the host drivers it leaves, noted for `release` (only where it binds: the live host)
+        journal = LiveDrivers.load(root) if root.is_live else None
+        return bind_now(
+            root,
+            host,
+            functions,
+            args.timeout,
+            progress=progress(args),
+            drivers=drivers,
+            journal=journal,
+        )
+
+    return bind
+
+
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.analysis.policy import judge_all
-    from passthrough.execute.bind import bind_now
     from passthrough.execute.holders import (
         STOPPED,
         Systemctl,
@@ -123,10 +153,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
         stops = f"; stops {', '.join(u.name for u in units)} first" if units else ""
         confirm(args, "bind", lambda: f"bind moves to vfio now: {_named(moving, drivers)}{stops}")
 
-    def bind() -> list[str]:
-        return bind_now(
-            root, host, sel.functions, args.timeout, progress=progress(args), drivers=drivers
-        )
+    bind = _binder(args, root, host, sel.functions, drivers)
 
     out = None
     if units and root.is_live:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from passthrough.errors import EXIT_HOST_STEP, PassthroughError
+from passthrough.execute.livedrivers import LiveDrivers
 from passthrough.host.holders import find_holders, holder_fix, units_of
 from passthrough.host.modalias import PLAIN, vfio_drivers
 from passthrough.host.root import HostRoot
@@ -62,7 +63,12 @@ def refuse_held(root: HostRoot, functions: list[PciFunction]) -> None:
         )
 
 
-def _write(root: HostRoot, rel: str, value: str) -> None:
+def on_vfio(driver: str | None) -> bool:
+    """vfio-pci or a vfio variant driver (``nvgrace_gpu_vfio_pci``, ``mlx5_vfio_pci``...)."""
+    return driver is not None and (driver == PLAIN or driver.endswith("vfio_pci"))
+
+
+def sysfs_write(root: HostRoot, rel: str, value: str) -> None:
     path = root.real(rel)
     try:
         with open(path, "w") as fh:
@@ -73,6 +79,15 @@ def _write(root: HostRoot, rel: str, value: str) -> None:
 
 # (address → the driver it must bind to, timeout) → the addresses seen bound to it
 Waiter = Callable[[dict[str, str], float], set[str]]
+# what release waits for where the kernel picks the driver: any driver but a vfio one
+ANY_HOST_DRIVER = "*"
+
+
+def awaited(want: str | None, driver: str | None) -> bool:
+    """Whether a bind event of ``driver`` is the one a waiter for ``want`` waits for."""
+    if want == ANY_HOST_DRIVER:
+        return driver is not None and not on_vfio(driver)
+    return want is not None and want == driver
 
 
 def udev_waiter() -> tuple[Waiter, Callable[[], None]]:
@@ -97,7 +112,7 @@ def udev_waiter() -> tuple[Waiter, Callable[[], None]]:
             device: Any = monitor.poll(timeout=0)
             if device is None:
                 continue
-            if device.action == "bind" and pending.get(device.sys_name) == device.driver:
+            if device.action == "bind" and awaited(pending.get(device.sys_name), device.driver):
                 bound.add(device.sys_name)
         return bound
 
@@ -116,10 +131,12 @@ def bind_now(
     waiter: tuple[Waiter, Callable[[], None]] | None = None,
     progress: Callable[[str], None] | None = None,
     drivers: dict[str, str] | None = None,
+    journal: LiveDrivers | None = None,
 ) -> list[str]:
     """Bind ``functions`` to their vfio driver (``drivers``: address → driver; by default
     what the running kernel's modules.alias gives each); returns the addresses that changed
-    driver."""
+    driver. ``journal`` (the CLI's) remembers each function's host driver before the move,
+    for ``release``."""
     say = progress or (lambda _m: None)
     refuse_held(root, functions)
     if not root.is_live:
@@ -149,12 +166,14 @@ def bind_now(
         for f in todo:
             addr = str(f.address)
             base = f"sys/bus/pci/devices/{addr}"
+            if journal is not None:
+                journal.begin(addr, "to-vfio", None if on_vfio(f.driver) else f.driver)
             if f.driver:
                 say(f"unbind {addr} from {f.driver}")
-                _write(root, f"{base}/driver/unbind", addr)
-            _write(root, f"{base}/driver_override", want[addr])
+                sysfs_write(root, f"{base}/driver/unbind", addr)
+            sysfs_write(root, f"{base}/driver_override", want[addr])
             say(f"probe {addr} with driver_override={want[addr]}")
-            _write(root, "sys/bus/pci/drivers_probe", addr)
+            sysfs_write(root, "sys/bus/pci/drivers_probe", addr)
             got = wait({addr: want[addr]}, timeout)
             if addr not in got:
                 raise BindFailed(
@@ -163,6 +182,8 @@ def bind_now(
                     + "; check dmesg, and `passthrough scan` for who holds it"
                 )
             bound |= got
+            if journal is not None:
+                journal.done(addr, "vfio")
     finally:
         stop()
     for addr in sorted(bound):

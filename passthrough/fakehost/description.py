@@ -109,6 +109,9 @@ SCHEMA = Keys(
         ),
         "iommu": Keys({"enabled": BOOL, "firmware": BOOL, "intremap": BOOL, "address_bits": INT}),
         "kvm": BOOL,
+        # iommufd's nodes: /dev/iommu, sys/module/iommufd, and for each vfio-pci function
+        # its vfio-dev/vfioN in sysfs and /dev/vfio/devices/vfioN (CONFIG_* go in kernel.config)
+        "iommufd": Keys({"dev_iommu": BOOL, "module": BOOL, "vfio_dev": BOOL, "dev_nodes": BOOL}),
         "dmi": Keys({"chassis_type": INT, "vendor": STR, "product": STR}),
         "vendors": MapOf(STR, STR),  # hex vendor id → name, for pci.ids
         "os_release": MapOf(STR, STR),  # over the distro's
@@ -216,6 +219,11 @@ class Description:
         # VT-d MGAW: the widest guest address the IOMMU can map for DMA (48: 4-level tables)
         self.iommu_bits: int = iommu.get("address_bits", 48)
         self.kvm: bool = data.get("kvm", True)
+        iommufd = data.get("iommufd", {})
+        self.dev_iommu: bool = iommufd.get("dev_iommu", False)
+        self.iommufd_module: bool = iommufd.get("module", self.dev_iommu)
+        self.vfio_dev: bool = iommufd.get("vfio_dev", False)
+        self.vfio_dev_nodes: bool = iommufd.get("dev_nodes", self.vfio_dev)
         self.dmi: dict[str, Any] = data.get("dmi", {})
         self.vendors = {int(k, 16): v for k, v in data.get("vendors", {}).items()}
         self.os_release: dict[str, str] = {**self.distro.os_release, **data.get("os_release", {})}

@@ -143,6 +143,21 @@ def _iommu_files(desc: Description, w: Writer) -> None:
             else:
                 w.file(f"sys/devices/virtual/iommu/{unit}/amd-iommu/features", "25bf732fa2295afe\n")
     w.dir("sys/kernel/iommu_groups")
+    _iommufd_files(desc, w)
+
+
+def _iommufd_files(desc: Description, w: Writer) -> None:
+    """/dev/iommu and the vfio device cdevs, numbered as the kernel does: in bind order."""
+    if desc.dev_iommu:
+        w.file("dev/iommu", "")
+    if desc.iommufd_module:
+        w.dir("sys/module/iommufd")
+    bound = [n for n in desc.nodes if n.driver == "vfio-pci"]
+    for index, n in enumerate(sorted(bound, key=lambda n: n.address)):
+        if desc.vfio_dev:
+            w.file(f"{n.path}/vfio-dev/vfio{index}/dev", f"511:{index}\n")
+        if desc.vfio_dev_nodes:
+            w.file(f"dev/vfio/devices/vfio{index}", "")
 
 
 def _firmware_files(desc: Description, w: Writer) -> None:

@@ -20,6 +20,7 @@ from passthrough.model import (
     Iommu,
     Kernel,
     PciFunction,
+    VfioCdev,
 )
 
 # Kernel options that change what passthrough needs.
@@ -34,6 +35,8 @@ KERNEL_CONFIG_KEYS = (
     "CONFIG_IRQ_REMAP",
     "CONFIG_VFIO",
     "CONFIG_VFIO_PCI",
+    "CONFIG_IOMMUFD",  # /dev/iommu (Linux 6.2+)
+    "CONFIG_VFIO_DEVICE_CDEV",  # /dev/vfio/devices/vfioN (Linux 6.6+)
     "CONFIG_SYSFB_SIMPLEFB",
     "CONFIG_FB_EFI",
 )
@@ -89,13 +92,8 @@ def read_kernel(root: HostRoot) -> Kernel:
     elif root.exists("proc/config.gz"):
         raw = root.read_bytes("proc/config.gz")
         if raw is not None:
-            try:
-                import gzip  # only for /proc/config.gz
-
-                text = gzip.decompress(raw).decode("utf-8", "replace")
-                source = "/proc/config.gz"
-            except (OSError, EOFError):
-                root.problems.append("proc/config.gz: not a gzip file")
+            text = _gunzip_config(root, raw)
+            source = "/proc/config.gz" if text is not None else None
     if text is not None:
         wanted = set(KERNEL_CONFIG_KEYS)
         for line in text.splitlines():
@@ -116,6 +114,25 @@ def read_kernel(root: HostRoot) -> Kernel:
     )
 
 
+# A kernel's whole config is about 300 KB unpacked; far more is not a config (a gzip bomb).
+MAX_CONFIG = 8 << 20
+
+
+def _gunzip_config(root: HostRoot, raw: bytes) -> str | None:
+    import zlib  # only for /proc/config.gz
+
+    unpack = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip framing
+    try:
+        data = unpack.decompress(raw, MAX_CONFIG)
+    except zlib.error:
+        root.problems.append("proc/config.gz: not a gzip file")
+        return None
+    if unpack.unconsumed_tail:
+        root.problems.append(f"proc/config.gz: unpacks to more than {MAX_CONFIG >> 20} MiB")
+        return None
+    return data.decode("utf-8", "replace")
+
+
 def _vfio_pci_state(root: HostRoot, release: str | None) -> str | None:
     if root.exists("sys/module/vfio_pci"):
         return "loaded"
@@ -131,7 +148,7 @@ def _vfio_pci_state(root: HostRoot, release: str | None) -> str | None:
     return None
 
 
-def read_iommu(root: HostRoot, kernel: Kernel) -> Iommu:
+def read_iommu(root: HostRoot, kernel: Kernel, functions: Iterable[PciFunction] = ()) -> Iommu:
     units = tuple(root.listdir("sys/class/iommu"))
     tables = tuple(t for t in ("DMAR", "IVRS") if root.exists(f"sys/firmware/acpi/tables/{t}"))
     groups = sum(
@@ -152,7 +169,32 @@ def read_iommu(root: HostRoot, kernel: Kernel) -> Iommu:
         interrupt_remapping_evidence=evidence,
         allow_unsafe_interrupts=unsafe,
         address_bits=_iommu_address_bits(root, units),
+        dev_iommu=root.exists("dev/iommu"),
+        iommufd_module=root.isdir("sys/module/iommufd"),
+        vfio_cdevs=tuple(read_vfio_cdevs(root, functions)),
     )
+
+
+# a function has one device cdev at most; a directory that lists more is not the kernel's
+MAX_CDEV_NAMES = 16
+
+
+def read_vfio_cdevs(root: HostRoot, functions: Iterable[PciFunction]) -> list[VfioCdev]:
+    """Each vfio-pci function's ``vfio-dev/vfioN`` (drivers/vfio/vfio_main.c names it when
+    the device registers) and whether its ``/dev/vfio/devices/vfioN`` node exists."""
+    found = []
+    for f in functions:
+        if f.driver != "vfio-pci":
+            continue
+        names = [
+            n
+            for n in root.listdir(f"{f.sysfs_path}/vfio-dev")[:MAX_CDEV_NAMES]
+            if n.startswith("vfio") and n[4:].isdigit()
+        ]
+        name = min(names, key=lambda n: int(n[4:])) if names else None
+        node = name is not None and root.exists(f"dev/vfio/devices/{name}")
+        found.append(VfioCdev(f.address, name, node))
+    return found
 
 
 def _iommu_address_bits(root: HostRoot, units: tuple[str, ...]) -> int | None:

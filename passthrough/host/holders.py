@@ -11,7 +11,7 @@ answers the same way as the live host.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from passthrough.host.root import HostRoot
@@ -42,6 +42,20 @@ def device_nodes(root: HostRoot, address: str) -> set[str]:
     return {n for n in nodes if n.startswith(("/dev/nvidia", "/dev/dri/card", "/dev/dri/render"))}
 
 
+def vfio_nodes(root: HostRoot, address: str) -> set[str]:
+    """The nodes a guest (QEMU) holds a function on vfio by: its group's ``/dev/vfio/N``
+    and its cdev ``/dev/vfio/devices/vfioN``. A group node is shared by the group's
+    functions: whoever holds it holds them all."""
+    dev = f"sys/bus/pci/devices/{address}"
+    nodes = {
+        f"/dev/vfio/devices/{n}" for n in root.listdir(f"{dev}/vfio-dev") if n.startswith("vfio")
+    }
+    group = root.link_name(f"{dev}/iommu_group")
+    if group is not None and group.isdigit():
+        nodes.add(f"/dev/vfio/{group}")
+    return nodes
+
+
 def _unit(cgroup: str | None) -> str | None:
     """The system service a process runs in. One under a user's manager (``user@UID.service``)
     is in that user's session, not in a system unit: ``systemctl stop`` of the user manager
@@ -56,9 +70,14 @@ def _unit(cgroup: str | None) -> str | None:
     return None
 
 
-def find_holders(root: HostRoot, addresses: Iterable[str]) -> dict[str, list[Holder]]:
-    """For each address, the processes holding one of its device nodes (none: absent)."""
-    owner = {node: addr for addr in addresses for node in device_nodes(root, addr)}
+def find_holders(
+    root: HostRoot,
+    addresses: Iterable[str],
+    nodes: Callable[[HostRoot, str], set[str]] = device_nodes,
+) -> dict[str, list[Holder]]:
+    """For each address, the processes holding one of its device nodes (``nodes``: the
+    host driver's by default, :func:`vfio_nodes` for a guest's hold) (none: absent)."""
+    owner = {node: addr for addr in addresses for node in nodes(root, addr)}
     found: dict[str, list[Holder]] = {}
     if not owner:
         return found
@@ -78,13 +97,18 @@ def units_of(holders: Iterable[Holder]) -> list[str]:
     return sorted({h.unit for h in holders if h.unit})
 
 
-def holder_fix(holders: list[Holder]) -> str:
+def stop_steps(holders: list[Holder]) -> str:
+    """How to make them let go: stop their units, end the processes in none."""
     units = units_of(holders)
     loose = sorted({f"{h.comm} (pid {h.pid})" for h in holders if not h.unit})
     steps = [f"systemctl stop {' '.join(units)}"] if units else []
     if loose:
         steps.append("end " + ", ".join(loose))
-    return "; ".join(steps) + " before binding now (or bind at boot: `passthrough apply`)"
+    return "; ".join(steps)
+
+
+def holder_fix(holders: list[Holder]) -> str:
+    return stop_steps(holders) + " before binding now (or bind at boot: `passthrough apply`)"
 
 
 def holder_checks(found: dict[str, list[Holder]]) -> list[CheckResult]:

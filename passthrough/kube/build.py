@@ -160,9 +160,14 @@ def build_manifests(
     versions: Versions | None = None,
 ) -> Manifests:
     check_kube_options(opts, per_card)
+    dra = route == "dra"
+    iommufd = opts.iommufd
+    if iommufd:
+        _check_node_iommufd(host, dra)
+        # the node's own QEMU and libvirt do not run the guest: virt-launcher's do
+        opts = dataclasses.replace(opts, iommufd=False)
     out = Manifests()
     specs = _specs(host, opts, per_card, versions)
-    dra = route == "dra"
     everything: list[PciFunction] = []
     vms: list[dict[str, Any]] = []
     for spec in specs:
@@ -174,9 +179,12 @@ def build_manifests(
         out.warnings += [w for w in spec.warnings if w not in out.warnings]
         everything += [f for f in functions if f not in everything]
         if dra:
-            vms.append(claim_template(f"{spec.name}-gpus", cards))
+            vms.append(claim_template(f"{spec.name}-gpus", cards, iommufd))
         vms.append(virtual_machine(spec, cards, dra))
         _gates(out, spec, dra)
+    if iommufd:
+        out.gate(KUBEVIRT_GATES, "IOMMUFD")
+        out.warnings.append(IOMMUFD_LAUNCHER)
     # on the DRA route NVIDIA's plugins stay off the node: KubeVirt's own publishes companions
     permitted = permitted_host_devices(everything, provider == "nvidia" and not dra, dra)
     if permitted:
@@ -187,6 +195,25 @@ def build_manifests(
         # the GPU Operator's sandbox workloads: vfio-manager and the KubeVirt GPU plugin
         out.node_labels["nvidia.com/gpu.workload.config"] = "vm-passthrough"
     return out
+
+
+# KubeVirt 1.9's IOMMUFD gate (alpha) writes a domain-level <iommufd> that needs libvirt
+# 12.2+ in virt-launcher (KubeVirt's release note for PR 17956): the node cannot tell.
+IOMMUFD_LAUNCHER = (
+    "iommufd: KubeVirt's IOMMUFD feature gate (1.9+, alpha) needs a virt-launcher image with "
+    "libvirt 12.2+; the node's kernel is ready"
+)
+
+
+def _check_node_iommufd(host: Host, dra: bool) -> None:
+    """PreferIommuFD only where the node's kernel has every piece (exit 2 otherwise)."""
+    from passthrough.analysis.checks import iommufd_node_lacks
+
+    if not dra:
+        raise BadVmSpec("iommufd", "the device-plugin route has no iommufd: use --route dra")
+    lacks = iommufd_node_lacks(host)
+    if lacks:
+        raise BadVmSpec("iommufd", "this node cannot use it: " + "; ".join(lacks))
 
 
 def _gates(out: Manifests, spec: VmSpec, dra: bool) -> None:

@@ -79,9 +79,10 @@ def kubevirt_patch(permitted: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def claim_template(name: str, cards: Sequence[VmCard]) -> dict[str, Any]:
+def claim_template(name: str, cards: Sequence[VmCard], iommufd: bool = False) -> dict[str, Any]:
     """One named request per card on the vfio class, and the driver's VFIO config for all of
-    them (KubeVirt needs the legacy group device and /dev/vfio/vfio)."""
+    them: the legacy group device and /dev/vfio/vfio, or with ``iommufd`` (a node whose
+    kernel has it) each card's /dev/vfio/devices/vfioN and /dev/iommu."""
     requests = [c.request for c in cards]
     return {
         "apiVersion": RESOURCE_API,
@@ -102,7 +103,9 @@ def claim_template(name: str, cards: Sequence[VmCard]) -> dict[str, Any]:
                                     "apiVersion": NVIDIA_CONFIG_API,
                                     "kind": "VfioDeviceConfig",
                                     "iommu": {
-                                        "backendPolicy": "LegacyOnly",
+                                        "backendPolicy": (
+                                            "PreferIommuFD" if iommufd else "LegacyOnly"
+                                        ),
                                         "enableAPIDevice": True,
                                     },
                                 },

@@ -107,6 +107,11 @@ def host_json(h: Host) -> dict[str, Any]:
             "interrupt_remapping": h.iommu.interrupt_remapping,
             "interrupt_remapping_evidence": h.iommu.interrupt_remapping_evidence,
             "allow_unsafe_interrupts": h.iommu.allow_unsafe_interrupts,
+            "dev_iommu": h.iommu.dev_iommu,
+            "vfio_cdevs": [
+                {"address": str(c.address), "name": c.name, "dev_node": c.dev_node}
+                for c in h.iommu.vfio_cdevs
+            ],
         },
         "kernel": {
             "release": h.kernel.release,

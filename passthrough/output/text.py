@@ -43,7 +43,13 @@ class Painter:
         return "".join(STYLES[s] for s in styles) + text + RESET
 
 
-LEVEL_STYLE = {Level.PASS: "green", Level.WARN: "yellow", Level.FAIL: "red", Level.SKIP: "dim"}
+LEVEL_STYLE = {
+    Level.PASS: "green",
+    Level.WARN: "yellow",
+    Level.FAIL: "red",
+    Level.SKIP: "dim",
+    Level.INFO: "cyan",
+}
 
 
 def _fn_line(f: PciFunction) -> str:
@@ -63,10 +69,12 @@ def render_checks(checks: list[CheckResult], paint: Painter) -> str:
     fails = sum(c.level is Level.FAIL for c in checks)
     warns = sum(c.level is Level.WARN for c in checks)
     skips = sum(c.level is Level.SKIP for c in checks)
-    passes = len(checks) - fails - warns - skips
+    infos = sum(c.level is Level.INFO for c in checks)
+    passes = len(checks) - fails - warns - skips - infos
     lines.append("")
     lines.append(
         f"{passes} passed, {count(warns, 'warning')}, {fails} failed"
+        + (f", {infos} for information" if infos else "")
         + (f", {skips} not applicable" if skips else "")
     )
     return "\n".join(lines)

@@ -208,6 +208,13 @@ OPTIONS: tuple[VmOption, ...] = (
         flag_help="do not pin to the GPUs' NUMA node",
         negated=True,
     ),
+    VmOption(
+        "iommufd",
+        Kind.BOOL,
+        "the cards on iommufd (/dev/iommu and each function's /dev/vfio/devices/vfioN) instead "
+        "of the legacy vfio container; refused where the host, QEMU or libvirt lacks it",
+        default=False,
+    ),
     VmOption(  # kvm: hardware virtualization, every real GPU guest; qemu: TCG
         "virt_type",
         Kind.CHOICE,

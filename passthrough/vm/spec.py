@@ -101,6 +101,7 @@ class VmOptions:
     numa_pin: bool = True
     virt_type: str = "kvm"  # kvm | qemu (software emulation: labs and CI without /dev/kvm)
     overcommit: bool = False  # allow more guest memory than the host's RAM
+    iommufd: bool = False  # hostdevs on iommufd instead of the legacy vfio container
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,7 @@ class VmSpec:
     hyperv_clock: bool = False
     warnings: tuple[str, ...] = ()
     layout: Layout | None = None  # the address planner's decisions (vm/layout.py)
+    iommufd: bool = False  # each hostdev's <driver iommufd='yes'/>
 
 
 def _cpuset(cpus: tuple[int, ...]) -> str:
@@ -273,6 +275,8 @@ def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) ->
         virt_type=opts.virt_type,
     )
     windows = opts.profile == "windows"
+    if opts.iommufd:
+        _check_iommufd(host, versions if versions is not None else host_versions(host))
     return VmSpec(
         name=opts.name,
         vcpus=opts.vcpus,
@@ -305,4 +309,16 @@ def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) ->
         hyperv_clock=windows,
         warnings=tuple(warnings),
         layout=layout,
+        iommufd=opts.iommufd,
     )
+
+
+def _check_iommufd(host: Host, versions: Versions) -> None:
+    """Refuses (exit 2) a guest on iommufd that this host, its QEMU or its libvirt cannot run."""
+    from passthrough.analysis.checks import iommufd_node_lacks
+    from passthrough.vm.versions import iommufd_lacks
+
+    lacks = iommufd_node_lacks(host)
+    lacks += iommufd_lacks(versions)
+    if lacks:
+        raise BadVmSpec("iommufd", "this host cannot run it: " + "; ".join(lacks))

@@ -1,87 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
 """Which libvirt, QEMU and OVMF a host has: what the address planner may use depends on them.
 
-Discovery reads them (``host/packages.py``: the root's dpkg database, and on the live host
-the tools themselves); where neither says, Debian 12's versions stand in, marked so.
+Read as ``host/versions.py`` reads them; this module takes them from a discovered host or a
+root.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from typing import Any
-
-from passthrough.host.packages import PACKAGES, read_packages, read_tool_versions
+from passthrough.host.packages import read_packages, read_tool_versions
 from passthrough.host.root import HostRoot
+
+# the types and tables live beside discovery (check reads them too); guests import them here
+from passthrough.host.versions import DEFAULT_VERSIONS as DEFAULT_VERSIONS
+from passthrough.host.versions import Versions as Versions
+from passthrough.host.versions import dotted as dotted
+from passthrough.host.versions import iommufd_lacks as iommufd_lacks
+from passthrough.host.versions import versions_of
 from passthrough.model import Host
-
-
-def dotted(v: tuple[int, int]) -> str:
-    """(9, 0) → ``9.0``; (2022, 11) → ``2022.11``."""
-    return f"{v[0]}.{v[1]:02d}" if v[0] > 1000 else f"{v[0]}.{v[1]}"
-
-
-@dataclass(frozen=True)
-class Versions:
-    libvirt: tuple[int, int]
-    qemu: tuple[int, int]
-    ovmf: tuple[int, int]
-    source: str = "given"
-    # the names (libvirt, qemu, ovmf) whose version was not found: a default stands in
-    assumed: tuple[str, ...] = ()
-
-    def is_assumed(self, name: str) -> bool:
-        return name in self.assumed
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "libvirt": dotted(self.libvirt),
-            "qemu": dotted(self.qemu),
-            "ovmf": dotted(self.ovmf),
-            "source": self.source,
-            "assumed": bool(self.assumed),
-        }
-
-
-# Debian 12, what this project's CI runs: the default when the host root does not say
-# (worded so that an Ubuntu or Fedora root does not read as if it were taken for Debian)
-ASSUMED = "not found on this root (Debian 12's versions stand in)"
-DEFAULT_VERSIONS = Versions((9, 0), (7, 2), (2022, 11), ASSUMED, ("libvirt", "qemu", "ovmf"))
-
-
-def _two(text: str | None) -> tuple[int, int] | None:
-    m = re.match(r"(?:\d+:)?(\d+)\.(\d+)", text or "")
-    return (int(m[1]), int(m[2])) if m else None
-
-
-def versions_of(packages: dict[str, str], tools: dict[str, str]) -> Versions:
-    """libvirt, QEMU and OVMF from the installed packages discovery read, then what the
-    tools said (live host, or a snapshot of one); what neither says comes from
-    :data:`DEFAULT_VERSIONS`."""
-    found: dict[str, tuple[int, int]] = {}
-    for what, names in PACKAGES.items():
-        v = next((v for v in (_two(packages.get(n)) for n in names) if v is not None), None)
-        if v is not None:
-            found[what] = v
-    source = "dpkg status" if found else ""
-    said = False
-    for what, text in tools.items():
-        v = _two(text)
-        if what not in found and v is not None:
-            found[what] = v
-            said = True
-    if said:
-        source = f"{source} + tools" if source else "virsh/qemu --version"
-    missing = [k for k in ("libvirt", "qemu", "ovmf") if k not in found]
-    if missing:
-        source = (source + "; " if source else "") + f"{ASSUMED}: " + ", ".join(missing)
-    return Versions(
-        libvirt=found.get("libvirt", DEFAULT_VERSIONS.libvirt),
-        qemu=found.get("qemu", DEFAULT_VERSIONS.qemu),
-        ovmf=found.get("ovmf", DEFAULT_VERSIONS.ovmf),
-        source=source,
-        assumed=tuple(missing),
-    )
 
 
 def host_versions(host: Host) -> Versions:

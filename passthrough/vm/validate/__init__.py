@@ -84,13 +84,8 @@ def check(text: bytes, name: str, opts: Options) -> list[DomainFinding]:
     doc, out = _parse(text, name)
     if doc is None:
         return out
-    from passthrough.vm.xmlfield import sourceline
-
-    tree = doc.getroottree()
     if opts.schema is not None:
-        for fault in faults(opts.schema.rng(), doc):
-            el = fault.element
-            out.append(make("schema", fault.message, name, tree.getpath(el), sourceline(el)))
+        out.extend(_schema_findings(doc, name, opts.schema))
     if opts.schema_only:
         return out
     from .domain import check as policy
@@ -100,6 +95,44 @@ def check(text: bytes, name: str, opts: Options) -> list[DomainFinding]:
         from .define_check import libvirt_check
 
         out.extend(libvirt_check(doc, name, opts.libvirt_uri))
+    return out
+
+
+IOMMUFD_DRIVERS = "devices/hostdev/driver[@iommufd] | devices/interface/driver[@iommufd]"
+
+
+def _schema_findings(doc: Any, name: str, schema: DomainSchema) -> list[DomainFinding]:
+    """The schema's faults; where the schema predates ``<driver iommufd>`` (libvirt 11.10)
+    the rest of the domain is checked without the attribute and each use of it is named,
+    so an old schema neither blames the whole ``<devices>`` nor passes the attribute
+    unseen (the policy layer checks its value)."""
+    import copy
+
+    from passthrough.vm.xmlfield import sourceline
+
+    out: list[DomainFinding] = []
+    work = doc
+    drivers = doc.xpath(IOMMUFD_DRIVERS)
+    if drivers and not schema.knows_iommufd:
+        work = copy.deepcopy(doc)
+        for el in work.xpath(IOMMUFD_DRIVERS):
+            del el.attrib["iommufd"]
+        for el in drivers:
+            out.append(
+                make(
+                    "schema-iommufd",
+                    f"libvirt {schema.version}'s schema predates <driver iommufd> (libvirt "
+                    "11.10): the rest of the domain is checked against it; pass --schema-dir "
+                    "of libvirt 11.10 or newer to check the attribute too",
+                    name,
+                    doc.getroottree().getpath(el),
+                    sourceline(el),
+                )
+            )
+    tree = work.getroottree()
+    for fault in faults(schema.rng(), work):
+        el = fault.element
+        out.append(make("schema", fault.message, name, tree.getpath(el), sourceline(el)))
     return out
 
 

@@ -29,13 +29,14 @@ class Hostdev:
     """A PCI hostdev as the rules see it: its element (where findings land), both addresses
     (read by :class:`passthrough.vm.domxml.HostDev`) and whether the GPU rules apply."""
 
-    __slots__ = ("element", "gpu", "guest", "host")
+    __slots__ = ("element", "gpu", "guest", "host", "iommufd")
 
     def __init__(self, dev: HostDev, gpu: bool):
         self.element = dev.element
         self.host = dev.source  # domain, bus, device, function on the host
         self.guest = dev.guest  # the same in the guest
         self.gpu = gpu
+        self.iommufd = dev.iommufd  # <driver iommufd='yes|no'/>; None: left out
 
 
 class _Ctx:
@@ -112,6 +113,7 @@ def check(doc: Element, file: str, host: Host | None) -> list[DomainFinding]:
         else:
             seen[d.host] = d
     _guest_slots(ctx, devs)
+    _iommufd_values(ctx, devs)
     _vendor_id_values(ctx)
     _gpu_rules(ctx, devs, host is not None)
     if host is not None:
@@ -157,6 +159,39 @@ def _guest_slots(ctx: _Ctx, devs: list[Hostdev]) -> None:
                 f"guest slot {label} holds {len(functions)} functions but function 0 says "
                 "multifunction='off': QEMU exposes only function 0",
             )
+
+
+def _iommufd_values(ctx: _Ctx, devs: list[Hostdev]) -> None:
+    """libvirt's schema takes yes or no (virYesNo); a schema older than the attribute
+    does not look at it at all, so the policy does."""
+    for d in devs:
+        if d.iommufd is not None and d.iommufd not in ("yes", "no"):
+            ctx.add(
+                "hostdev-iommufd-value",
+                d.element.find("driver"),
+                f"<driver iommufd={d.iommufd!r}/>: libvirt takes yes or no",
+                (d.host,) if d.host else (),
+            )
+
+
+def _iommufd_host(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
+    """A hostdev on iommufd needs what ``check``'s iommufd check looks for, and a QEMU and
+    libvirt new enough (the same words render --iommufd refuses with)."""
+    from passthrough.analysis.checks import iommufd_node_lacks
+    from passthrough.vm.versions import host_versions, iommufd_lacks
+
+    on = [d for d in devs if d.iommufd == "yes"]
+    if not on:
+        return
+    lacks = iommufd_node_lacks(host)
+    lacks += iommufd_lacks(host_versions(host))
+    if lacks:
+        ctx.add(
+            "host-iommufd",
+            on[0].element.find("driver"),
+            f"{len(on)} hostdev(s) on iommufd, and this host cannot run them: " + "; ".join(lacks),
+            tuple(d.host for d in on if d.host),
+        )
 
 
 def _vendor_id_values(ctx: _Ctx) -> None:
@@ -267,6 +302,7 @@ def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
     from passthrough.vm.versions import host_versions
 
     known = facts(host).known
+    _iommufd_host(ctx, host, devs)
     for d in devs:
         if d.host is not None and d.host not in known:
             ctx.add("host-missing", d.element, f"{d.host} is not on this host", (d.host,))

@@ -43,6 +43,13 @@ CATALOGUE: tuple[Rule, ...] = (
         "schema", "schema", _E, "libvirt's RelaxNG schema rejects the element (libvirt would too)"
     ),
     Rule(
+        "schema-iommufd",
+        "schema",
+        _W,
+        "a hostdev on iommufd checked against a schema older than the attribute (libvirt "
+        "11.10): the rest of the domain was checked without it",
+    ),
+    Rule(
         "pci-address-duplicate",
         "policy",
         _E,
@@ -62,6 +69,12 @@ CATALOGUE: tuple[Rule, ...] = (
         "QEMU exposes only function 0 (left out, libvirt's QEMU driver sets it on)",
     ),
     Rule("hostdev-source", "policy", _E, "a PCI hostdev whose host address cannot be read"),
+    Rule(
+        "hostdev-iommufd-value",
+        "policy",
+        _E,
+        "a hostdev's <driver iommufd=...> other than yes or no: libvirt refuses it",
+    ),
     Rule(
         "hyperv-vendor-id-value",
         "policy",
@@ -113,6 +126,13 @@ CATALOGUE: tuple[Rule, ...] = (
         "host",
         _E,
         "a GPU card passed without all its functions: they share a reset and an IOMMU group",
+    ),
+    Rule(
+        "host-iommufd",
+        "host",
+        _E,
+        "hostdevs on iommufd where the host (kernel options, /dev/iommu, vfio cdevs), "
+        "QEMU (9.0+) or libvirt (11.10+) lacks it: the guest does not start",
     ),
     Rule("libvirt-refused", "libvirt", _E, "the libvirt connection given refuses to define it"),
 )

@@ -31,12 +31,27 @@ class SchemaNotFound(PassthroughError):
 class DomainSchema:
     """One libvirt's ``schemas/`` directory; the RelaxNG is compiled on first use."""
 
-    __slots__ = ("_rng", "directory", "version")
+    __slots__ = ("_iommufd", "_rng", "directory", "version")
 
     def __init__(self, directory: str, version: str) -> None:
         self.directory = directory
         self.version = version  # "9.0.0-4+deb12u2", or "unknown version"
         self._rng: Any = None
+        self._iommufd: bool | None = None
+
+    @property
+    def knows_iommufd(self) -> bool:
+        """Whether these schemas define the hostdev ``<driver iommufd>`` attribute (libvirt
+        11.10+); Debian 12's 9.0 does not, and rejects the whole ``<devices>`` for it."""
+        if self._iommufd is None:
+            self._iommufd = False
+            for name in sorted(os.listdir(self.directory))[:MAX_SCHEMA_FILES]:
+                if name.endswith(".rng"):
+                    with open(os.path.join(self.directory, name), "rb") as fh:
+                        if b'name="iommufd"' in fh.read(MAX_SCHEMA_BYTES):
+                            self._iommufd = True
+                            break
+        return self._iommufd
 
     @property
     def label(self) -> str:
@@ -58,6 +73,10 @@ class DomainSchema:
                 raise SchemaNotFound(f"{path} is not a usable RelaxNG schema: {exc}") from None
         return self._rng
 
+
+# libvirt ships about 30 schema files, the largest (domaincommon.rng) under 300 KB
+MAX_SCHEMA_FILES = 200
+MAX_SCHEMA_BYTES = 4 << 20
 
 _LOADED: dict[str, DomainSchema] = {}  # a library caller validating many texts compiles once
 

@@ -85,6 +85,10 @@ GUEST_OPTIONS: dict[str, dict[str, Any]] = json.loads(
     "type": "bool",
     "default": true
   },
+  "iommufd": {
+    "type": "bool",
+    "default": false
+  },
   "virt_type": {
     "type": "str",
     "choices": [

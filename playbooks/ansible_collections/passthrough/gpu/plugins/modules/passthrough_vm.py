@@ -98,6 +98,12 @@ options:
     description: "Pin vCPUs and memory to the GPUs' NUMA node"
     type: bool
     default: true
+  iommufd:
+    description: >-
+      The cards on iommufd (/dev/iommu and each function's /dev/vfio/devices/vfioN) instead of
+      the legacy vfio container; refused where the host, QEMU or libvirt lacks it
+    type: bool
+    default: false
   virt_type:
     description: kvm, or qemu for software emulation (TCG) where /dev/kvm does not work
     type: str
