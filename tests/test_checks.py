@@ -124,7 +124,7 @@ def test_bios_host(hosts: dict[str, Path]) -> None:
 # -- iommufd: each piece present or missing on a variant of a host with a card on vfio-pci --
 
 IOMMUFD_ON = {"CONFIG_IOMMUFD": "y", "CONFIG_VFIO_DEVICE_CDEV": "y"}
-NEW_STACK = {"qemu-system-x86": "1:10.0.2+ds-1", "libvirt-daemon": "11.10.0-1"}
+NEW_STACK = {"qemu-system-x86": "1:10.0.2+ds-1", "libvirt-daemon": "12.1.0-1"}
 PROXMOX_CMDLINE = "BOOT_IMAGE=/boot/vmlinuz-6.8.12-4-pve root=/dev/mapper/pve-root ro iommu=pt"
 
 
@@ -194,8 +194,8 @@ def test_iommufd_ready_kernel_with_old_qemu_and_libvirt(tmp_path: Path) -> None:
     level, summary, fix = _iommufd(tmp_path, packages=old, iommufd=iommufd)
     assert level is Level.INFO
     assert "QEMU 7.2 predates iommufd (9.0+)" in summary
-    assert "libvirt 9.0 predates iommufd (11.10+)" in summary
-    assert fix == "install QEMU 9.0+ and libvirt 11.10+ to start guests on iommufd"
+    assert "libvirt 9.0 predates iommufd (12.1+)" in summary
+    assert fix == "install QEMU 9.0+ and libvirt 12.1+ to start guests on iommufd"
 
 
 def test_iommufd_from_proc_config_gz(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ READY_KERNEL = {
     "cmdline": "BOOT_IMAGE=/boot/vmlinuz-6.8.12-4-pve root=/dev/mapper/pve-root ro iommu=pt",
     "config": {"CONFIG_IOMMUFD": "y", "CONFIG_VFIO_DEVICE_CDEV": "y"},
 }
-NEW_STACK = {"qemu-system-x86": "1:10.0.2+ds-1", "libvirt-daemon": "11.10.0-1"}
+NEW_STACK = {"qemu-system-x86": "1:10.0.2+ds-1", "libvirt-daemon": "12.1.0-1"}
 NODES = {"dev_iommu": True, "vfio_dev": True}
 GPU = "0000:24:00.0"  # acs-override-proxmox's card, bound to vfio-pci
 SCHEMAS = Path("/usr/share/libvirt/schemas")
@@ -98,12 +98,12 @@ def _tree_hash(root: Path) -> str:
             "0000:24:00.0 is bound to vfio-pci but has no vfio-dev/vfioN",
         ),
         (
-            {"packages": {"qemu-system-x86": "1:8.2.2+ds-0ubuntu1", "libvirt-daemon": "11.10.0"}},
+            {"packages": {"qemu-system-x86": "1:8.2.2+ds-0ubuntu1", "libvirt-daemon": "12.1.0"}},
             "QEMU 8.2 predates iommufd (9.0+)",
         ),
         (
             {"packages": {"qemu-system-x86": "1:9.0.0", "libvirt-daemon": "10.0.0-2ubuntu8"}},
-            "libvirt 10.0 predates iommufd (11.10+)",
+            "libvirt 10.0 predates iommufd (12.1+)",
         ),
     ],
     ids=["option-off", "no-dev-iommu", "no-cdev", "old-qemu", "old-libvirt"],
@@ -142,7 +142,7 @@ def test_debian12_schema_checks_the_rest_and_names_the_attribute(rendered: Path)
 
 
 def _schema_with_iommufd(dest: Path) -> Path:
-    """Debian 12's schemas with the one attribute libvirt 11.10 added to a PCI hostdev's
+    """Debian 12's schemas with the one attribute libvirt 12.1 added to a PCI hostdev's
     <driver> (optional, yes or no): a minimal case written here, not libvirt's file."""
     shutil.copytree(SCHEMAS, dest)
     common = dest / "domaincommon.rng"

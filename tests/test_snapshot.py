@@ -111,7 +111,7 @@ def test_snapshot_carries_iommufd_nodes(tmp_path: Path) -> None:
         tmp_path,
         "acs-override-proxmox",
         kernel={"config": {"CONFIG_IOMMUFD": "m", "CONFIG_VFIO_DEVICE_CDEV": "y"}},
-        packages={"qemu-system-x86": "1:10.0.2+ds-1", "libvirt-daemon": "11.10.0-1"},
+        packages={"qemu-system-x86": "1:10.0.2+ds-1", "libvirt-daemon": "12.1.0-1"},
         iommufd={"dev_iommu": True, "vfio_dev": True},
     )
     archive = tmp_path / "ready.tar.gz"

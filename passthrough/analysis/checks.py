@@ -279,7 +279,7 @@ def _iommufd(host: Host) -> CheckResult:
             "iommufd",
             Level.INFO,
             f"kernel ready (/dev/iommu, {bound}){unread}, but " + "; ".join(lacks),
-            "install QEMU 9.0+ and libvirt 11.10+ to start guests on iommufd",
+            "install QEMU 9.0+ and libvirt 12.1+ to start guests on iommufd",
         )
     return CheckResult("iommufd", Level.PASS, f"/dev/iommu, {bound}{unread}")
 

@@ -82,10 +82,10 @@ def versions_of(packages: dict[str, str], tools: dict[str, str]) -> Versions:
 
 
 # iommufd in QEMU: the ``-object iommufd`` backend and vfio-pci's ``iommufd=`` property
-# (QEMU 9.0); in libvirt: a hostdev's ``<driver iommufd='yes'/>`` (libvirt 11.10). See
+# (QEMU 9.0); in libvirt: a hostdev's ``<driver iommufd='yes'/>`` (libvirt 12.1). See
 # docs/iommufd.md for the sources.
 IOMMUFD_QEMU = (9, 0)
-IOMMUFD_LIBVIRT = (11, 10)
+IOMMUFD_LIBVIRT = (12, 1)
 
 
 def iommufd_lacks(v: Versions) -> list[str]:

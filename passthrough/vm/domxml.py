@@ -124,7 +124,7 @@ class HostDev(Device):
     mode = XMLField("@mode", STR)  # left out: libvirt's "subsystem"
     source = PciAddressField("source/address", typed=False)
     driver = XMLField("driver/@name", STR)  # left out: QEMU's default, vfio
-    iommufd = XMLField("driver/@iommufd", STR)  # yes: on iommufd (libvirt 11.10+)
+    iommufd = XMLField("driver/@iommufd", STR)  # yes: on iommufd (libvirt 12.1+)
 
 
 class Interface(HostDev):

@@ -102,7 +102,7 @@ IOMMUFD_DRIVERS = "devices/hostdev/driver[@iommufd] | devices/interface/driver[@
 
 
 def _schema_findings(doc: Any, name: str, schema: DomainSchema) -> list[DomainFinding]:
-    """The schema's faults; where the schema predates ``<driver iommufd>`` (libvirt 11.10)
+    """The schema's faults; where the schema predates ``<driver iommufd>`` (libvirt 12.1)
     the rest of the domain is checked without the attribute and each use of it is named,
     so an old schema neither blames the whole ``<devices>`` nor passes the attribute
     unseen (the policy layer checks its value)."""
@@ -122,8 +122,8 @@ def _schema_findings(doc: Any, name: str, schema: DomainSchema) -> list[DomainFi
                 make(
                     "schema-iommufd",
                     f"libvirt {schema.version}'s schema predates <driver iommufd> (libvirt "
-                    "11.10): the rest of the domain is checked against it; pass --schema-dir "
-                    "of libvirt 11.10 or newer to check the attribute too",
+                    "12.1): the rest of the domain is checked against it; pass --schema-dir "
+                    "of libvirt 12.1 or newer to check the attribute too",
                     name,
                     doc.getroottree().getpath(el),
                     sourceline(el),

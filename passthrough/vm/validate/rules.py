@@ -47,7 +47,7 @@ CATALOGUE: tuple[Rule, ...] = (
         "schema",
         _W,
         "a hostdev on iommufd checked against a schema older than the attribute (libvirt "
-        "11.10): the rest of the domain was checked without it",
+        "12.1): the rest of the domain was checked without it",
     ),
     Rule(
         "pci-address-duplicate",
@@ -132,7 +132,7 @@ CATALOGUE: tuple[Rule, ...] = (
         "host",
         _E,
         "hostdevs on iommufd where the host (kernel options, /dev/iommu, vfio cdevs), "
-        "QEMU (9.0+) or libvirt (11.10+) lacks it: the guest does not start",
+        "QEMU (9.0+) or libvirt (12.1+) lacks it: the guest does not start",
     ),
     Rule("libvirt-refused", "libvirt", _E, "the libvirt connection given refuses to define it"),
 )

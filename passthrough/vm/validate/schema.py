@@ -42,7 +42,7 @@ class DomainSchema:
     @property
     def knows_iommufd(self) -> bool:
         """Whether these schemas define the hostdev ``<driver iommufd>`` attribute (libvirt
-        11.10+); Debian 12's 9.0 does not, and rejects the whole ``<devices>`` for it."""
+        12.1+); Debian 12's 9.0 does not, and rejects the whole ``<devices>`` for it."""
         if self._iommufd is None:
             self._iommufd = False
             for name in sorted(os.listdir(self.directory))[:MAX_SCHEMA_FILES]:
