@@ -298,6 +298,15 @@ def verdict_findings(
     return found
 
 
+def warning_notes(findings: Iterable[Finding]) -> list[str]:
+    """The warnings among ``findings`` as plan and apply tell them, each with its card."""
+    return [
+        f"{f.devices[0]}: {f.message} [{f.code}]" if f.devices else f"{f.message} [{f.code}]"
+        for f in findings
+        if f.severity is Severity.WARNING
+    ]
+
+
 def card_warnings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostIndex) -> list[Finding]:
     """What scan tells about a card beyond the refusals: display, reset, BARs, fabric."""
     primary = gpu.primary

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from passthrough.analysis import policy
+from passthrough.analysis import codes, policy
 from passthrough.kube.layout import plan_kubevirt
 from passthrough.kube.objects import (
     VmCard,
@@ -183,7 +183,21 @@ def build_manifests(
         out.documents.append(kubevirt_patch(permitted))
         out.gate(KUBEVIRT_GATES, "HostDevices")
     out.documents += vms
-    if not dra and provider == "nvidia":
+    # what makes a card unsafe for a guest withholds the label, as kubevirt preflight does
+    unsafe = sorted(
+        {
+            f.code
+            for f in codes.unsafe_for_guest(
+                policy.verdict_findings(host, (f.address for f in everything)), codes.PREPARED
+            )
+        }
+    )
+    if unsafe:
+        out.warnings.append(
+            f"node label nvidia.com/gpu.workload.config=vm-passthrough withheld: "
+            f"the cards are not safe for a guest ({', '.join(unsafe)})"
+        )
+    elif not dra and provider == "nvidia":
         # the GPU Operator's sandbox workloads: vfio-manager and the KubeVirt GPU plugin
         out.node_labels["nvidia.com/gpu.workload.config"] = "vm-passthrough"
     return out
