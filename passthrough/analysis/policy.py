@@ -299,11 +299,15 @@ def verdict_findings(
 
 
 def warning_notes(findings: Iterable[Finding]) -> list[str]:
-    """The warnings among ``findings`` as plan and apply tell them, each with its card."""
+    """The warnings among ``findings`` as plan and apply tell them: one line per warning,
+    naming every card it is about (eight H100s share one NVSwitch warning)."""
+    cards: dict[tuple[str, str], list[str]] = {}
+    for f in findings:
+        if f.severity is Severity.WARNING:
+            cards.setdefault((f.message, f.code), []).extend(str(d) for d in f.devices)
     return [
-        f"{f.devices[0]}: {f.message} [{f.code}]" if f.devices else f"{f.message} [{f.code}]"
-        for f in findings
-        if f.severity is Severity.WARNING
+        f"{', '.join(dict.fromkeys(addrs))}: {message} [{code}]" if addrs else f"{message} [{code}]"
+        for (message, code), addrs in cards.items()
     ]
 
 

@@ -52,9 +52,14 @@ class Manifests:
 
     def header(self, route: str) -> list[str]:
         """The comment lines above the YAML stream: what to set besides applying it."""
-        lines = [
-            f"passthrough kubevirt render --route {route}: merge the KubeVirt patch, apply the rest"
-        ]
+        # say only what the stream holds: the DRA route's has no KubeVirt CR patch
+        patched = any(d.get("kind") == "KubeVirt" for d in self.documents)
+        todo = (
+            "merge the KubeVirt patch, apply the rest"
+            if patched
+            else "apply it and set the feature gates below (it holds no KubeVirt patch)"
+        )
+        lines = [f"passthrough kubevirt render --route {route}: {todo}"]
         lines += [
             f"feature gates, {where}: {', '.join(names)}"
             for where, names in self.feature_gates.items()
