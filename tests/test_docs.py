@@ -171,9 +171,8 @@ def test_every_relative_link_resolves(doc: Path) -> None:
             continue  # https:, mailto:
         where, _, anchor = target.partition("#")
         path = (doc.parent / where).resolve() if where else doc
-        if not path.exists():
-            broken.append(target)
-        elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+        missing = not path.exists()
+        if missing or (anchor and path.suffix == ".md" and anchor not in _anchors(path)):
             broken.append(target)
     assert broken == [], doc
 

@@ -101,8 +101,8 @@ def softdeps(root: HostRoot, host: Host, functions: list[PciFunction]) -> dict[s
         if f.driver and not is_vfio(f.driver):
             module = module_of_driver(root, f.driver) or _norm(f.driver)
             holding.setdefault(module, []).append(str(f.address))
-    for module, addrs in holding.items():
-        why.setdefault(module, f"bound to {', '.join(sorted(addrs))} now")
+    for module, held in holding.items():
+        why.setdefault(module, f"bound to {', '.join(sorted(held))} now")
     for module, addrs in alias_modules(root, host, functions).items():
         why.setdefault(module, "its aliases match " + ", ".join(sorted(addrs)))
     for module in list(why):
