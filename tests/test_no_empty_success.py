@@ -82,3 +82,11 @@ def test_vm_define_refuses_a_disk_that_does_not_exist(
     assert got.returncode == 2
     assert f"disk {images}/g.qcow2 does not exist" in got.stderr
     assert len(got.stderr.strip().splitlines()) == 1
+
+
+def test_kubevirt_render_refuses_no_gpu(hosts: dict[str, Path]) -> None:
+    """The cluster path is for a GPU's guest: a VM without one is refused, not written."""
+    args = ["kubevirt", "render", "--name", "g", "--root", str(hosts["hgx-h100"]), "--no-gpu"]
+    got = run_cli(args)
+    assert got.returncode == 2 and got.stdout == ""
+    assert "no_gpu: kubevirt renders a VM for GPUs" in got.stderr

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from tests.cli_process import run_cli
 
+from .conftest import bind_to_vfio
+
 REPO = Path(__file__).parents[1]
 
 
@@ -72,3 +74,14 @@ def test_the_softdep_comment_names_every_card_its_driver_holds(
     assert run_cli(["apply", "--root", str(root)]).returncode == 0
     again = run_cli(["plan", "--root", str(root)]).stdout
     assert "Nothing to do: the host already matches the plan." in again
+
+
+def test_kubevirt_preflight_counts_one_function_in_the_singular(
+    hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    """An H100 is one function: '1 function on vfio-pci', not 'all 1 functions'."""
+    root = tmp_path / "root"
+    shutil.copytree(hosts["hgx-h100"], root, symlinks=True)
+    bind_to_vfio(root, "0000:18:00.0")  # what the reboot does (a stand-in, see conftest)
+    got = run_cli(["kubevirt", "preflight", "--root", str(root), "--gpu", "18:00.0"])
+    assert "0000:18:00.0: 1 function on vfio-pci" in got.stdout, got.stdout

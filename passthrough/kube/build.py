@@ -116,6 +116,8 @@ _LIBVIRT_ONLY = (
 
 def check_kube_options(opts: VmOptions, per_card: bool) -> None:
     """What the cluster path cannot express is refused with the field named (exit 2)."""
+    if opts.no_gpu:  # the cluster path is for a GPU's guest: kubevirt refuses one without
+        raise BadVmSpec("no_gpu", "kubevirt renders a VM for GPUs; leave it out for kubevirt")
     for name, default, what in _LIBVIRT_ONLY:
         if getattr(opts, name) != default:
             raise BadVmSpec(name, f"KubeVirt has no field for {what}; leave it out for kubevirt")

@@ -12,7 +12,7 @@ from typing import Any
 
 from passthrough.analysis import codes, policy
 from passthrough.analysis.cards import choose_cards
-from passthrough.errors import PassthroughError
+from passthrough.errors import PassthroughError, count
 from passthrough.kube.build import refuse_laptop
 from passthrough.kube.layout import plan_kubevirt
 from passthrough.model import CheckResult, GpuVerdict, Host, Level, Severity
@@ -56,7 +56,8 @@ def _bound(v: GpuVerdict) -> CheckResult:
             "the GPU Operator's vfio-manager on a node labelled vm-passthrough)",
         )
     loose = [f for f in v.gpu.functions if not f.is_bridge_like and f.driver is None]
-    summary = f"{where}: all {len([f for f in v.gpu.functions if not f.is_bridge_like])} functions on vfio-pci"
+    n = len([f for f in v.gpu.functions if not f.is_bridge_like])
+    summary = f"{where}: {'all ' if n > 1 else ''}{count(n, 'function')} on vfio-pci"
     if loose:
         summary = (
             f"{where}: "
