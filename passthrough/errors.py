@@ -93,8 +93,11 @@ class UnknownPciDevice(PassthroughError):
 
 
 class NotAHostRoot(PassthroughError):
-    def __init__(self, root: str, why: str) -> None:
-        super().__init__(f"--root {echo_path(root)}: {why}")
+    """A root that cannot be read, named by the option that gave it (validate's is
+    --host-root)."""
+
+    def __init__(self, root: str, why: str, option: str = "--root") -> None:
+        super().__init__(f"{option} {echo_path(root)}: {why}")
         self.root = root
         self.why = why
 

@@ -111,8 +111,8 @@ if [ "$mode" = demo ]; then
     $pt render --root "$root" --name gpu-vm --gpu 0000:18:00.0 --gpu 0000:19:00.0 --vcpus 8 --memory 64G -o "$work/gpu-vm.xml"
     sed -n '/<hostdev/,/<\/hostdev>/p' "$work/gpu-vm.xml" | head -8
     echo
-    echo "==> 5. passthrough validate --host-root <$sample> --libvirt test:///default gpu-vm.xml"
-    $pt validate --host-root "$root" --libvirt test:///default "$work/gpu-vm.xml"
+    echo "==> 5. passthrough validate --host-root <$sample> --connect test:///default gpu-vm.xml"
+    $pt validate --host-root "$root" --connect test:///default "$work/gpu-vm.xml"
     echo
     echo "==> 6. passthrough vm define gpu-vm.xml --start --connect test:///default   (libvirt's built-in test driver)"
     $pt vm define "$work/gpu-vm.xml" --start --connect test:///default

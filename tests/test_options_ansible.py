@@ -294,3 +294,34 @@ def test_host_module_keeps_an_earlier_card_as_plan_does(
     )
     wrong = _run_module(tmp_path, "passthrough_host", root=str(root), release=["0000:3b:00.0"])
     assert wrong["failed"] and wrong["msg"].startswith("release '0000:3b:00.0': not a card"), wrong
+
+
+def test_the_modules_give_one_verdict_on_an_acs_override(
+    hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 31: the host module's plan tells the card's acs-override warning as plan does, and
+    the KubeVirt preflight module fails it and proposes no node label."""
+    root = str(hosts["acs-override-proxmox"])
+    host = _run_module(tmp_path, "passthrough_host", root=root, _ansible_check_mode=True)
+    assert not host.get("failed"), host
+    assert any(n.endswith("[acs-override]") for n in host["plan"]["notes"]), host["plan"]
+    kube = _run_module(tmp_path, "passthrough_kubevirt_preflight", root=root)
+    assert kube["labels"] == {}, kube
+    assert any(c["id"] == "acs-override" and c["level"] == "FAIL" for c in kube["checks"])
+
+
+def test_the_vm_module_refuses_a_guest_with_no_card_unless_no_gpu(
+    hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    common = {
+        "root": str(hosts["iommu-off"]),
+        "uri": "test:///default",
+        "name": "nogpu",
+        "require_handed_over": False,
+        "_ansible_check_mode": True,
+    }
+    refused = _run_module(tmp_path, **common)
+    assert refused["failed"] and "--no-gpu" in refused["msg"], refused
+    rendered = _run_module(tmp_path, **common, no_gpu=True)
+    assert not rendered.get("failed"), rendered
+    assert "<hostdev" not in rendered["xml"]

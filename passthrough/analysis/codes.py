@@ -72,15 +72,19 @@ PREPARED = frozenset({ALLOW_BOOT_GPU})
 class Policy:
     """What decides about one code: its ``severity`` when no flag lifts it, whether handing
     the device over ``harms_host`` (refused whatever the flags), the ``override`` that turns
-    the refusal into a warning (None: nothing does), and what the code means."""
+    the refusal into a warning (None: nothing does), whether the device's isolation from
+    the host is not what its group suggests (``unsafe``: a warning for a guest someone
+    chooses knowingly, but nothing declares the host ready for guests over it: kubevirt's
+    node label), and what the code means."""
 
-    __slots__ = ("harms_host", "layer", "meaning", "override", "severity")
+    __slots__ = ("harms_host", "layer", "meaning", "override", "severity", "unsafe")
 
     severity: SeverityName
     harms_host: bool
     override: str | None
     layer: Layer
     meaning: str
+    unsafe: bool
 
     def __init__(
         self,
@@ -90,6 +94,7 @@ class Policy:
         harms_host: bool = False,
         override: str | None = None,
         layer: Layer = "policy",
+        unsafe: bool = False,
     ) -> None:
         if harms_host and override is not None:
             raise ValueError("what harms the host has no override")
@@ -99,6 +104,7 @@ class Policy:
             ("harms_host", harms_host),
             ("override", override),
             ("layer", layer),
+            ("unsafe", unsafe),
         ):
             object.__setattr__(self, name, value)
 
@@ -121,8 +127,8 @@ def _error(
     return Policy("error", meaning, harms_host=harms_host, override=override, layer=layer)
 
 
-def _warning(meaning: str) -> Policy:
-    return Policy("warning", meaning)
+def _warning(meaning: str, *, unsafe: bool = False) -> Policy:
+    return Policy("warning", meaning, unsafe=unsafe)
 
 
 POLICY: dict[str, Policy] = {
@@ -160,7 +166,8 @@ POLICY: dict[str, Policy] = {
     ),
     ONLY_GPU: _warning("the host's only display controller: the host keeps no local display"),
     ACS_OVERRIDE: _warning(
-        "pcie_acs_override is in effect: the groups are synthetic, isolation is not real"
+        "pcie_acs_override is in effect: the groups are synthetic, isolation is not real",
+        unsafe=True,
     ),
     NO_RESET: _warning("no reset method: the card may not survive a guest reboot"),
     LARGE_BAR: _warning("a BAR of 32 GiB or more: the guest needs a larger 64-bit MMIO window"),
@@ -221,6 +228,13 @@ def harms_host(code: str) -> bool:
 def refusals(findings: Iterable[F], overrides: Collection[str] = ()) -> list[F]:
     """The findings that refuse with these flags in effect, in their order."""
     return [f for f in findings if blocks(f.code, overrides)]
+
+
+def unsafe_for_guest(findings: Iterable[F], overrides: Collection[str] = ()) -> list[F]:
+    """The findings that make a card unsafe for a guest with these flags in effect: its
+    refusals, and the warnings whose isolation is not real. What declares a host ready for
+    guests (kubevirt's node label) is withheld over any of them."""
+    return [f for f in findings if blocks(f.code, overrides) or POLICY[f.code].unsafe]
 
 
 def lifted_by(refused: Iterable[_Coded]) -> set[str | None]:

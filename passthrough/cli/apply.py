@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,7 @@ from passthrough.cli.common import (
     yes_flag,
 )
 from passthrough.cli.plan import owed, plan_arguments, planned
-from passthrough.errors import EXIT_OK
+from passthrough.errors import EXIT_OK, count
 
 if TYPE_CHECKING:  # the command's modules load when it runs (start-up stays light)
     from passthrough.execute.journal import Transaction
@@ -64,12 +65,14 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
         if checked and checked.missing:
             raise nextboot.NextBootLacks(checked.missing)
         return EXIT_OK
+    for warning in plan.warnings:  # what scan warns about these cards, whatever this run did
+        print(f"warning: {warning}", file=sys.stderr)
     if tx is None:
         print("Nothing to do: the host already matches the plan.")
         for argv in still:
             print("  still pending (run it inside the root): " + shlex.join(argv))
         return EXIT_OK
-    print(f"Applied {len(tx.steps)} steps (transaction {tx.id}).")
+    print(f"Applied {count(len(tx.steps), 'step')} (transaction {tx.id}).")
     if listed(tx):
         print(
             f"Not run ({command_mode(root)} mode: --root is not a full OS tree, or not root): "

@@ -9,7 +9,7 @@ import sys
 from contextlib import ExitStack
 
 from passthrough.cli.common import Subparsers, command, common
-from passthrough.errors import EXIT_OK
+from passthrough.errors import EXIT_OK, PassthroughError
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -19,6 +19,8 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
+    if args.json:  # a completion script is shell text: there is no JSON of it
+        raise PassthroughError("completion: --json does not apply (the script is shell text)")
     import shtab
 
     from passthrough.cli import build_parser

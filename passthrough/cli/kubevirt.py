@@ -21,7 +21,7 @@ from passthrough.cli.common import (
     open_root,
     warn,
 )
-from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK, output_file
+from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK, count, output_file
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -133,7 +133,7 @@ def _render(args: argparse.Namespace, stack: ExitStack) -> int:
     if args.json:
         dump({**out.as_json(), "output": args.output}, "kubevirt-render")
     elif args.output:
-        print(f"wrote {args.output} ({len(out.documents)} objects)")
+        print(f"wrote {args.output} ({count(len(out.documents), 'object')})")
     else:
         sys.stdout.write(text)
     return EXIT_OK
@@ -167,7 +167,10 @@ def _validate(args: argparse.Namespace, stack: ExitStack) -> int:
     else:
         for f in findings:
             print(f"{f.severity.value.upper()}: {f.message} [{f.code}]")
-        print(f"{len(docs)} objects, {len(findings)} findings" + (": FAILED" if failed else ": ok"))
+        print(
+            f"{count(len(docs), 'object')}, {count(len(findings), 'finding')}"
+            + (": FAILED" if failed else ": ok")
+        )
     return EXIT_CHECK_FAILED if failed else EXIT_OK
 
 

@@ -20,7 +20,7 @@ from passthrough.cli.common import (
     open_root,
     warn,
 )
-from passthrough.errors import EXIT_OK, PassthroughError, output_file
+from passthrough.errors import EXIT_OK, PassthroughError, count, output_file
 
 if TYPE_CHECKING:
     from passthrough.model import Host
@@ -84,14 +84,15 @@ def memlock_warnings(xml: str, host: Host) -> list[str]:
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.host.discover import discover
     from passthrough.vm.render import render
-    from passthrough.vm.spec import build_spec
+    from passthrough.vm.spec import build_spec, nothing_to_boot
 
     if args.output:
         output_file(args.output)
     host = discover(open_root(args.root, stack))
     spec = build_spec(host, vm_options(args))
     xml = render(spec)
-    warnings = [*spec.warnings, *memlock_warnings(xml, host)]
+    boot = nothing_to_boot(spec)
+    warnings = [*spec.warnings, *memlock_warnings(xml, host), *([boot] if boot else [])]
     # one line per warning: the same one for each of eight cards is said once, with the count
     for w, n in Counter(warnings).items():
         if n > 1:  # the count goes before the code in brackets, which stays last
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
         atomic_write(os.path.abspath(args.output), xml.encode())
         if not args.json:
             hostdevs = sum(len(c.functions) for c in spec.cards)
-            print(f"wrote {args.output} ({spec.name}: {hostdevs} hostdevs)")
+            print(f"wrote {args.output} ({spec.name}: {count(hostdevs, 'hostdev')})")
     if args.json:
         dump(
             {

@@ -7,7 +7,7 @@ import argparse
 from contextlib import ExitStack
 
 from passthrough.cli.common import EPILOG, Subparsers, command, common, dump, open_root
-from passthrough.errors import EXIT_OK, output_file
+from passthrough.errors import EXIT_OK, PassthroughError, output_file
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -32,6 +32,8 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.host.snapshot import capture
     from passthrough.plan.record import record_plan
 
+    if args.output == "-":  # a gzip stream is no text for a terminal or a pipe to read
+        raise PassthroughError("-o -: snapshot writes an archive file; name one (FILE.tar.gz)")
     host, stats = capture(open_root(args.root, stack), output_file(args.output), record_plan)
     if args.json:
         dump({"output": args.output, **stats}, "snapshot")

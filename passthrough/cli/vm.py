@@ -7,7 +7,7 @@ import argparse
 from contextlib import ExitStack
 from typing import Any
 
-from passthrough.cli.common import Parser, Subparsers, command, common, dump
+from passthrough.cli.common import Parser, Subparsers, command, common, dump, warn
 from passthrough.errors import EXIT_OK, PassthroughError, output_file
 from passthrough.vm.disk import ExistingDisk, Overlay
 
@@ -115,6 +115,8 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
         result = {"name": args.target, "uri": uri, "state": "undefined"}
     else:
         result = lv.status(uri, args.target)
+    for line in result.get("warnings", []):
+        warn(line)
     if args.json:
         dump(result, "vm")
     else:

@@ -367,6 +367,7 @@ def apply_json(tx: Transaction | None, plan: Plan, owed: list[list[str]]) -> dic
         "steps": [shown_step(s.to_json()) for s in (tx.steps if tx else [])],
         "commands_not_run": listed(tx),
         "pending": owed,
+        "warnings": list(plan.warnings),
     }
 
 

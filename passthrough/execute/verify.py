@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import shlex
+
 from passthrough.analysis.viability import find_gpus
+from passthrough.errors import count
 from passthrough.execute.apply import last_applied
+from passthrough.execute.status import status
 from passthrough.host.modalias import is_vfio
 from passthrough.host.root import HostRoot
 from passthrough.model import CheckResult, Host, Level
@@ -23,10 +27,11 @@ def verify(root: HostRoot, host: Host) -> list[CheckResult]:
     if record is None:
         return by_hand(host)
     ours = set(record.functions)
-    return [
+    pending = [shlex.join(p.argv) for p in status(root).pending]
+    checks = [
         _kernel_args(host, record),
         _iommu(host),
-        *(_bound(host, record, addr) for addr in record.functions),
+        *(_bound(host, record, addr, bool(pending)) for addr in record.functions),
         *(
             CheckResult(
                 f"vfio {f.address}", Level.PASS, f"{f.id} bound to {f.driver} (not by passthrough)"
@@ -36,6 +41,12 @@ def verify(root: HostRoot, host: Host) -> list[CheckResult]:
         ),
         _host_devices(host),
     ]
+    if not pending:
+        return checks
+    # commands the apply never ran explain what fails: told first, as status lists them (a
+    # boot that shows everything in place was regenerated some other way: a warning then)
+    failed = any(c.level is Level.FAIL for c in checks)
+    return [_pending(pending, Level.FAIL if failed else Level.WARN), *checks]
 
 
 def by_hand(host: Host) -> list[CheckResult]:
@@ -119,7 +130,17 @@ def _iommu(host: Host) -> CheckResult:
     )
 
 
-def _bound(host: Host, record: PlanRecord, addr: str) -> CheckResult:
+def _pending(pending: list[str], level: Level) -> CheckResult:
+    return CheckResult(
+        "pending",
+        level,
+        f"{count(len(pending), 'command')} of the apply never ran: {'; '.join(pending)}",
+        "run them (inside the root; `passthrough status` lists them), or `passthrough apply` "
+        "where commands can run, then reboot",
+    )
+
+
+def _bound(host: Host, record: PlanRecord, addr: str, pending: bool = False) -> CheckResult:
     """Is the planned function on vfio-pci, and if not, where to look."""
     f = next((f for f in host.functions if str(f.address) == addr), None)
     if f is None:
@@ -139,7 +160,11 @@ def _bound(host: Host, record: PlanRecord, addr: str) -> CheckResult:
         (
             f"a host driver claimed it: check that /{vfio.UDEV_RULE} has a line for {addr} "
             "and that the initramfs was rebuilt after it changed"
+            + (" (the pending commands above rebuild it)" if pending else "")
             if record.binding is Binding.DRIVER_OVERRIDE or want != "vfio-pci"
+            else "the pending commands above never ran, so the boot lacks what "
+            f"/{vfio.MODPROBE} binds: run them, then reboot"
+            if pending
             else "a host driver claimed it first: check the softdeps in "
             f"/{vfio.MODPROBE} reached the initramfs"
         ),

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from passthrough.analysis import policy
+from passthrough.analysis import codes, policy
 from passthrough.kube.layout import plan_kubevirt
 from passthrough.kube.objects import (
     VmCard,
@@ -52,9 +52,14 @@ class Manifests:
 
     def header(self, route: str) -> list[str]:
         """The comment lines above the YAML stream: what to set besides applying it."""
-        lines = [
-            f"passthrough kubevirt render --route {route}: merge the KubeVirt patch, apply the rest"
-        ]
+        # say only what the stream holds: the DRA route's has no KubeVirt CR patch
+        patched = any(d.get("kind") == "KubeVirt" for d in self.documents)
+        todo = (
+            "merge the KubeVirt patch, apply the rest"
+            if patched
+            else "apply it and set the feature gates below (it holds no KubeVirt patch)"
+        )
+        lines = [f"passthrough kubevirt render --route {route}: {todo}"]
         lines += [
             f"feature gates, {where}: {', '.join(names)}"
             for where, names in self.feature_gates.items()
@@ -111,6 +116,8 @@ _LIBVIRT_ONLY = (
 
 def check_kube_options(opts: VmOptions, per_card: bool) -> None:
     """What the cluster path cannot express is refused with the field named (exit 2)."""
+    if opts.no_gpu:  # the cluster path is for a GPU's guest: kubevirt refuses one without
+        raise BadVmSpec("no_gpu", "kubevirt renders a VM for GPUs; leave it out for kubevirt")
     for name, default, what in _LIBVIRT_ONLY:
         if getattr(opts, name) != default:
             raise BadVmSpec(name, f"KubeVirt has no field for {what}; leave it out for kubevirt")
@@ -191,7 +198,21 @@ def build_manifests(
         out.documents.append(kubevirt_patch(permitted))
         out.gate(KUBEVIRT_GATES, "HostDevices")
     out.documents += vms
-    if not dra and provider == "nvidia":
+    # what makes a card unsafe for a guest withholds the label, as kubevirt preflight does
+    unsafe = sorted(
+        {
+            f.code
+            for f in codes.unsafe_for_guest(
+                policy.verdict_findings(host, (f.address for f in everything)), codes.PREPARED
+            )
+        }
+    )
+    if unsafe:
+        out.warnings.append(
+            f"node label nvidia.com/gpu.workload.config=vm-passthrough withheld: "
+            f"the cards are not safe for a guest ({', '.join(unsafe)})"
+        )
+    elif not dra and provider == "nvidia":
         # the GPU Operator's sandbox workloads: vfio-manager and the KubeVirt GPU plugin
         out.node_labels["nvidia.com/gpu.workload.config"] = "vm-passthrough"
     return out

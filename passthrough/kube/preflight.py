@@ -12,10 +12,10 @@ from typing import Any
 
 from passthrough.analysis import codes, policy
 from passthrough.analysis.cards import choose_cards
-from passthrough.errors import PassthroughError
+from passthrough.errors import PassthroughError, count
 from passthrough.kube.build import refuse_laptop
 from passthrough.kube.layout import plan_kubevirt
-from passthrough.model import CheckResult, GpuVerdict, Host, Level
+from passthrough.model import CheckResult, GpuVerdict, Host, Level, Severity
 from passthrough.output.json import checks_json
 
 BOUND = "kube-vfio-bound"
@@ -56,7 +56,8 @@ def _bound(v: GpuVerdict) -> CheckResult:
             "the GPU Operator's vfio-manager on a node labelled vm-passthrough)",
         )
     loose = [f for f in v.gpu.functions if not f.is_bridge_like and f.driver is None]
-    summary = f"{where}: all {len([f for f in v.gpu.functions if not f.is_bridge_like])} functions on vfio-pci"
+    n = len([f for f in v.gpu.functions if not f.is_bridge_like])
+    summary = f"{where}: {'all ' if n > 1 else ''}{count(n, 'function')} on vfio-pci"
     if loose:
         summary = (
             f"{where}: "
@@ -67,20 +68,27 @@ def _bound(v: GpuVerdict) -> CheckResult:
 
 
 def _policy(host: Host, v: GpuVerdict) -> list[CheckResult]:
+    """The card's verdict as scan gives it: what makes it unsafe for a guest fails (and
+    withholds the node label), the other warnings are told; a large BAR is _fits' to judge."""
     where = v.gpu.primary.address
-    errors = codes.refusals(v.findings, codes.PREPARED)
-    if not errors:
+    unsafe = codes.unsafe_for_guest(v.findings, codes.PREPARED)
+    told = [
+        CheckResult(f.code, Level.WARN, f"{where}: {f.message}", None)
+        for f in v.findings
+        if f.severity is Severity.WARNING and f not in unsafe and f.code != codes.LARGE_BAR
+    ]
+    if not unsafe:
+        groups = ", ".join(map(str, v.gpu.groups))
         return [
             CheckResult(
-                "group-viable",
-                Level.PASS,
-                f"{where}: IOMMU group {', '.join(map(str, v.gpu.groups))} holds only the card",
-            )
+                "group-viable", Level.PASS, f"{where}: IOMMU group {groups} holds only the card"
+            ),
+            *told,
         ]
     return [
         CheckResult(f.code, Level.FAIL, f"{where}: {f.message}", codes.POLICY[f.code].meaning)
-        for f in errors
-    ]
+        for f in unsafe
+    ] + told
 
 
 def _fits(host: Host, v: GpuVerdict, memory_mib: int) -> CheckResult:
@@ -117,9 +125,10 @@ def preflight(host: Host, gpus: tuple[str, ...] = (), memory_mib: int = 8192) ->
     if not chosen:
         report.checks.append(CheckResult(BOUND, Level.FAIL, "no NVIDIA GPU on this node", None))
     for v in chosen:
-        report.checks.append(_bound(v))
-        report.checks += _policy(host, v)
-        report.checks.append(_fits(host, v, memory_mib))
+        card = [_bound(v), *_policy(host, v), _fits(host, v, memory_mib)]
+        # a warning the cluster path refuses (laptop-3d in _fits) is told once, as the refusal
+        failed = {c.id for c in card if c.level is Level.FAIL}
+        report.checks += [c for c in card if c.level is not Level.WARN or c.id not in failed]
     if report.ok:
         report.labels[WORKLOAD_LABEL] = "vm-passthrough"
         report.checks.append(

@@ -133,6 +133,8 @@ class Plan:
     functions: list[str] = field(default_factory=list)  # addresses that go to vfio-pci
     notes: list[str] = field(default_factory=list)
     drivers: dict[str, str] = field(default_factory=dict)  # the vfio driver of each function
+    # the policy's warnings on the cards (scan's, render's): among the notes, and told by apply
+    warnings: list[str] = field(default_factory=list)
 
     def record(self) -> PlanRecord:
         """What the journal keeps of this plan, for verify."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from passthrough.analysis import policy
 from passthrough.analysis.preflight import preflight_notes
 from passthrough.analysis.scan import analyse
 from passthrough.errors import PassthroughError
@@ -169,7 +170,8 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
     )
     configured = loader.configured() if loader else list(host.kernel.cmdline)
     target = desired(host, kopts, configured)
-    notes = [*opts.notes, *sel.notes]
+    warnings = policy.warning_notes(sel.findings)
+    notes = [*warnings, *opts.notes, *sel.notes]
     if hugepages_note:
         notes.append(hugepages_note)
     actions = [] if opts.iommu_only else _binding_actions(root, host, sel, drivers, notes)
@@ -208,5 +210,6 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
         functions=[str(f.address) for f in sel.functions],
         notes=notes,
         drivers=drivers,
+        warnings=warnings,
     )
     return plan, sel

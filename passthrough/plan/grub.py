@@ -136,7 +136,11 @@ class Grub(Bootloader):
         raise UnsafeCmdline(
             culprit,
             f"sorts after {DROPIN.rsplit('/', 1)[1]} and sets the command line so that "
-            f"{' '.join(wrong) or 'our arguments'} would reach the kernel instead of ours",
+            + (
+                f"{' '.join(wrong)} would reach the kernel instead of ours"
+                if wrong
+                else f"{' '.join(a for a in ours if a not in words)} would not reach the kernel"
+            ),
         )
 
     def actions(self, change: ArgChange) -> list[Action]:

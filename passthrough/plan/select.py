@@ -57,7 +57,9 @@ def select(
                     f"{addr} ({member.name}) goes to vfio-pci with the group of {v.gpu.address} "
                     "(--include-group)"
                 )
-    findings = policy.selection_findings(host, taken, allow_boot_gpu)
+    # the one verdict render and validate give: the policy on the exact selection and the
+    # warnings scan gives each card it touches (ACS override, Optimus, NVSwitch...)
+    findings = policy.verdict_findings(host, taken, allow_boot_gpu)
     # The plan turns the IOMMU on: groups are told after the reboot, not a refusal here.
     # (--include-group is no override here: it widens the selection, which is judged again.)
     overrides = {codes.PLAN, codes.ALLOW_BOOT_GPU} if allow_boot_gpu else {codes.PLAN}

@@ -93,13 +93,16 @@ def softdeps(root: HostRoot, host: Host, functions: list[PciFunction]) -> dict[s
     why: dict[str, str] = {}
     addresses = {str(f.address) for f in functions}
     for module, reason in applied_softdeps(root).items():
-        bound = re.fullmatch(r"bound to (\S+) now", reason)
-        if bound and bound[1] in addresses:
+        bound = re.fullmatch(r"bound to (\S+(?:, \S+)*) now", reason)
+        if bound and addresses.intersection(bound[1].split(", ")):
             why[module] = reason
+    holding: dict[str, list[str]] = {}  # every function a module holds now, not the first
     for f in functions:
         if f.driver and not is_vfio(f.driver):
             module = module_of_driver(root, f.driver) or _norm(f.driver)
-            why.setdefault(module, f"bound to {f.address} now")
+            holding.setdefault(module, []).append(str(f.address))
+    for module, held in holding.items():
+        why.setdefault(module, f"bound to {', '.join(sorted(held))} now")
     for module, addrs in alias_modules(root, host, functions).items():
         why.setdefault(module, "its aliases match " + ", ".join(sorted(addrs)))
     for module in list(why):

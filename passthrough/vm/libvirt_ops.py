@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from typing import Any
+from urllib.parse import urlsplit
 
 from passthrough.errors import EXIT_BACKEND, EXIT_USAGE, PassthroughError, echo_path, quote
 from passthrough.vm.disk import ExistingDisk
@@ -143,8 +144,31 @@ def define_file(
         if not os.path.exists(base_image):
             raise PassthroughError(f"--base-image {base_image}: does not exist")
         overlay = (base_image, str(disk.get("file")))
+    if not urlsplit(uri).netloc:  # a remote daemon's files are not this machine's to check
+        _refuse_missing_disks(doc, path, overlay[1] if overlay else None)
     name = doc.findtext("name") or ""
-    return define(uri, data.decode(), name, overlay, start_it=start_it, existing=existing)
+    result = define(uri, data.decode(), name, overlay, start_it=start_it, existing=existing)
+    if (
+        not doc.findall("devices/disk[@device='disk']")
+        and doc.find("os/boot[@dev='network']") is None
+    ):
+        result["warnings"] = [
+            f"{echo_path(path)}: nothing to boot: no disk and no network boot "
+            "(the guest starts into the firmware's shell)"
+        ]
+    return result
+
+
+def _refuse_missing_disks(doc: Any, path: str, made: str | None) -> None:
+    """Every file a disk of the domain reads exists, or is the overlay this define makes:
+    libvirt defines a domain over a missing file and only its start fails."""
+    for source in doc.findall("devices/disk/source[@file]"):
+        disk = str(source.get("file"))
+        if disk != made and not os.path.exists(disk):
+            raise PassthroughError(
+                f"{echo_path(path)}: disk {echo_path(disk)} does not exist (make it, or give "
+                "--base-image IMAGE to make the overlay a domain rendered with one points at)"
+            )
 
 
 def start(uri: str, name: str) -> None:

@@ -101,6 +101,12 @@ OPTIONS: tuple[VmOption, ...] = (
         flag="--gpu",
     ),
     VmOption(
+        "no_gpu",
+        Kind.BOOL,
+        "a guest without a card, knowingly (without it, no card to pass through is refused)",
+        default=False,
+    ),
+    VmOption(
         "vcpus",
         Kind.INT,
         "virtual CPUs (at most the host's logical CPUs)",

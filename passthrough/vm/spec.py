@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from passthrough.analysis import codes, policy
-from passthrough.analysis.cards import choose_cards
+from passthrough.analysis.cards import NoSuchCard, choose_cards
 from passthrough.model import GpuVerdict, Host, PciAddress, PciFunction, Severity
 from passthrough.vm.layout import Layout, plan_layout
 from passthrough.vm.options import (
@@ -102,6 +102,7 @@ class VmOptions:
     virt_type: str = "kvm"  # kvm | qemu (software emulation: labs and CI without /dev/kvm)
     overcommit: bool = False  # allow more guest memory than the host's RAM
     iommufd: bool = False  # hostdevs on iommufd instead of the legacy vfio container
+    no_gpu: bool = False  # a guest without a card, asked for: none found is no refusal then
 
 
 @dataclass(frozen=True)
@@ -171,8 +172,15 @@ def _check_files(opts: VmOptions) -> None:
 
 def _choose(host: Host, opts: VmOptions) -> tuple[list[GpuVerdict], list[str]]:
     """The cards named (default: every viable NVIDIA GPU), and the policy's warnings."""
-    # a guest with no card may be rendered (kubevirt refuses one: kube/build.py)
-    chosen = choose_cards(policy.judge_all(host), opts.gpus, required=False)
+    if opts.no_gpu and opts.gpus:
+        raise BadVmSpec("no_gpu", "a guest without a card names no card (leave out --gpu)")
+    # a guest with no card is rendered only when asked for: an empty guest is no success
+    try:
+        chosen = choose_cards(policy.judge_all(host), opts.gpus, required=not opts.no_gpu)
+    except NoSuchCard as exc:
+        if opts.gpus:
+            raise
+        raise NoSuchCard(f"{exc}; --no-gpu renders a guest without one") from None
     # One verdict with validate --host-root: what it would reject is refused here, and the
     # warnings scan gives these cards are told. A boot VGA is a warning in both: the host
     # may have been set up for it (plan's --allow-boot-gpu).
@@ -253,6 +261,17 @@ def _numa(
     elif node is not None and opts.numa_pin:
         warnings.append(f"NUMA node {node} has no CPU list in sysfs: not pinned")
     return node, pins, emulator
+
+
+def nothing_to_boot(spec: VmSpec) -> str | None:
+    """The warning for a libvirt guest with no disk: it boots from disk (``<boot dev='hd'/>``)
+    and has none, so it starts into the firmware's shell. (KubeVirt's boots from its PVC.)"""
+    if spec.disk or spec.base_image:
+        return None
+    return (
+        "nothing to boot: no --disk or --base-image, so <boot dev='hd'/> finds no disk "
+        "(add a disk to the domain before `vm define --start`)"
+    )
 
 
 def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) -> VmSpec:

@@ -105,9 +105,13 @@ def run(args: Args, open_root: Callable[[str], str]) -> int:
     )
     host = None
     if args.host_root:
+        from passthrough.errors import NotAHostRoot
         from passthrough.host.discover import discover
 
-        host = discover(open_root(args.host_root))
+        try:
+            host = discover(open_root(args.host_root))
+        except NotAHostRoot as exc:  # told as the option validate took it by
+            raise NotAHostRoot(exc.root, exc.why, "--host-root") from None
     schema = load(args.schema_dir or cfg.schema_dir)
     schema.rng()  # a missing or broken schema dir is one usage error, before any file
     opts = Options(

@@ -21,6 +21,10 @@ GUEST_OPTIONS: dict[str, dict[str, Any]] = json.loads(
     "elements": "str",
     "default": []
   },
+  "no_gpu": {
+    "type": "bool",
+    "default": false
+  },
   "vcpus": {
     "type": "int",
     "default": 4

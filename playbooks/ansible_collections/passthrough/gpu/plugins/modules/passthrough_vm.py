@@ -37,6 +37,10 @@ options:
     type: list
     elements: str
     default: []
+  no_gpu:
+    description: A guest without a card, knowingly (no card to pass through is refused otherwise)
+    type: bool
+    default: false
   vcpus:
     description: "vCPUs (at most the host's logical CPUs)"
     type: int
