@@ -276,8 +276,11 @@ def test_a_command_builds_only_its_own_parser_and_says_the_same() -> None:
         partial = _helps(build_parser(name))
         own = {p: h for p, h in full.items() if p.split()[:1] == [name]}
         assert {p: h for p, h in partial.items() if p} == own, name
-    # a wrong name, or --help before the command: the whole listing
+    # a wrong name, or --help before the command: the whole listing, and the listing main()
+    # builds from the table alone (no command's module) says the same
     assert _helps(build_parser("scna"))[""] == full[""]
+    assert _helps(build_parser("scna", listing=True))[""] == full[""]
+    assert _helps(build_parser(None, listing=True))[""] == full[""]
 
 
 def test_scan_imports_only_what_it_needs(hosts: dict[str, Path]) -> None:
@@ -301,6 +304,66 @@ def test_scan_imports_only_what_it_needs(hosts: dict[str, Path]) -> None:
     unwanted = ("passthrough.vm", "passthrough.plan", "passthrough.execute", "jinja2", "yaml")
     unwanted += ("libvirt", "ansible_runner", "lxml", "shtab", "pyudev")
     assert not {m for m in loaded if m.split(".")[0] in unwanted or m.startswith(unwanted)}
+
+
+# What start-up must not load: the commands' implementations and the heavy libraries.
+IMPLEMENTATION = (
+    *("passthrough.plan", "passthrough.kube", "passthrough.vm", "passthrough.model"),
+    *("passthrough.execute", "passthrough.analysis", "passthrough.host.discover"),
+    *("passthrough.output", "passthrough.guest", "passthrough.provision", "passthrough.fakehost"),
+    *("jinja2", "yaml", "libvirt", "lxml", "ansible_runner", "shtab", "pyudev", "jsonschema"),
+)
+# What a command's own --help may load (its flag tables), never the rest.
+HEAVY = ("passthrough.model", "passthrough.execute", "passthrough.output", "passthrough.kube.")
+HEAVY += ("passthrough.vm.spec", "jinja2", "yaml", "libvirt", "lxml", "ansible_runner", "shtab")
+
+
+def _imported(*argv: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """Run ``python -X importtime -m passthrough ARGV`` in a fresh interpreter: its result
+    and every module it imported (importtime names each one on stderr)."""
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "passthrough", *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    names = {
+        line.split("|")[-1].strip()
+        for line in r.stderr.splitlines()
+        if line.startswith("import time:") and not line.rstrip().endswith("package")
+    }
+    return r, names
+
+
+def _matches(names: set[str], prefixes: tuple[str, ...]) -> set[str]:
+    return {m for m in names if m.startswith(prefixes) or m.split(".")[0] in prefixes}
+
+
+@pytest.mark.parametrize("argv", [("--version",), ("--help",), ("scan", "--help"), ("bogus",)])
+def test_start_up_imports_no_command_implementation(argv: tuple[str, ...]) -> None:
+    """The import rule: --version, the listing, a wrong command and scan's --help import
+    none of the commands' implementations (the parser is built from the table and the flag
+    definitions), nor json, logging or typing (each costs more than argparse)."""
+    r, names = _imported(*argv)
+    assert r.returncode == (2 if argv == ("bogus",) else 0), r.stderr[-500:]
+    assert "passthrough.cli" in names  # the probe sees our modules at all
+    assert not _matches(names, IMPLEMENTATION)
+    assert {m for m in names if m.startswith("passthrough.cli.")} <= {
+        "passthrough.cli.common",
+        "passthrough.cli.scan",
+    }
+    assert not {"json", "logging", "typing"} & names
+    if argv == ("--version",):
+        assert r.stdout.strip() == "passthrough 0.1.0"
+
+
+@pytest.mark.parametrize("command", ["plan", "apply", "bind", "render", "kubevirt", "vm", "validate"])
+def test_a_commands_help_loads_its_flag_tables_only(command: str) -> None:
+    """A command whose flags come from a table (plan's host options, render's VM options)
+    loads that table for --help, and none of the model, renderer or libraries under it."""
+    r, names = _imported(command, "--help")
+    assert r.returncode == 0 and "usage: passthrough" in r.stdout
+    assert not _matches(names, HEAVY)
 
 
 def test_unpacked_snapshots_are_removed_on_success_and_on_error(

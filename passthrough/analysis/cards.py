@@ -20,7 +20,6 @@ from passthrough.model import NVIDIA, GpuVerdict
 from passthrough.pciaddr import PciAddress
 
 ID_RE = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{4}$")
-METAVAR = "ADDRESS|VENDOR:DEVICE"  # how --gpu reads in every command's help
 
 Default = Literal["viable", "nvidia"]
 

@@ -26,7 +26,6 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "apply",
         run,
-        help="make the planned changes (atomic, backed up, journaled)",
         description="Execute the plan: lock, back up each file, journal each step before it, write "
         "atomically, run the regeneration commands. Stops at the first failure; `undo` restores. "
         "Re-running on an applied host changes nothing. Under --root, commands run through chroot "

@@ -34,7 +34,6 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "bind",
         run,
-        help="bind idle cards to vfio-pci now, without a reboot (live host)",
         description="Unbind each function of the selected cards, set driver_override to its vfio "
         "driver (vfio-pci, or the variant driver the running kernel's modules.alias gives it) and "
         "re-probe, waiting for the kernel's bind event (pyudev). Refuses cards whose GPU driver is "

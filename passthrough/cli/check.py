@@ -16,7 +16,6 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "check",
         run,
-        help="readiness checks (PASS/WARN/FAIL, each with a fix)",
         description="Checks in the spirit of virt-host-validate plus what it misses: IOMMU "
         "enabled and grouped, interrupt remapping, kernel default vs arguments, ACS override, "
         "vfio modules, /dev/kvm, bootloader, viable GPUs. Exits 1 when any check FAILs.",

@@ -13,7 +13,7 @@ from passthrough.errors import EXIT_OK
 
 
 def add_parser(sub: Subparsers) -> None:
-    p = command(sub, "completion", run, help="print a shell completion script (bash or zsh)")
+    p = command(sub, "completion", run)
     p.add_argument("shell", choices=("bash", "zsh"))
     common(p, root=None)
 

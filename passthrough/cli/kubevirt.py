@@ -25,15 +25,14 @@ from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK, output_file
 
 
 def add_parser(sub: Subparsers) -> None:
-    from passthrough.analysis.cards import METAVAR
-    from passthrough.kube.build import PROVIDERS, ROUTES
+    from passthrough.kube import PROVIDERS, ROUTES
+    from passthrough.pciaddr import CARD_METAVAR
     from passthrough.vm.options import add_flags
 
     p = command(
         sub,
         "kubevirt",
         run,
-        help="KubeVirt/DRA manifests, their validation, and the node preflight",
         description="The cluster path for the same host facts as `render`: a KubeVirt CR patch "
         "(permittedHostDevices for every function of each card) and a VirtualMachine, or with "
         "--route dra a ResourceClaimTemplate on vfio.gpu.nvidia.com; `validate` checks such "
@@ -82,7 +81,7 @@ def add_parser(sub: Subparsers) -> None:
         "--gpu",
         action="append",
         default=[],
-        metavar=METAVAR,
+        metavar=CARD_METAVAR,
         help="a card (repeatable); default: every NVIDIA GPU",
     )
     pre.add_argument(

@@ -17,7 +17,6 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "sample",
         run,
-        help="bundled sample hosts (build one to try the toolkit)",
         description="Sample hosts modelled on published layouts, built as real directory trees.",
         epilog=examples(
             "passthrough sample list",

@@ -15,7 +15,6 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "snapshot",
         run,
-        help="capture what discovery reads into a .tar.gz",
         description="Capture the attributes, links and the few proc/etc/boot files that discovery "
         "reads (no binary config space) so that `scan --root FILE` elsewhere gives the same report. "
         "Inside a virtual machine it also keeps what `guest check` reads (the GPU's IDs, BARs and "

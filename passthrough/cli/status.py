@@ -15,7 +15,6 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "status",
         run,
-        help="what apply/undo did to this host, drift since, pending commands",
         description="The transactions in the journal (id, time, state), the files and kernel "
         "arguments each changed, whether each file still holds what apply wrote, and every "
         "command pending because it failed or could only be listed.",

@@ -27,7 +27,6 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "undo",
         run,
-        help="return every file apply changed to its original, then regenerate",
         description="Put back the original of every file apply changed (all transactions) when it "
         "still holds what apply wrote; a file changed since loses only our own lines where they "
         "can be told apart, otherwise undo refuses (exit 2, nothing changed) and names it. "

@@ -16,7 +16,6 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "verify",
         run,
-        help="after the reboot: arguments live, IOMMU on, cards on vfio-pci",
         description="Check the running host against the last apply: kernel arguments in "
         "/proc/cmdline, IOMMU on, every function of the handed-over cards bound to vfio-pci, "
         "nothing the host needs taken; functions on vfio-pci that passthrough did not bind are "

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from passthrough.cli.common import Parser, Subparsers, command, common, dump
 from passthrough.errors import EXIT_OK, PassthroughError, output_file
-from passthrough.vm.disk import ExistingDisk, Overlay
+
+if TYPE_CHECKING:
+    from passthrough.vm.disk import ExistingDisk
 
 ACTIONS = (
     ("define", "define a domain from an XML file"),
@@ -21,7 +23,7 @@ ACTIONS = (
 
 
 def add_parser(sub: Subparsers) -> None:
-    p = command(sub, "vm", run, help="define, start, stop, undefine and inspect guests (libvirt)")
+    p = command(sub, "vm", run)
     actions = p.add_subparsers(dest="vm_command", metavar="ACTION", parser_class=Parser)
     seed = actions.add_parser(
         "seed", help="write a cloud-init seed ISO (user + SSH key) for --seed"
@@ -79,6 +81,8 @@ def _seed(args: argparse.Namespace) -> int:
 
 
 def _existing(args: argparse.Namespace) -> ExistingDisk:
+    from passthrough.vm.disk import ExistingDisk
+
     if (args.reuse_disk or args.overwrite_disk) and not args.base_image:
         flag = "--reuse-disk" if args.reuse_disk else "--overwrite-disk"
         raise PassthroughError(
@@ -122,5 +126,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
         for h in result.get("hostdevs", []):
             print(f"  hostdev {h['host']} → guest {h['guest'] or '?'}")
         if "disk" in result:
+            from passthrough.vm.disk import Overlay
+
             print("  " + Overlay(**result["disk"]).text())
     return EXIT_OK

@@ -29,9 +29,6 @@ from passthrough.vm.options import BadVmSpec
 from passthrough.vm.spec import VmOptions, VmSpec, build_spec
 from passthrough.vm.versions import Versions
 
-ROUTES = ("device-plugin", "dra")
-PROVIDERS = ("nvidia", "kubevirt")  # who publishes the PCI resources on the device-plugin route
-
 # feature gates by where they are set
 KUBEVIRT_GATES = "KubeVirt CR spec.configuration.developerConfiguration.featureGates"
 DRA_GATES = "NVIDIA DRA driver (Helm featureGates.<name>=true)"
