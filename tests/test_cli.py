@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -357,7 +358,9 @@ def test_start_up_imports_no_command_implementation(argv: tuple[str, ...]) -> No
         assert r.stdout.strip() == "passthrough 0.1.0"
 
 
-@pytest.mark.parametrize("command", ["plan", "apply", "bind", "render", "kubevirt", "vm", "validate"])
+@pytest.mark.parametrize(
+    "command", ["plan", "apply", "bind", "render", "kubevirt", "vm", "validate"]
+)
 def test_a_commands_help_loads_its_flag_tables_only(command: str) -> None:
     """A command whose flags come from a table (plan's host options, render's VM options)
     loads that table for --help, and none of the model, renderer or libraries under it."""
@@ -423,7 +426,7 @@ def test_an_unknown_command_gets_the_closest_name_and_the_list() -> None:
     assert r.stderr.splitlines() == [
         "passthrough: error: unknown command 'scna' (did you mean scan?); the commands: "
         "scan, check, snapshot, sample, plan, apply, undo, status, verify, bind, render, "
-        "validate, kubevirt, vm, provision, guest, completion"
+        "validate, kubevirt, vm, provision, guest, completion, man"
     ]
     r = run("common")  # a module of the CLI package, but no command: nothing imported by name
     assert r.returncode == 2 and "unknown command 'common'" in r.stderr
@@ -554,6 +557,72 @@ def test_apply_undo_bind_ask_before_changing_the_live_host(
 # -- man pages: generated from the parsers, kept equal to them ----------------------------
 
 
+def _example_lines(epilog: str) -> list[str]:
+    """The lines under ``examples:`` in an epilog, up to the blank line after them."""
+    lines = epilog.split("examples:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    return [line.strip() for line in lines]
+
+
+def _example_argv(line: str) -> tuple[str, list[str]]:
+    """An example's program and arguments: the first command of the line, before any
+    pipe, redirection or ``&&`` (a ``# comment`` dropped, as the shell drops it)."""
+    words: list[str] = []
+    for word in shlex.split(line, comments=True):
+        if word in ("|", "&&", ">", ">>"):
+            break
+        words.append(word)
+    if words[:3] == ["python3", "-m", "passthrough"]:
+        return "passthrough", words[3:]
+    return words[0], words[1:]
+
+
+def test_every_help_has_examples_that_parse() -> None:
+    """Every command's and subcommand's --help ends in examples (then the exit codes); each
+    example is a command line the parser accepts, and at least one of them runs the very
+    command whose help it is."""
+    from passthrough.cli import build_parser
+
+    top = build_parser()
+    helps = _helps(top)
+    assert len(helps) == 32  # the listing, 18 commands, 13 subcommands: none left out
+    for path, text in helps.items():
+        assert "examples:\n" in text and "exit codes:" in text, (
+            f"{path or 'passthrough'}: no examples"
+        )
+        lines = _example_lines(text)
+        assert lines, path
+        runs_itself = False
+        for line in lines:
+            prog, argv = _example_argv(line)
+            assert prog in ("passthrough", "passthrough-validate"), line
+            if prog == "passthrough-validate":
+                argv = ["validate", *argv]
+            try:
+                top.parse_args(argv)
+            except SystemExit as exc:
+                raise AssertionError(f"{path}: the example does not parse: {line}") from exc
+            runs_itself = runs_itself or argv[: len(path.split())] == path.split()
+        assert runs_itself, f"{path}: no example runs it"
+
+
+def test_man_shows_a_page_and_names_a_wrong_one(tmp_path: Path) -> None:
+    """`passthrough man COMMAND` shows the page through man(1) (formatted text into a
+    pipe, examples included); --roff prints the same page's source as docs/man holds it;
+    a command that does not exist is one line and exit 2."""
+    from passthrough.cli.manpage import pages
+
+    r = run("man", "scan")
+    assert r.returncode == 0 and "PASSTHROUGH-SCAN(1)" in r.stdout
+    plain = re.sub(".\b", "", r.stdout).replace("‐", "-")
+    assert "passthrough scan --gpus-only --topology" in " ".join(plain.split())
+    r = run("man", "--roff", "vm")
+    assert r.returncode == 0 and r.stdout == pages()["passthrough-vm.1"]
+    r = run("man", "--roff")
+    assert r.returncode == 0 and r.stdout == pages()["passthrough.1"]
+    r = run("man", "scna")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no command 'scna'" in r.stderr
+
+
 def test_man_pages_are_the_parsers_and_format_cleanly(regenerate: bool, tmp_path: Path) -> None:
     from passthrough.cli import COMMANDS
     from passthrough.cli.manpage import pages, write
@@ -567,6 +636,7 @@ def test_man_pages_are_the_parsers_and_format_cleanly(regenerate: bool, tmp_path
         committed = man / name
         assert committed.exists(), f"{name} missing: pytest --regenerate-golden writes docs/man"
         assert committed.read_text() == text, f"{name} differs from the parser: --regenerate-golden"
+        assert "examples:" in text, f"{name}: no examples"
     written = write(tmp_path)
     for path in written:
         r = subprocess.run(

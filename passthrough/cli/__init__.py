@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from passthrough import __version__
-from passthrough.cli.common import COMMANDS, EPILOG, Parser, Subparsers, verbosity
+from passthrough.cli.common import COMMANDS, EPILOG, Parser, Subparsers, examples, verbosity
 from passthrough.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -57,6 +57,12 @@ def build_parser(asked: str | None = None, listing: bool = False) -> argparse.Ar
     parser = Parser(
         prog="passthrough",
         description="GPU passthrough for KVM hosts: discover a host honestly, then prepare it.",
+        epilog=examples(
+            "passthrough sample build hgx-h100 /tmp/hgx  # a sample host to try it on",
+            "passthrough scan --root /tmp/hgx",
+            "passthrough plan --root /tmp/hgx --gpu 18:00.0",
+            "passthrough man scan  # the manual page of a command",
+        ),
     )
     parser.add_argument("--version", action="version", version=f"passthrough {__version__}")
     sub: Subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 
 from passthrough.cli.common import (
     CHANGES,
-    EPILOG,
     Subparsers,
     command,
     common,
     confirm,
     dump,
+    examples,
     is_live,
     note,
     open_root,
@@ -39,7 +39,10 @@ def add_parser(sub: Subparsers) -> None:
         "re-probe, waiting for the kernel's bind event (pyudev). Refuses cards whose GPU driver is "
         "in use, that carry the host console, or that a process holds open. Not persistent: "
         "`apply` makes it stick across reboots.",
-        epilog=EPILOG,
+        epilog=examples(
+            "passthrough bind --gpu 01:00.0",
+            "passthrough bind --gpu 10de:2684 --stop-holders --yes",
+        ),
     )
     common(p, CHANGES)
     plan_flags(p)

@@ -57,6 +57,7 @@ COMMANDS: dict[str, str] = {
     "provision": "run the playbooks (host → vm → guest) through ansible-runner",
     "guest": "inside a guest: does it see its GPU, and is the stack above it wired?",
     "completion": "print a shell completion script (bash or zsh)",
+    "man": "the manual page of passthrough or of one command",
 }
 
 # A command's body: the parsed flags, and a list of temporary directories main() removes.

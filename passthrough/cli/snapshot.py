@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from contextlib import ExitStack
 
-from passthrough.cli.common import EPILOG, Subparsers, command, common, dump, open_root
+from passthrough.cli.common import Subparsers, command, common, dump, examples, open_root
 from passthrough.errors import EXIT_OK, output_file
 
 
@@ -21,7 +21,10 @@ def add_parser(sub: Subparsers) -> None:
         "driver, /proc/driver/nvidia, the /dev/nvidia* names, runtime and Kubernetes "
         "configuration), so `guest check --root FILE` judges it the same way. Attach it to bug "
         "reports.",
-        epilog=EPILOG,
+        epilog=examples(
+            "passthrough snapshot -o host.tar.gz",
+            "passthrough snapshot --root /tmp/hgx -o hgx.tar.gz && passthrough scan --root hgx.tar.gz",
+        ),
     )
     common(p)
     p.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write")

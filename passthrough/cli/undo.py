@@ -9,12 +9,12 @@ from contextlib import ExitStack
 
 from passthrough.cli.common import (
     CHANGES,
-    EPILOG,
     Subparsers,
     command,
     common,
     confirm,
     dump,
+    examples,
     open_root,
     progress,
     yes_flag,
@@ -33,7 +33,11 @@ def add_parser(sub: Subparsers) -> None:
         "Generated files (grub.cfg, initramfs images, BLS entries) are never restored from a "
         "backup: the plan's own tools run again for every kernel installed now (listed and left "
         "pending where commands cannot run). A missing backup: the rest is restored, exit 3.",
-        epilog=EPILOG,
+        epilog=examples(
+            "passthrough undo",
+            "passthrough undo --root /tmp/hgx",
+            "passthrough undo --root /tmp/hgx --force --json",
+        ),
     )
     common(p, CHANGES)
     p.add_argument(

@@ -7,7 +7,7 @@ import argparse
 import sys
 from contextlib import ExitStack
 
-from passthrough.cli.common import EPILOG, Subparsers, command, common, dump, open_root
+from passthrough.cli.common import Subparsers, command, common, dump, examples, open_root
 from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK
 
 
@@ -22,7 +22,10 @@ def add_parser(sub: Subparsers) -> None:
         "named as such. On a host passthrough never prepared (by hand, another tool): the "
         "IOMMU and vfio arguments that are live, what is bound to vfio-pci, cards only partly "
         "bound, and nothing the host needs taken. Exits 1 when a check fails.",
-        epilog=EPILOG,
+        epilog=examples(
+            "passthrough verify",
+            "passthrough verify --root /tmp/hgx --json",
+        ),
     )
     common(p)
 
