@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from passthrough.analysis import policy
+from passthrough.kube import PROVIDERS as PROVIDERS  # their home is the package (lean --help)
+from passthrough.kube import ROUTES as ROUTES
 from passthrough.kube.layout import plan_kubevirt
 from passthrough.kube.objects import (
     VmCard,
