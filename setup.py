@@ -34,4 +34,8 @@ class BuildPyWithData(build_py):  # type: ignore[misc]
         return outputs
 
 
-setup(cmdclass={"build_py": BuildPyWithData})
+# The manual pages (generated from the parsers, docs/man) go where man looks for a prefix's
+# own: <venv>/share/man/man1, found by man for a venv whose bin/ is on PATH.
+MAN_PAGES = sorted(str(p) for p in Path("docs/man").glob("*.1"))
+
+setup(cmdclass={"build_py": BuildPyWithData}, data_files=[("share/man/man1", MAN_PAGES)])

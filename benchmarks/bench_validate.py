@@ -25,6 +25,29 @@ from passthrough.host.discover import discover
 from passthrough.vm.render import render
 from passthrough.vm.spec import VmOptions, build_spec
 
+GPUS = ("18:00.0", "19:00.0", "3f:00.0", "40:00.0", "9a:00.0", "9b:00.0", "ba:00.0", "bb:00.0")
+
+
+def rendered_files(dest: Path, count: int, root: Path | None = None) -> list[str]:
+    """``count`` domain files rendered for the hgx-h100 sample (built in ``dest`` unless
+    ``root`` is given), one H100 each, their sizes varied."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if root is None:
+        root = fakehost.build(fakehost.load("hgx-h100"), dest / "host")
+    host = discover(str(root))
+    files = []
+    for i in range(count):
+        opts = VmOptions(
+            name=f"vm{i:04d}",
+            gpus=(GPUS[i % 8],),
+            vcpus=2 + i % 6,
+            memory_mib=4096 + 1024 * (i % 8),
+        )
+        path = dest / f"vm{i:04d}.xml"
+        path.write_text(render(build_spec(host, opts)))
+        files.append(str(path))
+    return files
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(
@@ -38,28 +61,7 @@ def main() -> int:
     passthrough = shutil.which("passthrough") or str(Path(sys.executable).with_name("passthrough"))
     with tempfile.TemporaryDirectory() as tmp:
         root = fakehost.build(fakehost.load("hgx-h100"), Path(tmp) / "host")
-        host = discover(str(root))
-        gpus = [
-            "18:00.0",
-            "19:00.0",
-            "3f:00.0",
-            "40:00.0",
-            "9a:00.0",
-            "9b:00.0",
-            "ba:00.0",
-            "bb:00.0",
-        ]
-        files = []
-        for i in range(args.files):
-            opts = VmOptions(
-                name=f"vm{i:04d}",
-                gpus=(gpus[i % 8],),
-                vcpus=2 + i % 6,
-                memory_mib=4096 + 1024 * (i % 8),
-            )
-            path = Path(tmp) / f"vm{i:04d}.xml"
-            path.write_text(render(build_spec(host, opts)))
-            files.append(str(path))
+        files = rendered_files(Path(tmp), args.files, root)
         argv = [passthrough, "validate", "--host-root", str(root), *files]
         # as pip installs it, byte code cached: one untimed run writes it where the
         # environment turns that off

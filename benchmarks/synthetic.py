@@ -57,6 +57,14 @@ def description(ports_per_domain: int = 111, domains: int = 2) -> dict[str, Any]
     }
 
 
+def build_functions(dest: Path, functions: int) -> tuple[Path, int]:
+    """A host of ``functions`` PCI functions, a multiple of 1,000: one PCI domain (host
+    bridge, 111 root ports, a card of 8 functions behind each) per thousand."""
+    if functions <= 0 or functions % 1000:
+        raise ValueError(f"{functions}: a positive multiple of 1,000 functions")
+    return build(dest, 111, functions // 1000)
+
+
 def build(dest: Path, ports_per_domain: int = 111, domains: int = 2) -> tuple[Path, int]:
     desc = fakehost.Description(description(ports_per_domain, domains), "synthetic")
     return fakehost.build(desc, dest), len(desc.nodes)

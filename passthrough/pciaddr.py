@@ -20,6 +20,8 @@ if TYPE_CHECKING:
         def get(self, key: str) -> str | None: ...
 
 
+CARD_METAVAR = "ADDRESS|VENDOR:DEVICE"  # how --gpu (a card) reads in every command's help
+
 _PCI_RE = re.compile(
     r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):"
     r"(?P<device>[0-9a-fA-F]{1,2})\.(?P<function>[0-7])$"

@@ -63,3 +63,39 @@ def test_validate_startup_benchmark_runs() -> None:
         "virt-xml-validate FILE domain",
     }
     assert all(v > 0 for v in report["median_seconds"].values())
+
+
+def test_speed_benchmark_reports_each_figure_beside_its_reference() -> None:
+    """bench_speed.py, shrunk: start-up beside the interpreter, scan beside lspci for each
+    size (with its growth), one file and a batch beside virt-xml-validate, all in one run."""
+    bench = Path(__file__).parents[1] / "benchmarks" / "bench_speed.py"
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(bench),
+            "--runs",
+            "1",
+            "--sizes",
+            "1000,2000",
+            "--batch",
+            "3",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["start_up"]["ratio"]["python -c pass (the interpreter alone)"] == 1.0
+    assert report["start_up"]["median_seconds"]["passthrough --version"] > 0
+    assert set(report["scan"]) == {"1000", "2000"}
+    for figures in report["scan"].values():
+        assert figures["ratio"]["lspci -nn (one call)"] == 1.0
+        assert figures["median_seconds"]["passthrough scan --json"] > 0
+    assert report["scan"]["1000"]["growth_median_cpu_seconds"]["passthrough scan --json"] == 1.0
+    assert report["validate_one_file"]["ratio"]["virt-xml-validate FILE domain"] == 1.0
+    batch = report["validate_batch"]
+    assert batch["files"] == 3 and batch["passthrough_ok"] is True
+    assert batch["virt_xml_validate_failures"] == 0 and batch["speedup"] > 0
+    assert len(report["load_average"]) == 3

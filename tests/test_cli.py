@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -276,8 +277,11 @@ def test_a_command_builds_only_its_own_parser_and_says_the_same() -> None:
         partial = _helps(build_parser(name))
         own = {p: h for p, h in full.items() if p.split()[:1] == [name]}
         assert {p: h for p, h in partial.items() if p} == own, name
-    # a wrong name, or --help before the command: the whole listing
+    # a wrong name, or --help before the command: the whole listing, and the listing main()
+    # builds from the table alone (no command's module) says the same
     assert _helps(build_parser("scna"))[""] == full[""]
+    assert _helps(build_parser("scna", listing=True))[""] == full[""]
+    assert _helps(build_parser(None, listing=True))[""] == full[""]
 
 
 def test_scan_imports_only_what_it_needs(hosts: dict[str, Path]) -> None:
@@ -301,6 +305,68 @@ def test_scan_imports_only_what_it_needs(hosts: dict[str, Path]) -> None:
     unwanted = ("passthrough.vm", "passthrough.plan", "passthrough.execute", "jinja2", "yaml")
     unwanted += ("libvirt", "ansible_runner", "lxml", "shtab", "pyudev")
     assert not {m for m in loaded if m.split(".")[0] in unwanted or m.startswith(unwanted)}
+
+
+# What start-up must not load: the commands' implementations and the heavy libraries.
+IMPLEMENTATION = (
+    *("passthrough.plan", "passthrough.kube", "passthrough.vm", "passthrough.model"),
+    *("passthrough.execute", "passthrough.analysis", "passthrough.host.discover"),
+    *("passthrough.output", "passthrough.guest", "passthrough.provision", "passthrough.fakehost"),
+    *("jinja2", "yaml", "libvirt", "lxml", "ansible_runner", "shtab", "pyudev", "jsonschema"),
+)
+# What a command's own --help may load (its flag tables), never the rest.
+HEAVY = ("passthrough.model", "passthrough.execute", "passthrough.output", "passthrough.kube.")
+HEAVY += ("passthrough.vm.spec", "jinja2", "yaml", "libvirt", "lxml", "ansible_runner", "shtab")
+
+
+def _imported(*argv: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """Run ``python -X importtime -m passthrough ARGV`` in a fresh interpreter: its result
+    and every module it imported (importtime names each one on stderr)."""
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "passthrough", *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    names = {
+        line.split("|")[-1].strip()
+        for line in r.stderr.splitlines()
+        if line.startswith("import time:") and not line.rstrip().endswith("package")
+    }
+    return r, names
+
+
+def _matches(names: set[str], prefixes: tuple[str, ...]) -> set[str]:
+    return {m for m in names if m.startswith(prefixes) or m.split(".")[0] in prefixes}
+
+
+@pytest.mark.parametrize("argv", [("--version",), ("--help",), ("scan", "--help"), ("bogus",)])
+def test_start_up_imports_no_command_implementation(argv: tuple[str, ...]) -> None:
+    """The import rule: --version, the listing, a wrong command and scan's --help import
+    none of the commands' implementations (the parser is built from the table and the flag
+    definitions), nor json, logging or typing (each costs more than argparse)."""
+    r, names = _imported(*argv)
+    assert r.returncode == (2 if argv == ("bogus",) else 0), r.stderr[-500:]
+    assert "passthrough.cli" in names  # the probe sees our modules at all
+    assert not _matches(names, IMPLEMENTATION)
+    assert {m for m in names if m.startswith("passthrough.cli.")} <= {
+        "passthrough.cli.common",
+        "passthrough.cli.scan",
+    }
+    assert not {"json", "logging", "typing"} & names
+    if argv == ("--version",):
+        assert r.stdout.strip() == "passthrough 0.1.0"
+
+
+@pytest.mark.parametrize(
+    "command", ["plan", "apply", "bind", "render", "kubevirt", "vm", "validate"]
+)
+def test_a_commands_help_loads_its_flag_tables_only(command: str) -> None:
+    """A command whose flags come from a table (plan's host options, render's VM options)
+    loads that table for --help, and none of the model, renderer or libraries under it."""
+    r, names = _imported(command, "--help")
+    assert r.returncode == 0 and "usage: passthrough" in r.stdout
+    assert not _matches(names, HEAVY)
 
 
 def test_unpacked_snapshots_are_removed_on_success_and_on_error(
@@ -360,7 +426,7 @@ def test_an_unknown_command_gets_the_closest_name_and_the_list() -> None:
     assert r.stderr.splitlines() == [
         "passthrough: error: unknown command 'scna' (did you mean scan?); the commands: "
         "scan, check, snapshot, sample, plan, apply, undo, status, verify, bind, release, render, "
-        "validate, kubevirt, vm, provision, guest, completion"
+        "validate, kubevirt, vm, provision, guest, completion, man"
     ]
     r = run("common")  # a module of the CLI package, but no command: nothing imported by name
     assert r.returncode == 2 and "unknown command 'common'" in r.stderr
@@ -491,6 +557,112 @@ def test_apply_undo_bind_ask_before_changing_the_live_host(
 # -- man pages: generated from the parsers, kept equal to them ----------------------------
 
 
+def _example_lines(epilog: str) -> list[str]:
+    """The lines under ``examples:`` in an epilog, up to the blank line after them."""
+    lines = epilog.split("examples:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    return [line.strip() for line in lines]
+
+
+def _example_argv(line: str) -> tuple[str, list[str]]:
+    """An example's program and arguments: the first command of the line, before any
+    pipe, redirection or ``&&`` (a ``# comment`` dropped, as the shell drops it)."""
+    words: list[str] = []
+    for word in shlex.split(line, comments=True):
+        if word in ("|", "&&", ">", ">>"):
+            break
+        words.append(word)
+    if words[:3] == ["python3", "-m", "passthrough"]:
+        return "passthrough", words[3:]
+    return words[0], words[1:]
+
+
+def test_every_help_has_examples_that_parse() -> None:
+    """Every command's and subcommand's --help ends in examples (then the exit codes); each
+    example is a command line the parser accepts, and at least one of them runs the very
+    command whose help it is."""
+    from passthrough.cli import build_parser
+
+    top = build_parser()
+    helps = _helps(top)
+    assert len(helps) == 32  # the listing, 18 commands, 13 subcommands: none left out
+    for path, text in helps.items():
+        assert "examples:\n" in text and "exit codes:" in text, (
+            f"{path or 'passthrough'}: no examples"
+        )
+        lines = _example_lines(text)
+        assert lines, path
+        runs_itself = False
+        for line in lines:
+            prog, argv = _example_argv(line)
+            assert prog in ("passthrough", "passthrough-validate"), line
+            if prog == "passthrough-validate":
+                argv = ["validate", *argv]
+            try:
+                top.parse_args(argv)
+            except SystemExit as exc:
+                raise AssertionError(f"{path}: the example does not parse: {line}") from exc
+            runs_itself = runs_itself or argv[: len(path.split())] == path.split()
+        assert runs_itself, f"{path}: no example runs it"
+
+
+def test_the_examples_on_the_sample_root_run(tmp_path: Path) -> None:
+    """Every example written for the sample root (--root /tmp/hgx, the files rendered from
+    it, libvirt's test driver) runs as written in a real bash, in the order a reader would
+    take them, on a fresh hgx-h100 build: exit 0, or 1 where a check finds problems (the
+    sample's cards are on nvidia, not vfio-pci), never an error line."""
+    from passthrough.cli import build_parser
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "passthrough"
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m passthrough "$@"\n')
+    shim.chmod(0o755)
+    hgx = tmp_path / "hgx"
+    lines: list[str] = []
+    for text in _helps(build_parser()).values():
+        for line in _example_lines(text):
+            bare = line.split("  #")[0]  # the same command, commented once, runs once
+            # on the sample, or reading what was rendered from it (not rendering on /)
+            on_sample = "/tmp/hgx" in line or "test:///default" in line
+            on_sample = on_sample or ("gpu-vm.yaml" in line and " render " not in line)
+            if on_sample and bare not in lines:
+                lines.append(bare)
+    if shutil.which("jq") is None:
+        lines = [line for line in lines if "| jq" not in line]
+    # the sample first, then what makes the files the others read
+    lines.sort(key=lambda line: ("sample build" not in line, " render " not in line))
+    assert len(lines) >= 15, lines
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    for line in lines:
+        r = subprocess.run(
+            ["bash", "-c", line.replace("/tmp/hgx", str(hgx))],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert r.returncode in (0, 1) and "error:" not in r.stderr, (line, r.stderr[-400:])
+
+
+def test_man_shows_a_page_and_names_a_wrong_one(tmp_path: Path) -> None:
+    """`passthrough man COMMAND` shows the page through man(1) (formatted text into a
+    pipe, examples included); --roff prints the same page's source as docs/man holds it;
+    a command that does not exist is one line and exit 2."""
+    from passthrough.cli.manpage import pages
+
+    r = run("man", "scan")
+    assert r.returncode == 0 and "PASSTHROUGH-SCAN(1)" in r.stdout
+    plain = re.sub(".\b", "", r.stdout).replace("‐", "-")
+    assert "passthrough scan --gpus-only --topology" in " ".join(plain.split())
+    r = run("man", "--roff", "vm")
+    assert r.returncode == 0 and r.stdout == pages()["passthrough-vm.1"]
+    r = run("man", "--roff")
+    assert r.returncode == 0 and r.stdout == pages()["passthrough.1"]
+    r = run("man", "scna")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no command 'scna'" in r.stderr
+
+
 def test_man_pages_are_the_parsers_and_format_cleanly(regenerate: bool, tmp_path: Path) -> None:
     from passthrough.cli import COMMANDS
     from passthrough.cli.manpage import pages, write
@@ -504,6 +676,7 @@ def test_man_pages_are_the_parsers_and_format_cleanly(regenerate: bool, tmp_path
         committed = man / name
         assert committed.exists(), f"{name} missing: pytest --regenerate-golden writes docs/man"
         assert committed.read_text() == text, f"{name} differs from the parser: --regenerate-golden"
+        assert "examples:" in text, f"{name}: no examples"
     written = write(tmp_path)
     for path in written:
         r = subprocess.run(

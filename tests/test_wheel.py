@@ -31,7 +31,7 @@ from passthrough.vm.spec import VmOptions, build_spec
 REPO = Path(__file__).parents[1]
 # what the build reads (pyproject.toml, setup.py and MANIFEST.in say what goes in)
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "passthrough", "templates")
-SOURCES += ("playbooks",)
+SOURCES += ("playbooks", "docs")
 
 COLLECTION = "ansible_collections/passthrough/gpu"
 
@@ -126,6 +126,27 @@ def test_wheel_carries_templates_playbooks_and_schemas(
         (name,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
         metadata = z.read(name).decode()
     assert "License-Expression: Apache-2.0" in metadata
+
+
+def test_wheel_installs_the_man_pages_where_man_finds_them(
+    installed: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """The pages land in <venv>/share/man/man1, equal to docs/man, and the real man finds
+    `passthrough-scan` there by the venv's bin/ on PATH alone (no MANPATH)."""
+    venv, env = installed
+    pages = venv / "share/man/man1"
+    committed = sorted(p.name for p in (REPO / "docs/man").glob("*.1"))
+    assert sorted(p.name for p in pages.glob("*.1")) == committed
+    for name in committed:
+        assert (pages / name).read_text() == (REPO / "docs/man" / name).read_text(), name
+    env = {k: v for k, v in env.items() if k != "MANPATH"}
+    r = subprocess.run(
+        ["man", "-w", "passthrough-scan"], env=env, capture_output=True, text=True, check=False
+    )
+    assert (
+        r.returncode == 0
+        and Path(r.stdout.strip()).resolve() == (pages / "passthrough-scan.1").resolve()
+    ), r.stderr
 
 
 def test_render_from_the_wheel_is_the_checkouts_render(

@@ -17,10 +17,11 @@ from typing import Literal
 from passthrough.analysis.codes import NO_IOMMU
 from passthrough.errors import InvalidPciAddress, PassthroughError, quote
 from passthrough.model import NVIDIA, GpuVerdict
-from passthrough.pciaddr import PciAddress
+from passthrough.pciaddr import CARD_METAVAR, PciAddress
 
 ID_RE = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{4}$")
-METAVAR = "ADDRESS|VENDOR:DEVICE"  # how --gpu reads in every command's help
+
+METAVAR = CARD_METAVAR  # how --gpu reads in every command's help (kept here for its importers)
 
 Default = Literal["viable", "nvidia"]
 

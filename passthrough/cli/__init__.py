@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from passthrough import __version__
-from passthrough.cli.common import EPILOG, Parser, Subparsers, verbosity
+from passthrough.cli.common import COMMANDS, EPILOG, Parser, Subparsers, examples, verbosity
 from passthrough.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -29,13 +29,6 @@ from passthrough.errors import (
     PassthroughError,
     echo_path,
     quote,
-)
-
-# in the order --help lists them; each is the module passthrough/cli/<name>.py
-COMMANDS = (
-    *("scan", "check", "snapshot", "sample", "plan", "apply", "undo", "status", "verify", "bind"),
-    "release",
-    *("render", "validate", "kubevirt", "vm", "provision", "guest", "completion"),
 )
 
 
@@ -53,19 +46,34 @@ def unknown_command(word: str) -> str:
     return f"unknown command {quote(word)}{hint}; the commands: {', '.join(COMMANDS)}"
 
 
-def build_parser(asked: str | None = None) -> argparse.ArgumentParser:
-    """The whole parser; with ``asked`` (a command's name) only that command's in full."""
+def build_parser(asked: str | None = None, listing: bool = False) -> argparse.ArgumentParser:
+    """The whole parser; with ``asked`` (a command's name) only that command's in full;
+    with ``listing`` (and no command asked) only the list of commands, from the table.
+
+    A command named: only its module is imported and only its parser built (start-up pays
+    for neither seventeen parsers nor their imports). ``listing`` is what ``--help``,
+    ``--version`` and a wrong first word need: the names and their lines, no command's
+    module at all. The man pages and the completion script take everything."""
     parser = Parser(
         prog="passthrough",
         description="GPU passthrough for KVM hosts: discover a host honestly, then prepare it.",
+        epilog=examples(
+            "passthrough sample build hgx-h100 /tmp/hgx  # a sample host to try it on",
+            "passthrough scan --root /tmp/hgx",
+            "passthrough plan --root /tmp/hgx --gpu 18:00.0",
+            "passthrough man scan  # the manual page of a command",
+        ),
     )
     parser.add_argument("--version", action="version", version=f"passthrough {__version__}")
     sub: Subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    # A command named: only its module is imported and only its parser built (start-up
-    # pays for neither fifteen parsers nor their imports). Otherwise (--help, a wrong
-    # name) all of them, so that the listing and argparse's error name every command.
-    for name in (asked,) if asked in COMMANDS else COMMANDS:
-        command_module(name).add_parser(sub)
+    if asked is not None and asked in COMMANDS:
+        command_module(asked).add_parser(sub)
+    elif listing:
+        for name, line in COMMANDS.items():
+            sub.add_parser(name, help=line)
+    else:
+        for name in COMMANDS:
+            command_module(name).add_parser(sub)
     return parser
 
 
@@ -89,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if words and not words[0].startswith("-") and words[0] not in COMMANDS:
         sys.stderr.write(f"passthrough: error: {unknown_command(words[0])}\n")
         return EXIT_USAGE
-    parser = build_parser(words[0] if words else None)
+    parser = build_parser(words[0] if words else None, listing=True)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -124,4 +132,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-__all__ = ["EPILOG", "build_parser", "main"]
+__all__ = ["COMMANDS", "EPILOG", "build_parser", "main"]

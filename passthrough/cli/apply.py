@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 from passthrough.cli.common import (
     CHANGES,
-    EPILOG,
     Subparsers,
     command,
     confirm,
     dump,
+    examples,
     progress,
     yes_flag,
 )
@@ -34,12 +34,15 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "apply",
         run,
-        help="make the planned changes (atomic, backed up, journaled)",
         description="Execute the plan: lock, back up each file, journal each step before it, write "
         "atomically, run the regeneration commands. Stops at the first failure; `undo` restores. "
         "Re-running on an applied host changes nothing. Under --root, commands run through chroot "
         "when DIR is a full OS tree (and you are root), and are listed otherwise.",
-        epilog=EPILOG,
+        epilog=examples(
+            "passthrough apply --gpu 0000:01:00.0",
+            "passthrough apply --root /tmp/hgx --gpu 18:00.0 --hugepages-1g 16",
+            "passthrough apply --yes  # the live host, from a script: no question asked",
+        ),
     )
     plan_arguments(p, CHANGES)
     yes_flag(p)

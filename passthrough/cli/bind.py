@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 
 from passthrough.cli.common import (
     CHANGES,
-    EPILOG,
     Subparsers,
     command,
     common,
     confirm,
     dump,
+    examples,
     is_live,
     note,
     open_root,
@@ -38,13 +38,15 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "bind",
         run,
-        help="bind idle cards to vfio-pci now, without a reboot (live host)",
         description="Unbind each function of the selected cards, set driver_override to its vfio "
         "driver (vfio-pci, or the variant driver the running kernel's modules.alias gives it) and "
         "re-probe, waiting for the kernel's bind event (pyudev). Refuses cards whose GPU driver is "
         "in use, that carry the host console, or that a process holds open. Not persistent: "
         "`apply` makes it stick across reboots.",
-        epilog=EPILOG,
+        epilog=examples(
+            "passthrough bind --gpu 01:00.0",
+            "passthrough bind --gpu 10de:2684 --stop-holders --yes",
+        ),
     )
     common(p, CHANGES)
     plan_flags(p)

@@ -7,7 +7,7 @@ import argparse
 import sys
 from contextlib import ExitStack
 
-from passthrough.cli.common import EPILOG, Subparsers, command, common, dump
+from passthrough.cli.common import Subparsers, command, common, dump, examples
 from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK
 
 
@@ -16,11 +16,13 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "check",
         run,
-        help="readiness checks (PASS/WARN/FAIL, each with a fix)",
         description="Checks in the spirit of virt-host-validate plus what it misses: IOMMU "
         "enabled and grouped, interrupt remapping, kernel default vs arguments, ACS override, "
         "vfio modules, /dev/kvm, bootloader, viable GPUs. Exits 1 when any check FAILs.",
-        epilog=EPILOG,
+        epilog=examples(
+            "passthrough check",
+            "passthrough check --root /tmp/hgx --json | jq '.checks[] | select(.level != \"PASS\")'",
+        ),
     )
     common(p)
 

@@ -4,16 +4,26 @@
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import os
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
-from typing import Any, Protocol
 
 from passthrough.errors import EXIT_USAGE, NotConfirmed, echo
 from passthrough.host.opening import open_root as open_root  # the commands take it from here
+
+# Every command imports this module: what it imports, every start pays for. typing,
+# json and logging (with its traceback and threading) cost more than argparse itself, so
+# typing is for the type checker only and the other two are imported where used.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Protocol
+
+    class Subparsers(Protocol):
+        def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...
+
+else:
+    Subparsers = argparse._SubParsersAction  # what the commands are handed at run time
 
 EPILOG = """\
 exit codes:
@@ -27,12 +37,33 @@ exit codes:
 docs: README.md, docs/ (--json: passthrough/schemas/COMMAND-v1.schema.json, named by its "schema" key)
 """
 
+# Every command, in the order --help lists them, with the line --help gives it. Each is the
+# module passthrough/cli/<name>.py; this table is all `passthrough --help` and
+# `passthrough --version` need, so they import none of those modules.
+COMMANDS: dict[str, str] = {
+    "scan": "IOMMU groups, GPUs and a verdict with reasons for each",
+    "check": "readiness checks (PASS/WARN/FAIL, each with a fix)",
+    "snapshot": "capture what discovery reads into a .tar.gz",
+    "sample": "bundled sample hosts (build one to try the toolkit)",
+    "plan": "show the host changes (diffs, commands, reboot) without making them",
+    "apply": "make the planned changes (atomic, backed up, journaled)",
+    "undo": "return every file apply changed to its original, then regenerate",
+    "status": "what apply/undo did to this host, drift since, pending commands",
+    "verify": "after the reboot: arguments live, IOMMU on, cards on vfio-pci",
+    "bind": "bind idle cards to vfio-pci now, without a reboot (live host)",
+    "release": "give cards on vfio back to their host drivers now, without a reboot (live host)",
+    "render": "domain XML for a guest with the whole card(s) and the hypervisor hidden",
+    "validate": "check domain XML: libvirt schema, passthrough policy, optionally libvirt",
+    "kubevirt": "KubeVirt/DRA manifests, their validation, and the node preflight",
+    "vm": "define, start, stop, undefine and inspect guests (libvirt)",
+    "provision": "run the playbooks (host → vm → guest) through ansible-runner",
+    "guest": "inside a guest: does it see its GPU, and is the stack above it wired?",
+    "completion": "print a shell completion script (bash or zsh)",
+    "man": "the manual page of passthrough or of one command",
+}
+
 # A command's body: the parsed flags, and a list of temporary directories main() removes.
 Run = Callable[[argparse.Namespace, ExitStack], int]
-
-
-class Subparsers(Protocol):
-    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...
 
 
 class Parser(argparse.ArgumentParser):
@@ -57,8 +88,8 @@ def examples(*lines: str) -> str:
 
 
 def command(sub: Subparsers, name: str, run: Run, **kwargs: Any) -> argparse.ArgumentParser:
-    """A subcommand whose body is ``run``."""
-    p = sub.add_parser(name, **kwargs)
+    """A subcommand whose body is ``run``, its one-line help from :data:`COMMANDS`."""
+    p = sub.add_parser(name, help=COMMANDS[name], **kwargs)
     p.set_defaults(run=run)
     return p
 
@@ -112,11 +143,16 @@ def verbosity(args: argparse.Namespace) -> None:
     like a result or an error. Nothing is logged without -v (the logger stays silent). Each
     call sets it afresh, so ``main()`` called twice in one process (the Python API, tests)
     neither doubles the lines nor keeps an earlier call's level."""
+    level = getattr(args, "verbose", 0) or 0
+    quiet = not isinstance(level, int) or level < 1 or getattr(args, "command", "") == "provision"
+    if quiet and "logging" not in sys.modules:
+        return  # nothing configured it yet, so nothing to undo (and no import to pay for)
+    import logging
+
     log = logging.getLogger("passthrough")
     for old in [h for h in log.handlers if getattr(h, "passthrough_cli", False)]:
         log.removeHandler(old)
-    level = getattr(args, "verbose", 0) or 0
-    if not isinstance(level, int) or level < 1 or getattr(args, "command", "") == "provision":
+    if quiet:
         log.setLevel(logging.WARNING)
         return
     handler = logging.StreamHandler(sys.stderr)
@@ -162,6 +198,8 @@ def confirm(args: argparse.Namespace, command: str, show: Callable[[], str]) -> 
 def dump(obj: dict[str, Any], schema: str) -> None:
     """``--json`` output: one object whose ``schema`` key names its JSON Schema,
     ``passthrough.NAME/v1`` (passthrough/schemas/NAME-v1.schema.json)."""
+    import json
+
     out = {"schema": f"passthrough.{schema}/v1", **{k: v for k, v in obj.items() if k != "schema"}}
     if isinstance(out.get("root"), str):  # a snapshot archive, not where it was unpacked
         from passthrough.host.opening import shown_root

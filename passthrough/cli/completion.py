@@ -8,12 +8,20 @@ import argparse
 import sys
 from contextlib import ExitStack
 
-from passthrough.cli.common import Subparsers, command, common
+from passthrough.cli.common import Subparsers, command, common, examples
 from passthrough.errors import EXIT_OK, PassthroughError
 
 
 def add_parser(sub: Subparsers) -> None:
-    p = command(sub, "completion", run, help="print a shell completion script (bash or zsh)")
+    p = command(
+        sub,
+        "completion",
+        run,
+        epilog=examples(
+            "passthrough completion bash > /etc/bash_completion.d/passthrough",
+            "passthrough completion zsh > ~/.zfunc/_passthrough  # a directory on your $fpath",
+        ),
+    )
     p.add_argument("shell", choices=("bash", "zsh"))
     common(p, root=None)
 

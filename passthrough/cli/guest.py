@@ -36,10 +36,13 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "guest",
         run,
-        help="inside a guest: does it see its GPU, and is the stack above it wired?",
         description="Run inside the VM (standard library only: works from a checkout with "
         "python3 and no pip). Checks the GPU's functions, BARs, driver, device nodes, kernel "
         "log, nvidia-smi, a real CUDA vector add, container runtime, CDI and Kubernetes.",
+        epilog=examples(
+            "python3 -m passthrough guest check",
+            "passthrough guest check --root guest.tar.gz --json",
+        ),
     )
     actions = p.add_subparsers(dest="guest_command", metavar="ACTION", parser_class=Parser)
     check = actions.add_parser(

@@ -25,15 +25,14 @@ from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK, count, output_file
 
 
 def add_parser(sub: Subparsers) -> None:
-    from passthrough.analysis.cards import METAVAR
-    from passthrough.kube.build import PROVIDERS, ROUTES
+    from passthrough.kube import PROVIDERS, ROUTES
+    from passthrough.pciaddr import CARD_METAVAR
     from passthrough.vm.options import add_flags
 
     p = command(
         sub,
         "kubevirt",
         run,
-        help="KubeVirt/DRA manifests, their validation, and the node preflight",
         description="The cluster path for the same host facts as `render`: a KubeVirt CR patch "
         "(permittedHostDevices for every function of each card) and a VirtualMachine, or with "
         "--route dra a ResourceClaimTemplate on vfio.gpu.nvidia.com; `validate` checks such "
@@ -47,7 +46,14 @@ def add_parser(sub: Subparsers) -> None:
         ),
     )
     actions = p.add_subparsers(dest="kubevirt_command", metavar="ACTION", parser_class=Parser)
-    render = actions.add_parser("render", help="KubeVirt CR patch, VirtualMachine(s), claims")
+    render = actions.add_parser(
+        "render",
+        help="KubeVirt CR patch, VirtualMachine(s), claims",
+        epilog=examples(
+            "passthrough kubevirt render --root /tmp/hgx --name gpu-vm --gpu 18:00.0 -o gpu-vm.yaml",
+            "passthrough kubevirt render --root /tmp/hgx --name h100 --route dra --per-card",
+        ),
+    )
     common(render)
     render.add_argument("--spec", metavar="FILE.yaml", help="VM options as YAML (flags win)")
     add_flags(render)
@@ -68,7 +74,12 @@ def add_parser(sub: Subparsers) -> None:
     )
     render.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
     validate = actions.add_parser(
-        "validate", help="check manifests against each other (and a host with --root)"
+        "validate",
+        help="check manifests against each other (and a host with --root)",
+        epilog=examples(
+            "passthrough kubevirt validate gpu-vm.yaml",
+            "passthrough kubevirt validate gpu-vm.yaml --root /tmp/hgx --json",
+        ),
     )
     validate.add_argument("files", nargs="+", metavar="FILE.yaml")
     common(
@@ -76,13 +87,20 @@ def add_parser(sub: Subparsers) -> None:
         root="host root whose cards the VMs take (companion functions checked); default: none",
     )
     validate.set_defaults(root=None)
-    pre = actions.add_parser("preflight", help="may this node be labelled for passthrough VMs?")
+    pre = actions.add_parser(
+        "preflight",
+        help="may this node be labelled for passthrough VMs?",
+        epilog=examples(
+            "passthrough kubevirt preflight",
+            "passthrough kubevirt preflight --root /tmp/hgx --gpu 18:00.0 --memory 64G --json",
+        ),
+    )
     common(pre)
     pre.add_argument(
         "--gpu",
         action="append",
         default=[],
-        metavar=METAVAR,
+        metavar=CARD_METAVAR,
         help="a card (repeatable); default: every NVIDIA GPU",
     )
     pre.add_argument(

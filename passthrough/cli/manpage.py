@@ -72,6 +72,9 @@ def _body(parser: argparse.ArgumentParser, heading: str = "OPTIONS") -> list[str
         if sub.description:
             out += [".PP", roff(sub.description)]
         out += _options(sub)
+        # an action's examples (its exit codes are the command's own, shown once under NOTES)
+        if sub.epilog and sub.epilog.startswith("examples:"):
+            out += [".PP", ".nf", roff(sub.epilog.split("\n\n", 1)[0]), ".fi"]
     return out
 
 
@@ -95,19 +98,34 @@ def page(prog: str, parser: argparse.ArgumentParser, summary: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+SUMMARY = "GPU passthrough for KVM hosts"
+
+
 def pages() -> dict[str, str]:
     """File name → page, for passthrough and each of its commands."""
     from passthrough.cli import build_parser
 
     top = build_parser()
-    out = {"passthrough.1": page("passthrough", top, "GPU passthrough for KVM hosts")}
-    helps = {}
-    for action in top._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            helps = {c.dest: c.help or "" for c in action._choices_actions}
+    out = {"passthrough.1": page("passthrough", top, SUMMARY)}
     for name, sub in _subparsers(top).items():
-        out[f"passthrough-{name}.1"] = page(f"passthrough-{name}", sub, helps.get(name, name))
+        out[f"passthrough-{name}.1"] = command_page(name, sub)
     return out
+
+
+def command_page(name: str, parser: argparse.ArgumentParser) -> str:
+    """One command's page, its summary the line ``passthrough --help`` gives it."""
+    from passthrough.cli.common import COMMANDS
+
+    return page(f"passthrough-{name}", parser, COMMANDS[name])
+
+
+def one(name: str | None) -> str:
+    """The page of one command (None: of passthrough itself), building only its parser."""
+    from passthrough.cli import build_parser
+
+    if name is None:
+        return page("passthrough", build_parser(), SUMMARY)
+    return command_page(name, _subparsers(build_parser(name))[name])
 
 
 def write(directory: Path) -> list[Path]:

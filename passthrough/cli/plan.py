@@ -34,7 +34,6 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "plan",
         run,
-        help="show the host changes (diffs, commands, reboot) without making them",
         description="Compute what preparing this host for GPU passthrough changes: kernel "
         "arguments through the bootloader in use, vfio-pci binding (modprobe.d softdeps, "
         "initramfs, per-device overrides). Writes nothing.",

@@ -19,7 +19,6 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "provision",
         run,
-        help="run the playbooks (host → vm → guest) through ansible-runner",
         description="Run playbooks/site.yml (or --playbook host.yml|vm.yml|guest.yml) against an "
         "inventory through ansible-runner, with live progress, a per-host summary (reboot "
         "required shown per host) and the full log (0600). Ansible's configuration is yours: "

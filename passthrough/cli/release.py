@@ -8,33 +8,34 @@ from contextlib import ExitStack
 
 from passthrough.cli.common import (
     CHANGES,
-    EPILOG,
     Subparsers,
     command,
     common,
     confirm,
     dump,
+    examples,
     open_root,
     progress,
     yes_flag,
 )
 from passthrough.errors import EXIT_OK
+from passthrough.pciaddr import CARD_METAVAR
 
 
 def add_parser(sub: Subparsers) -> None:
-    from passthrough.analysis.cards import METAVAR
-
     p = command(
         sub,
         "release",
         run,
-        help="give cards on vfio back to their host drivers now, without a reboot (live host)",
         description="The live opposite of bind: each function of the selected cards that is on "
         "a vfio driver is unbound, its driver_override cleared, and handed to the driver it had "
         "before bind (from the live-driver journal) or, where none is known, to the kernel's "
         "default (drivers_probe), one function at a time, each confirmed by the kernel's bind "
         "event. Refuses a card that a guest or a process holds open, naming it. `bind` undoes it.",
-        epilog=EPILOG,
+        epilog=examples(
+            "passthrough release --gpu 01:00.0",
+            "passthrough release --gpu 01:00.0 --json --yes",
+        ),
     )
     common(p, CHANGES)
     p.add_argument(
@@ -42,7 +43,7 @@ def add_parser(sub: Subparsers) -> None:
         dest="gpus",
         action="append",
         default=[],
-        metavar=METAVAR,
+        metavar=CARD_METAVAR,
         help="a card (repeatable); default: every NVIDIA card with a function on vfio",
     )
     p.add_argument(

@@ -34,7 +34,6 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "render",
         run,
-        help="domain XML for a guest with the whole card(s) and the hypervisor hidden",
         description="Render libvirt domain XML (q35 + OVMF) from the host's facts: every function "
         "of each card on one guest slot behind its own pcie-root-port, KVM hidden and a Hyper-V "
         "vendor_id (on by default), a 64-bit MMIO window sized from the real BARs, vCPUs and "

@@ -17,7 +17,6 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "sample",
         run,
-        help="bundled sample hosts (build one to try the toolkit)",
         description="Sample hosts modelled on published layouts, built as real directory trees.",
         epilog=examples(
             "passthrough sample list",
@@ -26,13 +25,27 @@ def add_parser(sub: Subparsers) -> None:
         ),
     )
     actions = p.add_subparsers(dest="sample_command", metavar="ACTION", parser_class=Parser)
-    common(actions.add_parser("list", help="list the sample hosts"), root=None)
-    build = actions.add_parser("build", help="build a sample (or a description file) into DIR")
+    listing = actions.add_parser(
+        "list",
+        help="list the sample hosts",
+        epilog=examples("passthrough sample list", "passthrough sample list --json"),
+    )
+    common(listing, root=None)
+    build = actions.add_parser(
+        "build",
+        help="build a sample (or a description file) into DIR",
+        epilog=examples(
+            "passthrough sample build hgx-h100 /tmp/hgx",
+            "passthrough sample build my-host.yaml /tmp/mine  # a description of your own",
+        ),
+    )
     build.add_argument("name", metavar="NAME|FILE.yaml")
     build.add_argument("dest", metavar="DIR")
     common(build, root=None)
     udev = actions.add_parser(
-        "umockdev", help="print a built sample's PCI devices as a umockdev record"
+        "umockdev",
+        help="print a built sample's PCI devices as a umockdev record",
+        epilog=examples("passthrough sample umockdev hgx-h100 /tmp/hgx > hgx.umockdev"),
     )
     udev.add_argument("name", metavar="NAME|FILE.yaml")
     udev.add_argument("root", metavar="BUILT_DIR")

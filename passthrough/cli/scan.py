@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 from contextlib import ExitStack
-from typing import TYPE_CHECKING
 
 from passthrough.cli.common import Subparsers, command, common, dump, examples, open_root
 from passthrough.errors import EXIT_OK
 
+# typing for the type checker only: importing it costs every start more than argparse
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from passthrough.analysis.scan import Scan
 
@@ -20,7 +21,6 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "scan",
         run,
-        help="IOMMU groups, GPUs and a verdict with reasons for each",
         description="Read the host (never writes) and show its IOMMU groups as a tree, every GPU "
         "with the other functions of its card, and whether each can be passed through safely.",
         epilog=examples(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from contextlib import ExitStack
 
-from passthrough.cli.common import EPILOG, Subparsers, command, common, dump, open_root
+from passthrough.cli.common import Subparsers, command, common, dump, examples, open_root
 from passthrough.errors import EXIT_OK, PassthroughError, output_file
 
 
@@ -15,14 +15,16 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "snapshot",
         run,
-        help="capture what discovery reads into a .tar.gz",
         description="Capture the attributes, links and the few proc/etc/boot files that discovery "
         "reads (no binary config space) so that `scan --root FILE` elsewhere gives the same report. "
         "Inside a virtual machine it also keeps what `guest check` reads (the GPU's IDs, BARs and "
         "driver, /proc/driver/nvidia, the /dev/nvidia* names, runtime and Kubernetes "
         "configuration), so `guest check --root FILE` judges it the same way. Attach it to bug "
         "reports.",
-        epilog=EPILOG,
+        epilog=examples(
+            "passthrough snapshot -o host.tar.gz",
+            "passthrough snapshot --root /tmp/hgx -o hgx.tar.gz && passthrough scan --root hgx.tar.gz",
+        ),
     )
     common(p)
     p.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from contextlib import ExitStack
 
-from passthrough.cli.common import EPILOG, Subparsers, command, common, dump, open_root
+from passthrough.cli.common import Subparsers, command, common, dump, examples, open_root
 from passthrough.errors import EXIT_OK
 
 
@@ -15,11 +15,13 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "status",
         run,
-        help="what apply/undo did to this host, drift since, pending commands",
         description="The transactions in the journal (id, time, state), the files and kernel "
         "arguments each changed, whether each file still holds what apply wrote, and every "
         "command pending because it failed or could only be listed.",
-        epilog=EPILOG,
+        epilog=examples(
+            "passthrough status",
+            "passthrough apply --root /tmp/hgx --gpu 18:00.0 && passthrough status --root /tmp/hgx --json",
+        ),
     )
     common(p)
 

@@ -9,12 +9,12 @@ from contextlib import ExitStack
 
 from passthrough.cli.common import (
     CHANGES,
-    EPILOG,
     Subparsers,
     command,
     common,
     confirm,
     dump,
+    examples,
     open_root,
     progress,
     yes_flag,
@@ -27,14 +27,17 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "undo",
         run,
-        help="return every file apply changed to its original, then regenerate",
         description="Put back the original of every file apply changed (all transactions) when it "
         "still holds what apply wrote; a file changed since loses only our own lines where they "
         "can be told apart, otherwise undo refuses (exit 2, nothing changed) and names it. "
         "Generated files (grub.cfg, initramfs images, BLS entries) are never restored from a "
         "backup: the plan's own tools run again for every kernel installed now (listed and left "
         "pending where commands cannot run). A missing backup: the rest is restored, exit 3.",
-        epilog=EPILOG,
+        epilog=examples(
+            "passthrough undo",
+            "passthrough undo --root /tmp/hgx",
+            "passthrough undo --root /tmp/hgx --force --json",
+        ),
     )
     common(p, CHANGES)
     p.add_argument(

@@ -16,7 +16,6 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "validate",
         run,
-        help="check domain XML: libvirt schema, passthrough policy, optionally libvirt",
         description=DESCRIPTION,
         epilog=EXAMPLES + "\n" + EPILOG,
     )

@@ -7,7 +7,7 @@ import argparse
 import sys
 from contextlib import ExitStack
 
-from passthrough.cli.common import EPILOG, Subparsers, command, common, dump, open_root
+from passthrough.cli.common import Subparsers, command, common, dump, examples, open_root
 from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK
 
 
@@ -16,14 +16,16 @@ def add_parser(sub: Subparsers) -> None:
         sub,
         "verify",
         run,
-        help="after the reboot: arguments live, IOMMU on, cards on vfio-pci",
         description="Check the running host against the last apply: kernel arguments in "
         "/proc/cmdline, IOMMU on, every function of the handed-over cards bound to vfio-pci, "
         "nothing the host needs taken; functions on vfio-pci that passthrough did not bind are "
         "named as such. On a host passthrough never prepared (by hand, another tool): the "
         "IOMMU and vfio arguments that are live, what is bound to vfio-pci, cards only partly "
         "bound, and nothing the host needs taken. Exits 1 when a check fails.",
-        epilog=EPILOG,
+        epilog=examples(
+            "passthrough verify",
+            "passthrough verify --root /tmp/hgx --json",
+        ),
     )
     common(p)
 

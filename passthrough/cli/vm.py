@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from passthrough.cli.common import Parser, Subparsers, command, common, dump, warn
+from passthrough.cli.common import Parser, Subparsers, command, common, dump, examples, warn
 from passthrough.errors import EXIT_OK, PassthroughError, output_file
-from passthrough.vm.disk import ExistingDisk, Overlay
+
+if TYPE_CHECKING:
+    from passthrough.vm.disk import ExistingDisk
 
 ACTIONS = (
     ("define", "define a domain from an XML file"),
@@ -18,13 +20,32 @@ ACTIONS = (
     ("undefine", "undefine a stopped domain, with its NVRAM"),
     ("status", "state and live hostdevs"),
 )
+# each action's examples (test:///default: libvirt's in-process test driver)
+EXAMPLES = {
+    "vm": (
+        "passthrough render --root /tmp/hgx --name gpu1 --gpu 18:00.0 -o gpu1.xml",
+        "passthrough vm define gpu1.xml --start",
+        "passthrough vm status gpu1",
+    ),
+    "seed": ("passthrough vm seed --hostname gpu1 --ssh-key ~/.ssh/id_ed25519.pub -o seed.iso",),
+    "define": (
+        "passthrough vm define gpu1.xml --connect test:///default  # libvirt's test driver",
+        "passthrough vm define gpu1.xml --start",
+    ),
+    "start": ("passthrough vm start gpu1",),
+    "stop": ("passthrough vm stop gpu1", "passthrough vm stop gpu1 --force  # destroy"),
+    "undefine": ("passthrough vm undefine gpu1",),
+    "status": ("passthrough vm status gpu1 --json",),
+}
 
 
 def add_parser(sub: Subparsers) -> None:
-    p = command(sub, "vm", run, help="define, start, stop, undefine and inspect guests (libvirt)")
+    p = command(sub, "vm", run, epilog=examples(*EXAMPLES["vm"]))
     actions = p.add_subparsers(dest="vm_command", metavar="ACTION", parser_class=Parser)
     seed = actions.add_parser(
-        "seed", help="write a cloud-init seed ISO (user + SSH key) for --seed"
+        "seed",
+        help="write a cloud-init seed ISO (user + SSH key) for --seed",
+        epilog=examples(*EXAMPLES["seed"]),
     )
     seed.add_argument("--hostname", required=True)
     seed.add_argument("--user", default="passthrough", help="the guest user Ansible logs in as")
@@ -32,7 +53,7 @@ def add_parser(sub: Subparsers) -> None:
     seed.add_argument("-o", "--output", required=True, metavar="FILE.iso")
     common(seed, root=None)
     for action, text in ACTIONS:
-        a = actions.add_parser(action, help=text)
+        a = actions.add_parser(action, help=text, epilog=examples(*EXAMPLES[action]))
         a.add_argument("target", metavar="FILE.xml" if action == "define" else "NAME")
         a.add_argument(
             "--connect",
@@ -79,6 +100,8 @@ def _seed(args: argparse.Namespace) -> int:
 
 
 def _existing(args: argparse.Namespace) -> ExistingDisk:
+    from passthrough.vm.disk import ExistingDisk
+
     if (args.reuse_disk or args.overwrite_disk) and not args.base_image:
         flag = "--reuse-disk" if args.reuse_disk else "--overwrite-disk"
         raise PassthroughError(
@@ -124,5 +147,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
         for h in result.get("hostdevs", []):
             print(f"  hostdev {h['host']} → guest {h['guest'] or '?'}")
         if "disk" in result:
+            from passthrough.vm.disk import Overlay
+
             print("  " + Overlay(**result["disk"]).text())
     return EXIT_OK

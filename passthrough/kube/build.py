@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from passthrough.analysis import codes, policy
+from passthrough.kube import PROVIDERS as PROVIDERS  # their home is the package (lean --help)
+from passthrough.kube import ROUTES as ROUTES
 from passthrough.kube.layout import plan_kubevirt
 from passthrough.kube.objects import (
     VmCard,
@@ -28,9 +30,6 @@ from passthrough.pciclass import SUBCLASS_3D
 from passthrough.vm.options import BadVmSpec
 from passthrough.vm.spec import VmOptions, VmSpec, build_spec
 from passthrough.vm.versions import Versions
-
-ROUTES = ("device-plugin", "dra")
-PROVIDERS = ("nvidia", "kubevirt")  # who publishes the PCI resources on the device-plugin route
 
 # feature gates by where they are set
 KUBEVIRT_GATES = "KubeVirt CR spec.configuration.developerConfiguration.featureGates"

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from passthrough.analysis.cards import METAVAR
+from passthrough.pciaddr import CARD_METAVAR
 
 Kind = Literal["bool", "int", "list"]
 
@@ -55,7 +55,7 @@ OPTIONS: tuple[PlanOption, ...] = (
         "a card to hand over (repeatable); default: every viable NVIDIA GPU",
         "PCI addresses or vendor:device IDs; empty means every viable NVIDIA GPU",
         default=(),
-        metavar=METAVAR,
+        metavar=CARD_METAVAR,
         bind=True,
     ),
     PlanOption(

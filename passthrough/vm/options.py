@@ -15,13 +15,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from passthrough.analysis.cards import METAVAR as CARD_METAVAR
-from passthrough.analysis.cards import NoSuchCard, parse_card
 from passthrough.errors import PassthroughError
-from passthrough.model import Host
+from passthrough.pciaddr import CARD_METAVAR
 from passthrough.units import MIB, parse_size
+
+if TYPE_CHECKING:
+    from passthrough.model import Host
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 VENDOR_ID_RE = re.compile(r"^[A-Za-z0-9_ .-]{1,12}$")
@@ -266,6 +267,9 @@ def check(opt: VmOption, value: Any, where: str) -> Any:
             raise BadVmSpec(where, f"{_show(value)} is not true or false (unquoted in YAML)")
         return value
     if opt.kind is Kind.CARDS:
+        # the card parser (and the model under it) only where a card is read, not for --help
+        from passthrough.analysis.cards import NoSuchCard, parse_card
+
         if not isinstance(value, (tuple, list)):
             raise BadVmSpec(where, f"{_show(value)} is not a list of PCI addresses")
         for item in value:

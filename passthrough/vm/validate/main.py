@@ -32,7 +32,7 @@ EXAMPLES = (
     "  passthrough validate --host-root host.tar.gz --junit report.xml vms/*.xml\n"
     "  passthrough validate --schema-dir fleet-libvirt/schemas --sarif out.sarif vms/*.xml\n"
     "  passthrough validate --connect test:///default gpu1.xml\n"
-    "  passthrough-validate vm.xml   (the same, with the shortest start-up)\n"
+    "  passthrough-validate vm.xml  # the same, with the shortest start-up\n"
 )
 
 

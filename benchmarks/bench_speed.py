@@ -1,0 +1,168 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Every speed figure of issue 34 beside its reference, in one run on one machine, so the
+ratios hold however loaded the machine is:
+
+- start-up: `passthrough --version` beside the bare interpreter (`python -c pass`);
+- scan: `passthrough scan --json` on synthetic hosts of 2,000, 4,000 and 8,000 functions,
+  each beside one `lspci -nn` on the same tree, and how each grows against 2,000;
+- validate one file per process (`passthrough-validate FILE`, `passthrough validate FILE`)
+  beside `virt-xml-validate FILE domain`;
+- validate a batch (one `passthrough validate` over N rendered files, schema and policy)
+  beside a `virt-xml-validate` loop over the same files.
+
+Our commands run from a regular install of this checkout (timing.regular_install: no
+editable-install finder at start); commands of one table alternate so they share the load.
+Wall time is a median; CPU time (user + system of the process) is what load inflates least.
+
+    python benchmarks/bench_speed.py [--runs 15] [--sizes 2000,4000,8000] [--batch 500] [--json]
+
+Not a test: it prints the tables (and --json) that docs/benchmarks.md and the README quote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import synthetic
+from bench_validate_startup import GOLDEN, _wrapper
+from timing import ENV, alternate, print_summary, regular_install, summary
+
+LSPCI = "lspci -nn (one call)"
+VIRT = "virt-xml-validate FILE domain"
+PYTHON = "python -c pass (the interpreter alone)"
+
+
+def start_up(python: str, runs: int) -> dict[str, object]:
+    commands = {
+        "passthrough --version": [python, "-m", "passthrough", "--version"],
+        "passthrough scan --help": [python, "-m", "passthrough", "scan", "--help"],
+        PYTHON: [python, "-c", "pass"],
+    }
+    return summary(alternate(commands, runs), PYTHON)
+
+
+def scan(python: str, tmp: str, sizes: list[int], runs: int) -> dict[str, object]:
+    """Each size's figures beside lspci's, and the growth of both against the first size."""
+    lspci = shutil.which("lspci")
+    if lspci is None:
+        sys.exit("lspci (pciutils) is required")
+    out: dict[str, object] = {}
+    for size in sizes:
+        root, functions = synthetic.build_functions(Path(tmp) / f"host{size}", size)
+        commands = {
+            "passthrough scan --json": [
+                python,
+                "-m",
+                "passthrough",
+                "scan",
+                "--root",
+                str(root),
+                "--json",
+            ],
+            LSPCI: [lspci, "-A", "linux-sysfs", "-O", f"sysfs.path={root}/sys/bus/pci", "-nn"],
+        }
+        out[str(functions)] = summary(alternate(commands, runs), LSPCI)
+        shutil.rmtree(root)
+    first = out[str(sizes[0])]
+    for report in out.values():
+        for key in ("median_seconds", "median_cpu_seconds"):
+            base = first[key]  # type: ignore[index]
+            report[f"growth_{key}"] = {  # type: ignore[index]
+                k: round(v / base[k], 2)
+                for k, v in report[key].items()  # type: ignore[index]
+            }
+    return out
+
+
+def one_file(python: str, tmp: str, runs: int) -> dict[str, object]:
+    commands = {
+        "passthrough-validate FILE": [python, str(_wrapper(tmp)), str(GOLDEN)],
+        "passthrough validate FILE": [python, "-m", "passthrough", "validate", str(GOLDEN)],
+        VIRT: ["virt-xml-validate", str(GOLDEN), "domain"],
+    }
+    return summary(alternate(commands, runs), VIRT)
+
+
+def batch(python: str, tmp: str, count: int) -> dict[str, object]:
+    """One process over ``count`` rendered domains against one virt-xml-validate each."""
+    from bench_validate import rendered_files
+
+    files = rendered_files(Path(tmp) / "batch", count)
+    ours = [python, "-m", "passthrough", "validate", *files]
+    subprocess.run(ours[:5], capture_output=True, check=False, env=ENV)  # byte code written
+    start = time.perf_counter()
+    r = subprocess.run(ours, capture_output=True, check=False, env=ENV)
+    t_ours = time.perf_counter() - start
+    start = time.perf_counter()
+    failures = sum(
+        subprocess.run(["virt-xml-validate", f, "domain"], capture_output=True).returncode != 0
+        for f in files
+    )
+    t_loop = time.perf_counter() - start
+    return {
+        "files": count,
+        "passthrough_validate_seconds": round(t_ours, 3),
+        "virt_xml_validate_loop_seconds": round(t_loop, 3),
+        "speedup": round(t_loop / t_ours, 1),
+        "passthrough_ok": r.returncode == 0,
+        "virt_xml_validate_failures": failures,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--sizes", default="2000,4000,8000", help="PCI functions (1,000s)")
+    ap.add_argument("--batch", type=int, default=500, help="files in the validate batch")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if shutil.which("virt-xml-validate") is None:
+        sys.exit("virt-xml-validate (libvirt-clients) is required")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        python = str(regular_install(tmp))
+        report = {
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+            "start_up": start_up(python, args.runs),
+            "scan": scan(python, tmp, sizes, args.runs),
+            "validate_one_file": one_file(python, tmp, args.runs),
+            "validate_batch": batch(python, tmp, args.batch),
+        }
+        report["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"load average {report['load_average']} before, {report['load_average_after']} after")
+    print(f"\nstart-up ({args.runs} alternating runs; x: the interpreter alone)")
+    print_summary(report["start_up"])  # type: ignore[arg-type]
+    for functions, figures in report["scan"].items():  # type: ignore[attr-defined]
+        print(f"\nscan, {functions} functions (x: one lspci -nn on the same tree)")
+        print_summary(figures)
+        growth = figures["growth_median_cpu_seconds"]
+        print(
+            f"CPU time against {sizes[0]} functions: "
+            + ", ".join(f"{k} {v}x" for k, v in growth.items())
+        )
+    print(f"\nvalidate one file per process (x: {VIRT})")
+    print_summary(report["validate_one_file"])  # type: ignore[arg-type]
+    b = report["validate_batch"]
+    print(
+        f"\nvalidate {b['files']} files: passthrough validate {b['passthrough_validate_seconds']} s,"  # type: ignore[index]
+        f" virt-xml-validate loop {b['virt_xml_validate_loop_seconds']} s: {b['speedup']}x"  # type: ignore[index]
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
