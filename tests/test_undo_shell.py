@@ -11,6 +11,7 @@ ours come out of every line.
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 from pathlib import Path
 
@@ -48,6 +49,7 @@ ADMIN_WORDS = [
     "{a,b}",
     "tab`tick`",
     "!bang",
+    "nb\u00a0sp",  # no space to the shell (IFS is space, tab, newline): one word
 ]
 REF = "\0REF\0"  # stands for a reference to VAR while a line is generated
 SPECIAL = set(" \t\"'\\$`;&|<>()#~{}*?[]!")
@@ -113,7 +115,7 @@ def sourced(where: Path, files: list[bytes | None], preset: str = PRESET) -> lis
     out = subprocess.run(
         ["bash", "-c", script, "bash", preset, *paths], capture_output=True, check=True
     ).stdout
-    return [v.decode().split() for v in out.split(b"\0")[:-1]]
+    return [[w for w in re.split("[ \t\n]+", v.decode()) if w] for v in out.split(b"\0")[:-1]]
 
 
 def without_ours(words: list[str]) -> list[str]:

@@ -332,7 +332,10 @@ def value_words(line: str) -> ValueWords | None:
         return None
     quote_char = raw[:1] if raw[:1] in ("'", '"') else ""
     head = lead + body[: len(body) - len(raw)]
-    return ValueWords(head, m[1], quote_char, tuple(value.split()), line[len(lead + body) :])
+    # split where the shell's IFS would (not str.split's every Unicode space: a word of the
+    # admin's holding one must stay one word)
+    words = tuple(w for w in re.split(r"[ \t\n]+", value) if w)
+    return ValueWords(head, m[1], quote_char, words, line[len(lead + body) :])
 
 
 def render_value(words: tuple[str, ...] | list[str], quote_char: str) -> str:
