@@ -128,3 +128,25 @@ def test_an_edit_of_our_modprobe_file_between_two_applies_is_kept(tmp_path: Path
     assert run("undo", "--root", str(path)) == 0
     assert (path / MODPROBE).read_text() == admin + "\n"
     assert changed(before, snapshot_tree(path)) == [MODPROBE]
+
+
+def test_the_backup_of_an_edit_between_two_applies_is_kept_and_needed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The second apply backs up what it found (the admin's edit): undo needs it. With it
+    gone, that file is left as it is and named (exit 3), never put back from the first."""
+    path = sdboot(tmp_path)
+    assert run("apply", "--root", str(path)) == 0
+    edit(path, CMDLINE, "UUID=abcd", "UUID=ef01")
+    assert run("apply", "--root", str(path), "--hugepages-1g", "2") == 0
+    kept = sorted((path / "var/lib/passthrough/backups").rglob("*etc_kernel_cmdline"))
+    assert len(kept) == 2, kept  # the original, and the file as the second apply found it
+    second = max(kept, key=lambda p: p.parent.name)
+    assert b"UUID=ef01" in second.read_bytes()
+    second.unlink()
+    applied = (path / CMDLINE).read_bytes()
+    capsys.readouterr()
+    assert run("undo", "--root", str(path)) == 3
+    err = capsys.readouterr().err
+    assert f"/{CMDLINE} (/{second.relative_to(path)} is gone)" in err, err
+    assert (path / CMDLINE).read_bytes() == applied
