@@ -19,8 +19,9 @@ import stat
 import subprocess
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -233,16 +234,21 @@ def enospc_points(trees: dict[str, Path], tmp: Path, scenario: str, exhaustive: 
 
 
 # the fast loop takes a spread of points; the exhaustive run (every point) is marked slow
-CASES = [
-    pytest.param(
-        s,
-        every,
-        marks=[pytest.mark.slow] if every else [],
-        id=f"{s}-{'all' if every else 'spread'}",
-    )
-    for s in sorted(SCENARIOS)
-    for every in (False, True)
-]
+def spread_and_all(names: Collection[str]) -> list[Any]:
+    """(name, exhaustive) for each name: a spread of points, and every point (slow)."""
+    return [
+        pytest.param(
+            s,
+            every,
+            marks=[pytest.mark.slow] if every else [],
+            id=f"{s}-{'all' if every else 'spread'}",
+        )
+        for s in sorted(names)
+        for every in (False, True)
+    ]
+
+
+CASES = spread_and_all(SCENARIOS)
 
 
 @pytest.mark.parametrize(("scenario", "exhaustive"), CASES)
@@ -297,16 +303,7 @@ STRACE_POINTS = {"rename": 16, "mkdir": 6}
 
 @pytest.mark.parametrize(
     ("syscall", "exhaustive"),
-    [
-        pytest.param(
-            s,
-            every,
-            marks=[pytest.mark.slow] if every else [],
-            id=f"{s}-{'all' if every else 'spread'}",
-        )
-        for s in sorted(STRACE_POINTS)
-        for every in (False, True)
-    ],
+    spread_and_all(STRACE_POINTS),
 )
 def test_strace_sigkill_at_a_real_syscall_then_undo_converges(
     trees: dict[str, Path], tmp_path: Path, syscall: str, exhaustive: bool
@@ -329,3 +326,119 @@ def test_strace_sigkill_at_a_real_syscall_then_undo_converges(
         err.write_text(run.stderr)
         converge(root, err, original)
         shutil.rmtree(root)
+
+
+# -- several transactions: applies with an admin's edits between them, then undo ----------
+
+DROPIN = "etc/default/grub.d/99-passthrough.cfg"
+GRUB_VAR = "GRUB_CMDLINE_LINUX_DEFAULT"
+
+
+def _edit_cmdline(path: Path, change: Callable[[list[str]], list[str]]) -> None:
+    cmdline = path / CMDLINE
+    cmdline.write_text(" ".join(change(cmdline.read_text().split())) + "\n")
+
+
+def _add_module(path: Path) -> None:
+    with (path / MODULES).open("a") as fh:
+        fh.write("dm_crypt\n")
+
+
+def _edit_dropin(path: Path) -> None:
+    """The form most guides show: ``"$VAR … nomodeset"``, no braces."""
+    dropin = path / DROPIN
+    text = dropin.read_text().replace("${" + GRUB_VAR + "}", "$" + GRUB_VAR)
+    dropin.write_text(text.replace('"\n', ' nomodeset"\n'))
+
+
+# An admin's edits, each one that touches none of our words (so the same edit made to the
+# original file gives what undo must leave: the original plus the admin's edits).
+EDITS: dict[str, Callable[[Path], None]] = {
+    "uuid": lambda p: _edit_cmdline(p, lambda w: ["root=UUID=ef01", *w[1:]]),
+    "front": lambda p: _edit_cmdline(p, lambda w: ["mitigations=off", *w]),
+    "end": lambda p: _edit_cmdline(p, lambda w: [*w, "nomodeset"]),
+    "modules": lambda p: _add_module(p),
+    "dropin": _edit_dropin,
+}
+HP2 = ("apply", "--hugepages-1g", "2")
+HP4 = ("apply", "--hugepages-1g", "4")
+
+# name: (sample host, what happened before (commands and edits), the command faulted)
+HISTORY: dict[str, tuple[str, tuple[tuple[str, ...] | str, ...], tuple[str, ...]]] = {
+    "pve-second-apply": ("pve-fresh", (("apply",), "uuid"), HP2),
+    "pve-undo-two": ("pve-fresh", (("apply",), "uuid", HP2, "end"), ("undo",)),
+    "pve-third-apply": ("pve-fresh", (("apply",), "uuid", HP2, "front"), HP4),
+    "pve-undo-three": ("pve-fresh", (("apply",), "uuid", HP2, "front", HP4, "end"), ("undo",)),
+    "grub-second-apply": ("fresh", (("apply",), "dropin", "modules"), HP2),
+    "grub-undo-two": ("fresh", (("apply",), "dropin", HP2, "modules"), ("undo",)),
+}
+
+
+def _history(trees: dict[str, Path], tmp: Path, name: str) -> tuple[Path, Tree, Tree]:
+    """The template (the history played on a copy), what the faulted command leaves when
+    nothing goes wrong, and what undo must leave."""
+    base, steps, cmd = HISTORY[name]
+    root = copy(trees[base], tmp / "template")
+    goal = copy(trees[base], tmp / "goal")  # the original with the admin's edits only
+    for step in steps:
+        if isinstance(step, str):
+            EDITS[step](root)
+            if base == "pve-fresh":
+                EDITS[step](goal)
+        else:
+            assert main([*step, "--root", str(root)]) == 0
+    done = copy(root, tmp / "done")
+    assert main([*cmd, "--root", str(done)]) == 0
+    finished = tree_state(done)
+    if cmd != ("undo",):
+        assert main(["undo", "--root", str(done)]) == 0
+    want = tree_state(done if base == "fresh" else goal)
+    if base == "fresh":  # what undo leaves, checked on its own: the admin's edits, sourced
+        # (grub.d, which apply made, stays: it holds the admin's file now)
+        assert diff(want, tree_state(trees["fresh"])) == [os.path.dirname(DROPIN), DROPIN, MODULES]
+        assert want[MODULES][4] == (trees["fresh"] / MODULES).read_bytes() + b"dm_crypt\n"
+        words = _sourced_grub(done)
+        assert words == [*_sourced_grub(trees["fresh"]), "nomodeset"], words
+    shutil.rmtree(done)
+    return root, finished, want
+
+
+def _sourced_grub(root: Path) -> list[str]:
+    script = '. "$1/etc/default/grub"; for f in "$1"/etc/default/grub.d/*.cfg; do [ -e "$f" ] && . "$f"; done; echo "$GRUB_CMDLINE_LINUX $GRUB_CMDLINE_LINUX_DEFAULT"'
+    run = subprocess.run(["bash", "-c", script, "bash", str(root)], capture_output=True, text=True)
+    return run.stdout.split()
+
+
+def history_kill_points(trees: dict[str, Path], tmp: Path, name: str, exhaustive: bool) -> int:
+    """Kill the last command of a history at each point; status, then (for half the points
+    of an apply) the same apply again, which must finish as an uninterrupted one did; then
+    undo: the original bytes plus the admin's edits, every time."""
+    template, finished, want = _history(trees, tmp, name)
+    cmd = HISTORY[name][2]
+    total = counted(copy(template, tmp / "probe"), *cmd).seen
+    err = tmp / "stderr"
+    chosen = points(total, exhaustive)
+    for n in chosen:
+        root = copy(template, tmp / f"k{n}")
+        assert in_child(cli(root, *cmd), Faults("kill", n), err) == -9, (n, err.read_text())
+        assert main(["status", "--root", str(root)]) == 0
+        if cmd != ("undo",) and n % 2:
+            assert main([*cmd, "--root", str(root)]) == 0, n
+            assert diff(tree_state(root), finished) == [], n
+        assert main(["undo", "--root", str(root)]) == 0, (n, err.read_text())
+        assert diff(tree_state(root), want) == [], n
+        assert temps(root) == []
+        shutil.rmtree(root)
+    return len(chosen)
+
+
+@pytest.mark.parametrize(
+    ("name", "exhaustive"),
+    spread_and_all(HISTORY),
+)
+def test_sigkill_in_a_history_of_applies_and_edits_then_undo_converges(
+    trees: dict[str, Path], tmp_path: Path, name: str, exhaustive: bool
+) -> None:
+    covered = history_kill_points(trees, tmp_path, name, exhaustive)
+    print(f"{name}: {covered} kill points")
+    assert covered >= 8

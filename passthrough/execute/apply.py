@@ -214,8 +214,12 @@ def _file_step(journal: Journal, tx: Transaction, n: int, action: WriteFile | Re
             step.written = None
         made = files.missing_dirs(os.path.dirname(path))
         step.made_dirs = [os.path.relpath(d, root.path) for d in made]
-    # only the first live change of a path needs the original: later ones return to it
-    if before is not None and journal.original_step(rel) is None:
+    # undo walks the path back through every step on it, so each needs what it found:
+    # kept where the step before it (if any) did not leave exactly that (someone changed
+    # the file between two of our transactions, or it is the first)
+    prev = journal.last_step(rel)
+    known = prev is not None and prev.written is not None and prev.written_sha256 == sha256(before)
+    if before is not None and not known:
         step.backup = f"{BACKUPS}/{tx.id}/{n}-{rel.replace('/', '_')}"
     return step
 

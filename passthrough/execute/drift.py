@@ -12,16 +12,15 @@ the caller refuses and offers ``--force``.
 from __future__ import annotations
 
 import re
-import shlex
 from collections import Counter
 from dataclasses import dataclass
 
 from passthrough.plan.kargs import key_of
-from passthrough.plan.shellvars import quote
+from passthrough.plan.shellvars import render_value, value_words
 
 # Files whose whole content is one kernel command line.
 CMDLINE_FILES = frozenset({"etc/kernel/cmdline"})
-_ASSIGN = re.compile(r"^\s*(GRUB_CMDLINE_LINUX(?:_DEFAULT)?)=(.*)$")
+_GRUB_VARS = re.compile(r"GRUB_CMDLINE_LINUX(?:_DEFAULT)?")
 
 
 @dataclass(frozen=True)
@@ -36,37 +35,26 @@ class Ambiguous:
     why: str
 
 
-def _assignment(line: str) -> tuple[str, list[str]] | None:
-    m = _ASSIGN.match(line)
-    if not m:
-        return None
-    try:
-        words = shlex.split(m.group(2), comments=True)
-    except ValueError:
-        return None
-    return m.group(1), " ".join(words).split()
-
-
 def _strip_args(
     line: str, path: str, added: set[str], dropped: set[str]
 ) -> tuple[str | None, str | None]:
-    """(the line without our arguments, the variable or file it sets) or (None, None)."""
+    """(the line without our arguments, the variable or file it sets) or (None, None). A
+    GRUB variable's value is read as the shell reads it and written back so that it
+    sources to the same words minus ours (shellvars.value_words, render_value)."""
     if path in CMDLINE_FILES:
         words, var = line.split(), path
+        value = None
     else:
-        found = _assignment(line)
-        if found is None:
+        value = value_words(line)
+        if value is None or not _GRUB_VARS.fullmatch(value.name):
             return None, None
-        var, words = found
+        words, var = list(value.words), value.name
     if not added & set(words) and not dropped:
         return None, None
     kept = [w for w in words if w not in added]
-    if var == path:
+    if value is None:
         return " ".join(kept), var
-    ref = "${" + var + "}"
-    if kept[:1] == [ref]:  # our GRUB drop-in appends: the reference stays a reference
-        return f'{var}="{ref} {quote(" ".join(kept[1:]))[1:-1]}"', var
-    return f"{var}={quote(' '.join(kept))}", var
+    return value.head + render_value(kept, value.quote) + value.tail, var
 
 
 def unpick(

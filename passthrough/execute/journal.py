@@ -3,8 +3,11 @@
 
 ``ROOT/var/lib/passthrough/journal.json`` holds every transaction, apply and undo alike,
 in the order they happened. A file step records the hash of what was there before and of
-what apply wrote, so that undo can tell "still ours" from "changed since" (drift). Only
-the first live step on a path keeps a backup: that is the original undo returns to.
+what apply wrote, so that undo can tell "still ours" from "changed since" (drift), and
+what it wrote as text (small text files) so that undo can merge a change made since. A
+step keeps a backup of the file as it found it unless the step before it on that path left
+exactly that: undo walks the file back through every step, newest first, and needs what
+each found (the first step's is the original).
 Generated outputs (grub.cfg, initramfs images, BLS entries) are never backed up; the
 commands that made them are recorded, and re-run rather than restored.
 """
@@ -89,7 +92,7 @@ class Step:
     uid: int | None = None
     gid: int | None = None
     before_sha256: str | None = None  # None: the file was absent
-    backup: str | None = None  # only on the first live step of a path
+    backup: str | None = None  # what it found, unless the step before it left that
     written_sha256: str | None = None  # None: apply removed the file
     written: str | None = None  # what apply wrote (small text files), to find our own lines
     made_dirs: list[str] = field(default_factory=list)  # made for this file: undo removes them
@@ -334,13 +337,14 @@ class Journal:
             t for t in self.transactions if t.kind is TxKind.APPLY and t.state is not TxState.UNDONE
         ]
 
-    def original_step(self, path: str) -> Step | None:
-        """The first live step on ``path``: the one whose backup holds the original."""
+    def last_step(self, path: str) -> Step | None:
+        """The newest live step on ``path`` (None: no live transaction changed it)."""
+        found = None
         for tx in self.live():
             for s in tx.file_steps():
                 if s.path == path and s.state is not StepState.UNDONE:
-                    return s
-        return None
+                    found = s
+        return found
 
     def pending(self) -> list[tuple[Transaction, Step]]:
         """Commands whose latest attempt did not succeed (failed, only listed, or cut off),

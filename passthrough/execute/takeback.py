@@ -20,19 +20,20 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from passthrough.execute.drift import CMDLINE_FILES, Ambiguous, Unpicked
 from passthrough.plan.linefiles import cmdline_arg_line, options_line
+from passthrough.plan.shellvars import render_value, value_words
 
 T = TypeVar("T")
 Resolve = Callable[[T, T, T], T | None]
 Alike = Callable[[T, T], bool]
 
 _NAME = re.compile(r"\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_]*=")
-_CLOSE = {'"': '"', "'": "'", "(": ")"}
 _UNSAFE = re.compile(r"[\\`]|\$\(")  # what a word list cannot be taken apart through
 
 
@@ -149,35 +150,44 @@ def _settle(
 
 @dataclass(frozen=True)
 class _Words:
-    head: str  # everything before the first word: "options ", 'GRUB_CMDLINE_LINUX="'
+    head: str  # everything before the value: "options ", "GRUB_CMDLINE_LINUX=", "MODULES=("
     words: tuple[str, ...]
-    tail: str  # everything after the last: '"', ")", a comment
-    bare: bool = False  # an unquoted shell value: one word at most
+    tail: str  # everything after it: ")", a comment
+    quote: str | None = None  # a shell value's quoting ('"', "'", ""); None: words as they are
+
+    def render(self, words: Sequence[str], quote: str | None) -> str:
+        if quote is None:
+            return self.head + " ".join(words) + self.tail
+        return self.head + render_value(tuple(words), quote) + self.tail
+
+
+def _array(line: str) -> _Words | None:
+    """``NAME=(a b)``, a comment after it: each word an element as written."""
+    m = _NAME.match(line)
+    if not m or line[m.end() : m.end() + 1] != "(":
+        return None
+    rest = line[m.end() :]
+    end = rest.find(")", 1)
+    if end < 0:
+        return None
+    inner, after = rest[1:end], rest[end + 1 :]
+    if '"' in inner or "'" in inner or _UNSAFE.search(inner):
+        return None
+    if after.strip() and not after.lstrip().startswith("#"):
+        return None  # a second command on the line
+    return _Words(m.group(0) + "(", tuple(inner.split()), ")" + after)
 
 
 def _assignment(line: str) -> _Words | None:
-    """``NAME="a b"``, ``NAME='a b'``, ``NAME=(a b)`` or ``NAME=a``, a comment after it."""
-    m = _NAME.match(line)
-    if not m:
+    """An array as written, or a one-line assignment as the shell reads its value: words
+    compared by what they mean, not how they are quoted (shellvars.value_words)."""
+    found = _array(line)
+    if found is not None:
+        return found
+    value = value_words(line)
+    if value is None:
         return None
-    rest = line[m.end() :]
-    quote = rest[:1]
-    if quote in _CLOSE:
-        end = rest.find(_CLOSE[quote], 1)
-        if end < 0:
-            return None
-        inner, close, after = rest[1:end], _CLOSE[quote], rest[end + 1 :]
-        if quote != "'" and ('"' in inner or "'" in inner or _UNSAFE.search(inner)):
-            return None
-    else:
-        quote = close = ""
-        inner, _, after = rest.partition(" ")
-        after = " " + after if after else ""
-        if any(c in inner for c in "\"'()") or _UNSAFE.search(inner):
-            return None
-    if after.strip() and not after.lstrip().startswith("#"):
-        return None  # a second command on the line
-    return _Words(m.group(0) + quote, tuple(inner.split()), close + after, bare=not quote)
+    return _Words(value.head, value.words, value.tail, value.quote)
 
 
 def _words(path: str, line: str) -> _Words | None:
@@ -206,12 +216,13 @@ def _word_resolver(path: str) -> Resolve[str]:
         if b is None or o is None or t is None or len({_name(x) for x in (b, o, t)}) != 1:
             return None
         words = merge(b.words, o.words, t.words)
-        if words is None or ((t.bare or o.bare) and len(words) > 1):
-            return None  # VAR=a b would run b: only a quoted value holds more words
+        if words is None:
+            return None
         # what frames the words goes back too, unless the admin changed it
         head = o.head if t.head == b.head else t.head
         tail = o.tail if t.tail == b.tail else t.tail
-        return head + " ".join(words) + tail
+        quote = o.quote if t.quote == b.quote else t.quote
+        return _Words(head, (), tail).render(words, quote)
 
     return resolve
 
@@ -227,6 +238,70 @@ def _alike(path: str) -> Alike[str]:
     return alike
 
 
+# -- files whose lines together are one word list ----------------------------------------
+
+
+def _word_lines(path: str) -> Callable[[str], bool] | None:
+    """Which lines of ``path`` together make one list of words, read as one (None: the
+    file is not such a list): kernel-install joins the lines of /etc/kernel/cmdline,
+    systemd-boot the ``options`` lines of a loader entry."""
+    if path in CMDLINE_FILES:
+        return cmdline_arg_line
+    if "/loader/entries/" in f"/{path}":
+        return options_line
+    return None
+
+
+def _all_words(path: str, is_arg: Callable[[str], bool], lines: list[str]) -> list[str]:
+    return [w for line in lines if is_arg(line) for w in _line_words(path, line)]
+
+
+def _line_words(path: str, line: str) -> tuple[str, ...]:
+    found = _words(path, line)
+    return found.words if found is not None else ()
+
+
+def _every_line(
+    path: str,
+    is_arg: Callable[[str], bool],
+    texts: tuple[list[str], list[str], list[str]],
+    merged: list[str] | None,
+) -> list[str] | None:
+    """The line merge ``merged`` with our words out of every line: the file's whole word
+    list must be the merge of the three word lists (the admin may have split the line, and
+    the line merge only took ours out of the line it paired, or failed on it: then the
+    admin's file, where apply changed only words). Words of ours left over are taken from
+    the last lines first; anything else left over (or a merge that collides): None."""
+    original, written, current = (_all_words(path, is_arg, t) for t in texts)
+    want = merge(written, original, current)
+    if want is None:
+        return None
+    out = merged
+    if out is None:
+        others = [[line for line in t if not is_arg(line)] for t in texts[:2]]
+        if others[0] != others[1]:
+            return None
+        out = texts[2]
+    extra = Counter(_all_words(path, is_arg, out)) - Counter(want)
+    ours = Counter(written) - Counter(original)
+    if any(ours[w] < n for w, n in extra.items()):
+        return None
+    fixed: list[str | None] = list(out)
+    for i in reversed(range(len(out))):
+        found = _words(path, out[i]) if is_arg(out[i]) else None
+        if found is None or not extra:
+            continue
+        kept = list(found.words)
+        for j in reversed(range(len(kept))):
+            if extra[kept[j]] > 0:
+                extra[kept[j]] -= 1
+                del kept[j]
+        if kept != list(found.words):
+            fixed[i] = found.render(kept, None) if kept else None  # a line of only ours goes
+    done = [line for line in fixed if line is not None]
+    return done if _all_words(path, is_arg, done) == want else None
+
+
 def take_back(path: str, original: bytes, written: bytes, current: bytes) -> Unpicked | Ambiguous:
     """``current`` without apply's change from ``original`` to ``written`` (see the module's
     docstring); ``Unpicked(None)``: apply created the file and nothing of anyone else's is
@@ -238,6 +313,9 @@ def take_back(path: str, original: bytes, written: bytes, current: bytes) -> Unp
     except UnicodeDecodeError:
         return Ambiguous("not text")
     out = merge(wrote_l, orig_l, cur_l, _word_resolver(path), _alike(path))
+    is_arg = _word_lines(path)
+    if is_arg is not None:
+        out = _every_line(path, is_arg, (orig_l, wrote_l, cur_l), out)
     if out is None:
         return Ambiguous("changed since apply where apply changed it")
     if not original and not any(line.strip() for line in out):

@@ -4,9 +4,11 @@
 The world moves on between apply and undo: a kernel update adds a boot entry and an
 initramfs, an admin adds a line to a file we edited. So:
 
-- a file that still holds exactly what apply wrote is put back from its backup (or
-  removed, when apply created it);
-- a file changed since loses only our own lines where that is unambiguous (drift.py);
+- each file is walked back through every apply that changed it, newest first
+  (undo_decide.py): one that still holds exactly what apply wrote is put back from its
+  backup (or removed, when apply created it);
+- a file changed since (after the last apply or between two) loses only our own words
+  and lines where that is unambiguous (takeback.py, drift.py);
   otherwise undo stops before changing anything and names each such file (``--force``
   puts our backup back anyway, losing the later changes, and says so);
 - generated outputs (grub.cfg, initramfs images, BLS entries) are never put back: the

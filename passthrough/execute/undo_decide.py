@@ -1,7 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Undo's decision for each path, made before anything changes: put the original back,
 take only our lines out, leave it (nothing to do, or a backup missing or damaged), or
-refuse (changed since apply in a way that cannot be taken apart). See undo.py.
+refuse (changed in a way that cannot be taken apart). See undo.py.
+
+The unit is the file's whole history: the path is walked back through every live step
+on it, newest first. Where the file holds what a step left, that step is reversed exactly
+(to what it found); where someone changed it after the step (between two of our
+transactions, or after the last), the step's change comes out by the three-way merge of
+takeback.py (failing that, drift.py), or the file is refused and named.
 """
 
 from __future__ import annotations
@@ -36,35 +42,92 @@ class Decision:
     why: str = ""
 
 
-def _ours(steps: list[Step]) -> set[str | None]:
-    """The hashes the file may have if nobody touched it since apply."""
-    last = steps[-1]
-    if last.state is StepState.DONE:
-        return {last.written_sha256}
-    return {last.written_sha256, last.before_sha256}  # begun/failed: before or after
-
-
-def _backup(root: HostRoot, first: Step) -> tuple[bytes | None, str]:
-    """The original from the first step's backup, only if it hashes to what the journal
+def _backup(root: HostRoot, step: Step) -> tuple[bytes | None, str]:
+    """What ``step`` found, from its backup, only if it hashes to what the journal
     recorded; otherwise None and why."""
-    if not first.backup:
+    if not step.backup:
         return None, "no backup recorded"
-    original = files.read_own(own(root, first.backup))
-    if original is None:
-        return None, f"/{first.backup} is gone"
-    if sha256(original) != first.before_sha256:
-        return None, f"/{first.backup} does not hash to what the journal recorded"
-    return original, ""
+    found = files.read_own(own(root, step.backup))
+    if found is None:
+        return None, f"/{step.backup} is gone"
+    if sha256(found) != step.before_sha256:
+        return None, f"/{step.backup} does not hash to what the journal recorded"
+    return found, ""
+
+
+def _found(root: HostRoot, steps: list[Step], i: int) -> tuple[bytes | None, str]:
+    """What step ``i`` found on the path: nothing (the file was absent), its backup, or
+    what the step before it left (apply backs a file up only where that is not known:
+    see apply.py); None and why where it cannot be known."""
+    step = steps[i]
+    if step.before_sha256 is None:
+        return None, ""
+    if step.backup:
+        return _backup(root, step)
+    prev = steps[i - 1] if i else None
+    if prev is not None and prev.written is not None:
+        left = prev.written.encode()
+        if sha256(left) == step.before_sha256:
+            return left, ""
+    return None, "no backup recorded"
+
+
+@dataclass
+class _Walk:
+    """The file walked back through our steps, newest first."""
+
+    content: bytes | None
+    merged: bool = False  # someone changed it after one of our steps: merged, not restored
+    action: str = ""  # set where the walk stopped: "missing" or "drifted"
+    why: str = ""
+
+
+def _unstep(
+    root: HostRoot, path: str, steps: list[Step], i: int, tx: Transaction, walk: _Walk
+) -> None:
+    """Take step ``i`` back out of ``walk.content``: exactly where the file holds what the
+    step left, by a three-way merge where someone changed it since."""
+    step, now = steps[i], sha256(walk.content)
+    if step.state is not StepState.DONE and now == step.before_sha256:
+        return  # cut off before it changed the file
+    before, why = _found(root, steps, i)
+    if why:
+        walk.action, walk.why = "missing", why
+        return
+    if now == step.written_sha256:
+        walk.content = before
+        return
+    if walk.content is None:
+        walk.action, walk.why = "drifted", "deleted since apply"
+        return
+    if step.kind is StepKind.REMOVE or step.written is None:
+        walk.action, walk.why = "drifted", "recreated since apply"
+        return
+    written = step.written.encode()
+    # our words out of a file edited in place; failing that, our lines out of one we made
+    result = take_back(path, before or b"", written, walk.content)
+    if isinstance(result, Ambiguous):
+        lines = unpick(path, before or b"", written, walk.content, tx.args_set, tx.args_dropped)
+        if isinstance(lines, Ambiguous):
+            walk.action = "drifted"
+            walk.why = (result if step.existed else lines).why
+            return
+        result = lines
+    walk.content, walk.merged = result.content, True
 
 
 def _decide(
     root: HostRoot,
     path: str,
-    steps: list[Step],
-    txs: list[Transaction],
+    owned: list[tuple[Transaction, Step]],
     earlier: dict[str, str | None],
 ) -> Decision:
-    first, last = steps[0], steps[-1]
+    """Walk the file back through every live step on it, newest first: a step whose
+    result is still there is reversed exactly; a change someone made after it (between
+    two of our transactions, or after the last) is merged with its reversal, or the
+    file is refused (``drifted``) and named."""
+    steps = [s for _tx, s in owned]
+    first = steps[0]
     current = read_file(root, path)
     now = sha256(current)
     if now == first.before_sha256:  # the original (or its absence) is there
@@ -76,24 +139,15 @@ def _decide(
         original, why = _backup(root, first)
         if original is None:
             return Decision(path, steps, "missing", why=why)
-    if last.legacy or now in _ours(steps):
+    if any(s.legacy for s in steps):  # a v1 journal: what apply wrote is not known
         return Decision(path, steps, "restore", original)
-    if current is None:
-        return Decision(path, steps, "drifted", original, why="deleted since apply")
-    if last.kind is StepKind.REMOVE or last.written is None:
-        return Decision(path, steps, "drifted", original, why="recreated since apply")
-    args_set = [a for tx in txs for a in tx.args_set]
-    args_dropped = [a for tx in txs for a in tx.args_dropped]
-    written = last.written.encode()
-    # our words out of a file edited in place; failing that, our lines out of one we made
-    result = take_back(path, original or b"", written, current)
-    if isinstance(result, Ambiguous):
-        lines = unpick(path, original or b"", written, current, args_set, args_dropped)
-        if isinstance(lines, Ambiguous):
-            why = (result if first.existed else lines).why
-            return Decision(path, steps, "drifted", original, why=why)
-        result = lines
-    return Decision(path, steps, "unpick", result.content)
+    walk = _Walk(current)
+    for i in reversed(range(len(steps))):
+        _unstep(root, path, steps, i, owned[i][0], walk)
+        if walk.action:
+            content = original if walk.action == "drifted" else None
+            return Decision(path, steps, walk.action, content, why=walk.why)
+    return Decision(path, steps, "unpick" if walk.merged else "restore", walk.content)
 
 
 def _earlier(journal: Journal, targets: list[Transaction]) -> dict[str, str | None]:
@@ -110,13 +164,13 @@ def _earlier(journal: Journal, targets: list[Transaction]) -> dict[str, str | No
 
 
 def decide_all(journal: Journal, targets: list[Transaction]) -> list[Decision]:
-    by_path: dict[str, list[Step]] = {}
+    by_path: dict[str, list[tuple[Transaction, Step]]] = {}
     for tx in targets:
         for step in tx.file_steps():
             if step.state is not StepState.UNDONE and step.path is not None:
-                by_path.setdefault(step.path, []).append(step)
+                by_path.setdefault(step.path, []).append((tx, step))
     earlier = _earlier(journal, targets)
-    out = [_decide(journal.root, p, steps, targets, earlier) for p, steps in by_path.items()]
+    out = [_decide(journal.root, p, owned, earlier) for p, owned in by_path.items()]
     return out + _strangers(journal.root, targets)
 
 

@@ -281,3 +281,76 @@ def read_assignments(text: str, path: str, names: Collection[str], known: dict[s
 def quote(value: str) -> str:
     """Double-quoted for a shell file, escaping what the shell would interpret."""
     return '"' + re.sub(r'(["\\$`])', r"\\\1", value) + '"'
+
+
+# -- rewriting a value word by word (undo takes our words out of an admin's line) --------
+
+# A reference in a value being split into words stands as OPEN NAME CLOSE (private-use
+# characters, refused where a line holds them itself): a word is then a string that
+# compares equal to one of our arguments exactly when it is that argument, literally.
+OPEN, CLOSE = "\ue000", "\ue001"
+_MARKED = re.compile(OPEN + r"([A-Za-z_][A-Za-z0-9_]*)" + CLOSE)
+_BARE_SAFE = re.compile(r"[A-Za-z0-9_=.,:/@%+-]+")
+
+
+@dataclass(frozen=True)
+class ValueWords:
+    """A one-line ``NAME=value`` as the shell reads it: what stands before the value
+    (indent, ``export``, ``NAME=``), how it was quoted (``"``, ``'`` or bare), the words of
+    its value (references marked, see OPEN) and what follows it (spaces, a comment)."""
+
+    head: str
+    name: str
+    quote: str
+    words: tuple[str, ...]
+    tail: str
+
+
+def value_words(line: str) -> ValueWords | None:
+    """The line as :class:`ValueWords`, or None where its value is not one the shell gives
+    exactly from quotes, escapes and ``$NAME``/``${NAME}`` (command substitution, other
+    expansions, a tilde, a second command, a line that goes on)."""
+    if any(c in line for c in (OPEN, CLOSE, "~", "\n", "\r")):
+        return None
+    try:
+        (code,) = [c for _f, _l, c in logical_lines(line, "")] or [""]
+    except (UnsafeCmdline, ValueError):
+        return None
+    if not line.startswith(code):
+        return None
+    body = code.strip()
+    lead = code[: len(code) - len(code.lstrip())]
+    m = ASSIGN.match(body)
+    if m is None:
+        return None
+    raw = m[2]
+    names = {r[1] or r[2] for r in REF.finditer(raw)}
+    state = ShellVars(frozenset(names), {n: [(c, None) for c in OPEN + n + CLOSE] for n in names})
+    try:
+        value = "".join(c for c, _ in evaluate(raw, state, "", Origin("", 0, 0)))
+    except UnsafeCmdline:
+        return None
+    quote_char = raw[:1] if raw[:1] in ("'", '"') else ""
+    head = lead + body[: len(body) - len(raw)]
+    # split where the shell's IFS would (not str.split's every Unicode space: a word of the
+    # admin's holding one must stay one word)
+    words = tuple(w for w in re.split(r"[ \t\n]+", value) if w)
+    return ValueWords(head, m[1], quote_char, words, line[len(lead + body) :])
+
+
+def render_value(words: tuple[str, ...] | list[str], quote_char: str) -> str:
+    """The value the shell reads as ``words`` joined by single spaces, in the quoting asked
+    for where it can hold them (one plain word bare, plain words in single quotes), in
+    double quotes otherwise, references as ``${NAME}``."""
+    text = " ".join(words)
+    plain = OPEN not in text
+    if (
+        quote_char == ""
+        and plain
+        and (not text or (len(words) == 1 and _BARE_SAFE.fullmatch(text)))
+    ):
+        return text
+    if quote_char == "'" and plain and "'" not in text:
+        return f"'{text}'"
+    body = re.sub(r'(["\\$`])', r"\\\1", text)
+    return '"' + _MARKED.sub(lambda r: "${" + r[1] + "}", body) + '"'
