@@ -634,3 +634,22 @@ def test_interrupt_exits_130_with_one_line(tmp_path: Path) -> None:
     assert p.returncode == 130
     assert err.strip().splitlines()[-1] == "passthrough: error: interrupted"
     assert "Traceback" not in err
+
+
+def test_undo_removes_no_directory_through_a_link_out(root: Path, outside: Path) -> None:
+    """Issue 30: a journal (as hostile as the root it lies in) naming a made directory
+    through an absolute link in the root. Undo resolves it inside the root, as every other
+    path: the directory outside (``outside/state``, empty) stays, and the link itself is
+    kept (never followed as the last component)."""
+    r = run("apply", "--root", str(root))
+    assert r.returncode == 0, r.stderr
+    (root / "lnk").symlink_to(outside)  # absolute: the kernel would follow it out
+    journal_path = root / "var/lib/passthrough/journal.json"
+    journal = json.loads(journal_path.read_text())
+    journal["transactions"][0]["steps"][0]["made_dirs"] = ["lnk/state", "lnk"]
+    journal_path.write_text(json.dumps(journal))
+    r = run("undo", "--root", str(root))
+    assert r.returncode == 0, r.stderr
+    assert (outside / "state").is_dir()
+    assert (root / "lnk").is_symlink()
+    assert not (root / "etc/modprobe.d/passthrough-vfio.conf").exists()

@@ -235,7 +235,7 @@ def _change(
         files.atomic_write(own(root, step.backup), before, attrs=backup)
     if isinstance(action, WriteFile):
         say(f"write /{action.path}")
-        files.make_dirs([os.path.join(root.path, d) for d in step.made_dirs])
+        files.make_dirs([root.real(d, follow_final=False) for d in step.made_dirs])
         files.atomic_write(path, action.content, action.mode)
     else:
         say(f"remove /{action.path}")
