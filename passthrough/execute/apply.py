@@ -314,6 +314,9 @@ def apply(
     """Execute ``plan`` (and any regeneration left pending); returns the transaction, or
     None when there was nothing to do. Stops at the first failure (ApplyError)."""
     say = progress or (lambda _m: None)
+    for action in plan.actions:  # a FIFO or a huge file: refused before anything is made
+        if isinstance(action, WriteFile | RemoveFile):
+            files.regular_or_absent(root, action.path)
     with session(root) as journal:
         actions: list[Action] = [*plan.actions, *_pending_reruns(journal, plan)]
         if not actions:
