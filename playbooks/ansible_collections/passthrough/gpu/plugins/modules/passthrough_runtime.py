@@ -15,6 +15,10 @@ description:
     is used rather than compiled) and installs the passthrough wheel into it, from a wheel
     already on the host or from an index. Writes I(identity) into the venv last; a venv that
     already holds I(identity) is left as it is.
+  - Only a venv this module made (it holds C(passthrough-runtime-made) or
+    C(passthrough-runtime)) is ever cleared and made again. Any other directory that is not
+    empty is refused, nothing changed; I(venv) is resolved first (C(..) and links), so
+    C(venv/..) names the parent directory, and is refused as such.
   - Needs only the host's python3 (3.11 or newer); the packages I(requires) names come from
     the distro, installed when I(install_packages) is true, otherwise named in the failure.
   - Check mode installs too (the venv is apart from the system; the other modules need it to
@@ -81,6 +85,27 @@ from ansible_collections.passthrough.gpu.plugins.module_utils.runtime_packages i
 )
 
 MARKER = "passthrough-runtime"
+# Written into a venv the moment this module has made it (MARKER comes last, after the
+# install): only a directory holding one of the two is ever cleared (python -m venv --clear
+# empties whatever directory it is given).
+MADE = "passthrough-runtime-made"
+
+
+def _refusal(venv: str, given: str) -> str | None:
+    """Why ``venv`` (already resolved) may not be cleared for a new venv; None: it may."""
+    shown = venv if venv == given else f"{given} (that is {venv})"
+    if not os.path.lexists(venv):
+        return None
+    if not os.path.isdir(venv):
+        return f"venv {shown}: something other than a directory is there; nothing changed"
+    if not os.listdir(venv):
+        return None
+    if os.path.isfile(os.path.join(venv, MADE)) or os.path.isfile(os.path.join(venv, MARKER)):
+        return None
+    return (
+        f"venv {shown}: a directory that is not empty and not a venv this module made "
+        f"(no {MADE} in it); nothing changed: give a new or empty directory"
+    )
 
 
 def _unpack(wheel: str, purelib: str) -> None:
@@ -156,7 +181,8 @@ def main() -> None:
     )
     p = module.params
     fam = family()
-    venv = p["venv"]
+    # `..` and links resolved before anything is decided: `venv/..` is the parent directory
+    venv = os.path.realpath(p["venv"])
     python = os.path.join(venv, "bin", "python")
     marker = os.path.join(venv, MARKER)
     if sys.version_info < (3, 11):  # noqa: UP036 (the host's python3, not ours)
@@ -172,6 +198,9 @@ def main() -> None:
                 module.exit_json(changed=packages, python=python, family=fam)
     except OSError:
         pass
+    refused = _refusal(venv, p["venv"])
+    if refused:
+        module.fail_json(msg=refused, family=fam)
     venv_args = ["--system-site-packages", "--clear"] + (
         [] if p["index_url"] else ["--without-pip"]
     )
@@ -182,6 +211,8 @@ def main() -> None:
             f"{package('ensurepip', fam)})",
             family=fam,
         )
+    with open(os.path.join(venv, MADE), "w", encoding="utf-8") as f:
+        f.write("made by passthrough.gpu.passthrough_runtime: it may clear this venv\n")
     if p["index_url"]:
         module.run_command(
             [
