@@ -653,3 +653,47 @@ def test_undo_removes_no_directory_through_a_link_out(root: Path, outside: Path)
     assert (outside / "state").is_dir()
     assert (root / "lnk").is_symlink()
     assert not (root / "etc/modprobe.d/passthrough-vfio.conf").exists()
+
+
+def test_apply_with_its_output_closed_completes_its_transaction(root: Path) -> None:
+    """Issue 30: ``apply 2>&1 | head -1`` stopped apply after its first step (exit 1, no
+    message, the transaction failed). Both stdout and stderr are a pipe whose reader has
+    gone before the first byte: apply goes on, and the journal shows it complete."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        r = subprocess.run(
+            [*PT, "apply", "--root", str(root)],
+            stdout=write_end,
+            stderr=write_end,
+            check=False,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert r.returncode == 0
+    journal = json.loads((root / "var/lib/passthrough/journal.json").read_text())
+    assert [t["state"] for t in journal["transactions"]] == ["complete"]
+    assert all(s["state"] in ("done", "listed") for s in journal["transactions"][0]["steps"])
+    assert (root / "etc/modprobe.d/passthrough-vfio.conf").is_file()
+
+
+FORGED = "update-grub\x1b[2J\x1b[H\rNo command pending.\x9b31m"
+
+
+@pytest.mark.parametrize("command", ["status", "undo"])
+def test_control_characters_from_a_journal_reach_no_terminal(command: str, root: Path) -> None:
+    """A journal (as hostile as its root) whose pending command carries escape sequences
+    that would clear the screen and print a fake all-clear: printed escaped, raw never."""
+    r = run("apply", "--root", str(root))
+    assert r.returncode == 0, r.stderr
+    journal_path = root / "var/lib/passthrough/journal.json"
+    journal = json.loads(journal_path.read_text())
+    steps = journal["transactions"][0]["steps"]
+    (listed,) = [s for s in steps if s.get("argv") == ["update-grub"]]
+    listed["argv"] = [FORGED]
+    journal_path.write_text(json.dumps(journal))
+    r = run(command, "--root", str(root))
+    out = r.stdout + r.stderr
+    assert "\\x1b[2J\\x1b[H\\x0dNo command pending.\\u009b31m" in out, out
+    assert not any(c in out for c in "\x1b\r\x9b"), repr(out)
