@@ -379,3 +379,67 @@ def test_apply_refuses_a_target_that_is_no_regular_file(
     refused(r, took, "etc/initramfs-tools/modules", JOURNALED[case][1])
     assert (_listing(target.parent), tree_hash(host)) == before
     assert not (host / "var/lib/passthrough").exists()
+
+
+# -- nesting: YAML and JSON 1,000 levels deep -------------------------------------------
+
+DEEP = "[" * 1000 + "]" * 1000
+
+
+def _deep_yaml(tmp_path: Path, head: str) -> str:
+    path = tmp_path / "deep.yaml"
+    path.write_text(f"{head}{DEEP}\n")
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("argv", "head", "what"),
+    [
+        (["render", "--spec"], "name: ", "a VM spec file"),
+        (["kubevirt", "render", "--spec"], "name: ", "a VM spec file"),
+        (["kubevirt", "validate"], "apiVersion: v1\nkind: ConfigMap\ndata: ", "a manifest"),
+        (["sample", "build"], "pci: ", "a host description"),
+    ],
+    ids=["render", "kubevirt-render", "kubevirt-validate", "sample-build"],
+)
+def test_yaml_nested_a_thousand_deep_is_refused(
+    argv: list[str],
+    head: str,
+    what: str,
+    tmp_path: Path,
+    outside: Path,  # noqa: F811
+) -> None:
+    """Issue 30: PyYAML composes recursively, so 1,000 nested ``[`` gave a RecursionError
+    traceback. Refused at the 101st level: one line naming the line and the limit."""
+    from passthrough.inputs import MAX_DEPTH
+
+    path = _deep_yaml(tmp_path, head)
+    extra = [str(tmp_path / "out")] if argv == ["sample", "build"] else []
+    r, took = bounded(tmp_path, *argv, path, *extra)
+    refused(r, took, f"nested deeper than {MAX_DEPTH} levels: not {what}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_kernelstub_json_nested_deep_is_refused(
+    tmp_path: Path,
+    outside: Path,  # noqa: F811
+) -> None:
+    """A kernelstub configuration nested past what json reads: one line, no traceback."""
+    host = build_variant(tmp_path, "consumer-intel", distro="popos-22.04")
+    config = host / "etc/kernelstub/configuration"
+    config.write_text('{"user": {"kernel_options": ' + "[" * 100_000 + "]" * 100_000 + "}}")
+    before = tree_hash(host)
+    r, took = bounded(tmp_path, "apply", "--root", str(host))
+    refused(r, took, "/etc/kernelstub/configuration", "is not the JSON kernelstub writes")
+    assert tree_hash(host) == before
+
+
+def test_a_spec_that_is_a_fifo_is_refused(
+    tmp_path: Path,
+    outside: Path,  # noqa: F811
+) -> None:
+    """``render --spec FIFO`` waited for a writer forever."""
+    spec = tmp_path / "spec.yaml"
+    os.mkfifo(spec)
+    r, took = bounded(tmp_path, "render", "--spec", str(spec))
+    refused(r, took, "spec.yaml", "not a regular file")

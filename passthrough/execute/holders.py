@@ -161,7 +161,7 @@ def journaled(root: HostRoot) -> list[Unit]:
     try:
         items = json.loads(data)["stopped"]
         return [Unit.from_json(d) for d in items]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise BindRefused(
             f"/{STOPPED}: not the list of units a `bind --stop-holders` stopped; start them "
             "yourself (systemctl start) and remove the file"
