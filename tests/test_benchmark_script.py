@@ -63,3 +63,18 @@ def test_validate_startup_benchmark_runs() -> None:
         "virt-xml-validate FILE domain",
     }
     assert all(v > 0 for v in report["median_seconds"].values())
+
+
+def test_hostdevs_benchmark_runs_on_a_small_domain() -> None:
+    bench = Path(__file__).parents[1] / "benchmarks" / "bench_validate_hostdevs.py"
+    r = subprocess.run(
+        [sys.executable, str(bench), "--hostdevs", "40", "--runs", "1", "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["hostdevs"] == 40
+    for case in ("valid", "one_bad_hostdev"):
+        assert report[case]["passthrough_cpu"] > 0 and report[case]["virt_xml_validate_cpu"] > 0

@@ -129,21 +129,45 @@ def _children(el: Any) -> list[Any]:
     return list(reversed([c for c in el if isinstance(c.tag, str)]))
 
 
+def _errors_without(rng: Any, work: Any, el: Any, group: list[Any]) -> Errors:
+    """The errors with ``group`` (children of ``el``) taken away; then put back as they were."""
+    kids = list(el)
+    for child in group:
+        el.remove(child)
+    try:
+        return _errors(rng, work)
+    finally:
+        el[:] = kids  # one pass: inserting each back at its index would cost n per child
+
+
+def _fixing_child(rng: Any, work: Any, el: Any, fixed: Callable[[Errors], bool]) -> Any:
+    """The child of ``el`` whose removal ``fixed`` the errors, or None. Halves first: while
+    taking one half away fixes them, the child is in it, so one fault among n children costs
+    about 2 log n validations of the document instead of n (8,000 <hostdev> took minutes).
+    The later half is tried first, as one by one the last child is: of two duplicates, the
+    later one is the extra."""
+    kids = _children(el)
+    group = kids
+    while len(group) > 1:
+        later, earlier = group[: len(group) // 2], group[len(group) // 2 :]
+        half = next((h for h in (later, earlier) if fixed(_errors_without(rng, work, el, h))), None)
+        if half is None:
+            break  # no half alone: the children one by one
+        group = half
+    for candidates in (group, kids) if group is not kids else (kids,):
+        for child in candidates:
+            if fixed(_errors_without(rng, work, el, [child])):
+                return child
+    return None
+
+
 def _descend(rng: Any, work: Any, start: Any, fixed: Callable[[Errors], bool]) -> Any:
     """From ``start``, step into the child whose removal ``fixed`` the errors, until none
     does: that element is the one at fault."""
     el = start
-    while True:
-        for child in _children(el):
-            index = el.index(child)
-            el.remove(child)
-            after = _errors(rng, work)
-            el.insert(index, child)
-            if fixed(after):
-                el = child
-                break
-        else:
-            return el
+    while (child := _fixing_child(rng, work, el, fixed)) is not None:
+        el = child
+    return el
 
 
 def _culprit(rng: Any, work: Any, base: Errors) -> Any:
