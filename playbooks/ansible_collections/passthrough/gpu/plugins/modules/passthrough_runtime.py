@@ -108,6 +108,26 @@ def _refusal(venv: str, given: str) -> str | None:
     )
 
 
+def _make_venv(module: AnsibleModule, venv: str, fam: str | None) -> None:
+    """A new venv at ``venv`` (already resolved), where only a venv this module made may
+    stand; marked as ours at once (:data:`MADE`)."""
+    refused = _refusal(venv, module.params["venv"])
+    if refused:
+        module.fail_json(msg=refused, family=fam)
+    venv_args = ["--system-site-packages", "--clear"] + (
+        [] if module.params["index_url"] else ["--without-pip"]
+    )
+    rc, out, err = module.run_command([sys.executable, "-m", "venv", *venv_args, venv])
+    if rc != 0:
+        module.fail_json(
+            msg=f"python3 -m venv failed: {(err or out).strip()[-300:]} (install "
+            f"{package('ensurepip', fam)})",
+            family=fam,
+        )
+    with open(os.path.join(venv, MADE), "w", encoding="utf-8") as f:
+        f.write("made by passthrough.gpu.passthrough_runtime: it may clear this venv\n")
+
+
 def _unpack(wheel: str, purelib: str) -> None:
     """A pure-Python wheel is installed by unpacking it into site-packages; no member may
     leave it."""
@@ -198,21 +218,7 @@ def main() -> None:
                 module.exit_json(changed=packages, python=python, family=fam)
     except OSError:
         pass
-    refused = _refusal(venv, p["venv"])
-    if refused:
-        module.fail_json(msg=refused, family=fam)
-    venv_args = ["--system-site-packages", "--clear"] + (
-        [] if p["index_url"] else ["--without-pip"]
-    )
-    rc, out, err = module.run_command([sys.executable, "-m", "venv", *venv_args, venv])
-    if rc != 0:
-        module.fail_json(
-            msg=f"python3 -m venv failed: {(err or out).strip()[-300:]} (install "
-            f"{package('ensurepip', fam)})",
-            family=fam,
-        )
-    with open(os.path.join(venv, MADE), "w", encoding="utf-8") as f:
-        f.write("made by passthrough.gpu.passthrough_runtime: it may clear this venv\n")
+    _make_venv(module, venv, fam)
     if p["index_url"]:
         module.run_command(
             [
@@ -228,7 +234,7 @@ def main() -> None:
             check_rc=True,
         )
     else:
-        rc, out, err = module.run_command(
+        _rc, out, _err = module.run_command(
             [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
             check_rc=True,
         )
