@@ -4,9 +4,16 @@ read whole but bounded, as UTF-8, with the reason in words when that fails."""
 
 from __future__ import annotations
 
+import functools
+import os
+import stat
 from typing import Any
 
 MAX_INPUT = 1 << 20
+# How deep a YAML document may nest (docs/limits.md): a Kubernetes object nests about 15
+# levels, a spec or host description fewer. PyYAML composes a document recursively, so
+# 1,000 nested ``[`` would otherwise end in a RecursionError traceback.
+MAX_DEPTH = 100
 
 
 class Unreadable(Exception):
@@ -16,10 +23,17 @@ class Unreadable(Exception):
 def read_text(path: str, what: str, limit: int = MAX_INPUT) -> str:
     """The file's text; ``what`` ("a VM spec file") completes the too-large message."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(limit + 1)  # one byte more tells "too large" from "just fits"
+        # non-blocking: a FIFO given as the file must not hang us before we see what it is
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise Unreadable(exc.strerror or "cannot read it") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Unreadable("not a regular file")
+        try:
+            data = fh.read(limit + 1)  # one byte more tells "too large" from "just fits"
+        except OSError as exc:
+            raise Unreadable(exc.strerror or "cannot read it") from None
     if len(data) > limit:
         raise Unreadable(f"larger than {limit >> 20} MiB: not {what}")
     try:
@@ -27,6 +41,32 @@ def read_text(path: str, what: str, limit: int = MAX_INPUT) -> str:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise Unreadable(f"line {line}: byte 0x{data[exc.start]:02x} is not UTF-8 text") from None
+
+
+@functools.cache
+def depth_bounded() -> type:
+    """A ``yaml.SafeLoader`` that refuses a document nested deeper than :data:`MAX_DEPTH`
+    (:class:`Unreadable` naming the line) before composing the level past it. Its
+    ``what`` ("a VM spec file") completes the message."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        what = "a YAML file"
+        depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.depth >= MAX_DEPTH:
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise Unreadable(
+                    f"line {mark.line + 1}: nested deeper than {MAX_DEPTH} levels: not {self.what}"
+                )
+            self.depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return Loader
 
 
 def yaml_without_aliases(what: str, max_nodes: int | None = None) -> type:
@@ -52,10 +92,10 @@ def yaml_without_aliases(what: str, max_nodes: int | None = None) -> type:
         memo[id(node)] = size
         return size
 
-    class Loader(yaml.SafeLoader):
+    class Loader(depth_bounded()):  # type: ignore[misc]
         def compose_node(self, parent: Any, index: Any) -> Any:
             if max_nodes is None and self.check_event(yaml.AliasEvent):
-                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                mark = self.peek_event().start_mark
                 raise Unreadable(
                     f"line {mark.line + 1}: YAML aliases (*name) are not accepted in {what}"
                 )
@@ -66,4 +106,5 @@ def yaml_without_aliases(what: str, max_nodes: int | None = None) -> type:
                 raise Unreadable(f"its YAML aliases expand past {max_nodes} nodes: not {what}")
             return super().construct_document(node)
 
+    Loader.what = what
     return Loader

@@ -99,3 +99,18 @@ def test_speed_benchmark_reports_each_figure_beside_its_reference() -> None:
     assert batch["files"] == 3 and batch["passthrough_ok"] is True
     assert batch["virt_xml_validate_failures"] == 0 and batch["speedup"] > 0
     assert len(report["load_average"]) == 3
+
+
+def test_hostdevs_benchmark_runs_on_a_small_domain() -> None:
+    bench = Path(__file__).parents[1] / "benchmarks" / "bench_validate_hostdevs.py"
+    r = subprocess.run(
+        [sys.executable, str(bench), "--hostdevs", "40", "--runs", "1", "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["hostdevs"] == 40
+    for case in ("valid", "one_bad_hostdev"):
+        assert report[case]["passthrough_cpu"] > 0 and report[case]["virt_xml_validate_cpu"] > 0

@@ -310,3 +310,66 @@ def test_the_runtime_probe_reads_its_own_lines_whatever_a_host_prints_first() ->
     )
     assert parse_probe(f"{warning}\n{HAVE}\n{LACKING} venv\n") == ("", ["venv"])
     assert parse_probe(warning) == ("", [])  # nothing of ours: install
+
+
+MODULE = "passthrough.gpu.passthrough_runtime"
+
+
+def _runtime(tmp_path: Path, venv: str, wheel: Path) -> dict[str, object]:
+    """The real passthrough_runtime module, run by the real ``ansible`` on localhost."""
+    args = json.dumps({"venv": venv, "identity": "0.1.0+test", "wheel": str(wheel)})
+    r = subprocess.run(
+        [str(BIN / "ansible"), "localhost", "-c", "local", "-o", "-m", MODULE, "-a", args],
+        cwd=REPO,  # ansible.cfg: this checkout's collection
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        env={**os.environ, "ANSIBLE_LOCALHOST_WARNING": "False"},
+    )
+    status, _arrow, out = r.stdout.partition("=>")
+    result: dict[str, object] = json.loads(out.strip() or r.stdout)
+    result.setdefault("failed", "FAILED!" in status)  # the one-line form keeps it there
+    return result
+
+
+def _tiny_wheel(tmp_path: Path) -> Path:
+    import zipfile
+
+    wheel = tmp_path / "passthrough-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("passthrough/__init__.py", "")
+    return wheel
+
+
+@pytest.mark.parametrize("how", ["data-directory", "dotdot", "link"])
+def test_the_runtime_module_clears_only_a_venv_it_made(how: str, tmp_path: Path) -> None:
+    """Issue 30: ``python -m venv --clear`` emptied any existing directory given as the venv,
+    ``venv/..`` included. A directory this module did not make is refused (failed, one
+    line, nothing changed); one it made is cleared and made again."""
+    wheel = _tiny_wheel(tmp_path)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "keep.txt").write_text("an admin's data\n")
+    ours = data / "venv"
+    made = _runtime(tmp_path, str(ours), wheel)
+    assert made.get("changed") is True, made
+    assert (ours / "passthrough-runtime-made").is_file()
+    given = {"data-directory": str(data), "dotdot": f"{ours}/..", "link": str(tmp_path / "ln")}
+    if how == "link":
+        (tmp_path / "ln").symlink_to(data)
+    r = _runtime(tmp_path, given[how], wheel)
+    assert r.get("failed") is True and r.get("changed") is False, r
+    msg = str(r["msg"])
+    assert "\n" not in msg, msg
+    assert msg.startswith(f"venv {data}:") or f"(that is {data}):" in msg, msg
+    assert "not a venv this module made" in msg, msg
+    assert (data / "keep.txt").read_text() == "an admin's data\n"
+    assert (ours / "passthrough-runtime").is_file()
+    # the module's own venv, an older identity in it: cleared and made again
+    (ours / "passthrough-runtime").write_text("0.0.1+older\n")
+    (ours / "stale.txt").write_text("left by the older install\n")
+    again = _runtime(tmp_path, str(ours), wheel)
+    assert again.get("changed") is True, again
+    assert not (ours / "stale.txt").exists()
+    assert (ours / "passthrough-runtime").read_text() == "0.1.0+test\n"

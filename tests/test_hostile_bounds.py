@@ -13,6 +13,7 @@ import gzip
 import os
 import resource
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -312,3 +313,133 @@ def test_every_yaml_reader_refuses_aliases(reader: str, tmp_path: Path) -> None:
     # a description may share entries through aliases (the samples do): bounded, not refused
     refused(r, took, "expand past" if reader == "host-description" else "aliases", str(bomb))
     assert not (tmp_path / "built").exists()
+
+
+# -- paths the journal names (status, undo) and files apply is about to write -----------
+
+
+def _char_device(path: Path) -> None:
+    os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 5))  # what /dev/zero is
+
+
+def _sparse_3g(path: Path) -> None:
+    with path.open("wb") as fh:
+        fh.truncate(3 << 30)  # sparse: nothing on the disk, 3 GiB to a reader
+
+
+JOURNALED = {
+    "fifo": (_fifo, "a FIFO, not a regular file"),
+    "char-device": (_char_device, "a character device, not a regular file"),
+    "sparse-3g": (_sparse_3g, f"larger than {MAX_FILE >> 20} MiB"),
+}
+
+
+def _plant(path: Path, case: str) -> None:
+    if case == "char-device" and os.geteuid() != 0:
+        pytest.skip("mknod needs root (the root tier runs it)")
+    path.unlink(missing_ok=True)
+    JOURNALED[case][0](path)
+
+
+@pytest.mark.parametrize("command", ["status", "undo"])
+@pytest.mark.parametrize("case", sorted(JOURNALED))
+def test_a_journaled_path_that_is_no_regular_file_is_refused(
+    case: str,
+    command: str,
+    tmp_path: Path,
+    outside: Path,  # noqa: F811
+) -> None:
+    """Issue 30: where the journal names a file, a FIFO hung status and undo, and a 3 GiB
+    file gave a MemoryError traceback. Now: one line, exit 2, in time, under the memory
+    bound, from the file's lstat (never opened), and undo changes nothing."""
+    host = build_variant(tmp_path, "consumer-intel")
+    r = subprocess.run([*PT, "apply", "--root", str(host)], capture_output=True, check=False)
+    assert r.returncode == 0, r.stderr
+    target = host / "etc/modprobe.d/passthrough-vfio.conf"
+    _plant(target, case)
+    before = _listing(target.parent), tree_hash(host / "var")
+    r, took = bounded(tmp_path, command, "--root", str(host))
+    refused(r, took, "etc/modprobe.d/passthrough-vfio.conf", JOURNALED[case][1])
+    assert (_listing(target.parent), tree_hash(host / "var")) == before
+
+
+@pytest.mark.parametrize("case", sorted(JOURNALED))
+def test_apply_refuses_a_target_that_is_no_regular_file(
+    case: str,
+    tmp_path: Path,
+    outside: Path,  # noqa: F811
+) -> None:
+    """A FIFO where a config file should be hung apply while it held the lock: refused
+    before anything is made (no state directory, no lock, no journal)."""
+    host = build_variant(tmp_path, "consumer-intel")
+    target = host / "etc/initramfs-tools/modules"
+    _plant(target, case)
+    before = _listing(target.parent), tree_hash(host)
+    r, took = bounded(tmp_path, "apply", "--root", str(host))
+    refused(r, took, "etc/initramfs-tools/modules", JOURNALED[case][1])
+    assert (_listing(target.parent), tree_hash(host)) == before
+    assert not (host / "var/lib/passthrough").exists()
+
+
+# -- nesting: YAML and JSON 1,000 levels deep -------------------------------------------
+
+DEEP = "[" * 1000 + "]" * 1000
+
+
+def _deep_yaml(tmp_path: Path, head: str) -> str:
+    path = tmp_path / "deep.yaml"
+    path.write_text(f"{head}{DEEP}\n")
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("argv", "head", "what"),
+    [
+        (["render", "--spec"], "name: ", "a VM spec file"),
+        (["kubevirt", "render", "--spec"], "name: ", "a VM spec file"),
+        (["kubevirt", "validate"], "apiVersion: v1\nkind: ConfigMap\ndata: ", "a manifest"),
+        (["sample", "build"], "pci: ", "a host description"),
+    ],
+    ids=["render", "kubevirt-render", "kubevirt-validate", "sample-build"],
+)
+def test_yaml_nested_a_thousand_deep_is_refused(
+    argv: list[str],
+    head: str,
+    what: str,
+    tmp_path: Path,
+    outside: Path,  # noqa: F811
+) -> None:
+    """Issue 30: PyYAML composes recursively, so 1,000 nested ``[`` gave a RecursionError
+    traceback. Refused at the 101st level: one line naming the line and the limit."""
+    from passthrough.inputs import MAX_DEPTH
+
+    path = _deep_yaml(tmp_path, head)
+    extra = [str(tmp_path / "out")] if argv == ["sample", "build"] else []
+    r, took = bounded(tmp_path, *argv, path, *extra)
+    refused(r, took, f"nested deeper than {MAX_DEPTH} levels: not {what}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_kernelstub_json_nested_deep_is_refused(
+    tmp_path: Path,
+    outside: Path,  # noqa: F811
+) -> None:
+    """A kernelstub configuration nested past what json reads: one line, no traceback."""
+    host = build_variant(tmp_path, "consumer-intel", distro="popos-22.04")
+    config = host / "etc/kernelstub/configuration"
+    config.write_text('{"user": {"kernel_options": ' + "[" * 100_000 + "]" * 100_000 + "}}")
+    before = tree_hash(host)
+    r, took = bounded(tmp_path, "apply", "--root", str(host))
+    refused(r, took, "/etc/kernelstub/configuration", "is not the JSON kernelstub writes")
+    assert tree_hash(host) == before
+
+
+def test_a_spec_that_is_a_fifo_is_refused(
+    tmp_path: Path,
+    outside: Path,  # noqa: F811
+) -> None:
+    """``render --spec FIFO`` waited for a writer forever."""
+    spec = tmp_path / "spec.yaml"
+    os.mkfifo(spec)
+    r, took = bounded(tmp_path, "render", "--spec", str(spec))
+    refused(r, took, "spec.yaml", "not a regular file")

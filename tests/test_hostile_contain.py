@@ -634,3 +634,116 @@ def test_interrupt_exits_130_with_one_line(tmp_path: Path) -> None:
     assert p.returncode == 130
     assert err.strip().splitlines()[-1] == "passthrough: error: interrupted"
     assert "Traceback" not in err
+
+
+def test_undo_removes_no_directory_through_a_link_out(root: Path, outside: Path) -> None:
+    """Issue 30: a journal (as hostile as the root it lies in) naming a made directory
+    through an absolute link in the root. Undo resolves it inside the root, as every other
+    path: the directory outside (``outside/state``, empty) stays, and the link itself is
+    kept (never followed as the last component)."""
+    r = run("apply", "--root", str(root))
+    assert r.returncode == 0, r.stderr
+    (root / "lnk").symlink_to(outside)  # absolute: the kernel would follow it out
+    journal_path = root / "var/lib/passthrough/journal.json"
+    journal = json.loads(journal_path.read_text())
+    journal["transactions"][0]["steps"][0]["made_dirs"] = ["lnk/state", "lnk"]
+    journal_path.write_text(json.dumps(journal))
+    r = run("undo", "--root", str(root))
+    assert r.returncode == 0, r.stderr
+    assert (outside / "state").is_dir()
+    assert (root / "lnk").is_symlink()
+    assert not (root / "etc/modprobe.d/passthrough-vfio.conf").exists()
+
+
+def test_apply_with_its_output_closed_completes_its_transaction(root: Path) -> None:
+    """Issue 30: ``apply 2>&1 | head -1`` stopped apply after its first step (exit 1, no
+    message, the transaction failed). Both stdout and stderr are a pipe whose reader has
+    gone before the first byte: apply goes on, and the journal shows it complete."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        r = subprocess.run(
+            [*PT, "apply", "--root", str(root)],
+            stdout=write_end,
+            stderr=write_end,
+            check=False,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert r.returncode == 0
+    journal = json.loads((root / "var/lib/passthrough/journal.json").read_text())
+    assert [t["state"] for t in journal["transactions"]] == ["complete"]
+    assert all(s["state"] in ("done", "listed") for s in journal["transactions"][0]["steps"])
+    assert (root / "etc/modprobe.d/passthrough-vfio.conf").is_file()
+
+
+FORGED = "update-grub\x1b[2J\x1b[H\rNo command pending.\x9b31m"
+
+
+@pytest.mark.parametrize("command", ["status", "undo"])
+def test_control_characters_from_a_journal_reach_no_terminal(command: str, root: Path) -> None:
+    """A journal (as hostile as its root) whose pending command carries escape sequences
+    that would clear the screen and print a fake all-clear: printed escaped, raw never."""
+    r = run("apply", "--root", str(root))
+    assert r.returncode == 0, r.stderr
+    journal_path = root / "var/lib/passthrough/journal.json"
+    journal = json.loads(journal_path.read_text())
+    steps = journal["transactions"][0]["steps"]
+    (listed,) = [s for s in steps if s.get("argv") == ["update-grub"]]
+    listed["argv"] = [FORGED]
+    journal_path.write_text(json.dumps(journal))
+    r = run(command, "--root", str(root))
+    out = r.stdout + r.stderr
+    assert "\\x1b[2J\\x1b[H\\x0dNo command pending.\\u009b31m" in out, out
+    assert not any(c in out for c in "\x1b\r\x9b"), repr(out)
+
+
+def _with_a_real_shell(root: Path) -> None:
+    """The reading machine's own dash, env and the libraries they load, copied into the
+    root: a full OS tree as far as apply can tell, with a shell that really runs there."""
+    for binary in ("/bin/dash", "/usr/bin/env"):
+        out = subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout
+        libs = [w for w in out.split() if w.startswith("/")]
+        for path in (binary, *libs):
+            dest = root / path.lstrip("/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(os.path.realpath(path), dest)
+    (root / "bin/sh").unlink(missing_ok=True)
+    (root / "bin/sh").symlink_to("dash")
+
+
+ESCAPES = (
+    "/proc/1/root{out}/escaped-via-pid1",
+    "/proc/self/root/../../..{out}/escaped-via-self",
+)
+
+
+@pytest.mark.root  # chroot, namespaces and mounts
+def test_the_roots_own_tool_cannot_write_outside_through_proc(root: Path, outside: Path) -> None:
+    """Issue 30: the image's own ``update-initramfs`` ran with the host's /proc bound in and
+    wrote outside the tree through /proc/N/root. It now runs as PID 1 of a PID namespace
+    of its own, with a /proc of that namespace: every /proc/N/root it can reach is the
+    tree. The tool still runs (it leaves its mark inside), and the outside is untouched
+    (the fixture hashes it)."""
+    assert os.geteuid() == 0, "commands run inside the tree only as root (CI runs as root)"
+    _with_a_real_shell(root)
+    attempts = [e.format(out=outside) for e in ESCAPES]
+    # echo, not ":": a failed redirection of a special built-in would end the script
+    script = ["#!/bin/sh", *(f'echo x > "{a}" 2>/dev/null' for a in attempts)]
+    script += [
+        "for p in /proc/[0-9]*; do",
+        f'  echo x > "$p/root{outside}/escaped-via-any-pid" 2>/dev/null',
+        "done",
+        "echo ran > /boot/initrd-tool-ran",
+    ]
+    for name in ("update-initramfs", "update-grub"):
+        tool = root / "usr/sbin" / name
+        tool.parent.mkdir(parents=True, exist_ok=True)
+        tool.write_text("\n".join(script) + "\n")
+        tool.chmod(0o755)
+    (root / "usr/bin/env").chmod(0o755)
+    r = run("apply", "--root", str(root))
+    assert r.returncode == 0, r.stderr
+    assert (root / "boot/initrd-tool-ran").read_text() == "ran\n"
+    assert not list(outside.glob("escaped-*"))

@@ -268,3 +268,68 @@ def test_a_holder_in_a_users_session_is_not_a_unit_to_stop(
     assert err.startswith(
         "passthrough: error: python3 (pid 5150) holds /dev/nvidia0: not in a system service"
     ), err
+
+
+CONTAINED = {
+    "lxc": ("0::/lxc/101/ns/system.slice/ssh.service\n", "LXC container 101"),
+    "lxc-payload": ("0::/lxc.payload.101/system.slice/ssh.service\n", "LXC container 101"),
+    "nspawn": (
+        "0::/machine.slice/systemd-nspawn@web.service/payload/system.slice/ssh.service\n",
+        "systemd-nspawn container web",
+    ),
+    "machine-scope": (
+        "0::/machine.slice/machine-qemu\\x2d1\\x2dvm.scope/libvirt/emulator\n",
+        "machine qemu\\x2d1\\x2dvm",
+    ),
+    "docker-scope": (
+        "0::/system.slice/docker-" + "ab12" * 16 + ".scope\n",
+        "Docker container ab12ab12ab12",
+    ),
+    "docker-v1": ("12:devices:/docker/" + "cd34" * 16 + "\n", "Docker container cd34cd34cd34"),
+    "podman": (
+        "0::/machine.slice/libpod-" + "ef56" * 16 + ".scope/container\n",
+        "Podman container ef56ef56ef56",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONTAINED))
+def test_a_holder_inside_a_container_is_refused_naming_it(
+    case: str, hosts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 30: a holder in a Proxmox LXC or nspawn container named ``ssh.service`` in its
+    cgroup made bind stop the *host's* ssh.service (and leave the holder running). A holder
+    in any container is refused with the container named; nothing is stopped or printed."""
+    cgroup, name = CONTAINED[case]
+    root = _units_hold(hosts, tmp_path)
+    job = root / "proc/5151"
+    (job / "fd").mkdir(parents=True)
+    (job / "comm").write_text("cuda-job\n")
+    (job / "cgroup").write_text(cgroup)
+    os.symlink("/dev/nvidia0", job / "fd/3")
+    before = _files(root)
+    assert main(["bind", "--root", str(root), "--stop-holders", "--yes"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"passthrough: error: cuda-job (pid 5151) holds /dev/nvidia0: runs inside {name}, and "
+        "--stop-holders stops only the host's own system services: stop it inside the "
+        "container, then bind\n"
+    )
+    assert _files(root) == before
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "unit"),
+    [
+        ("0::/system.slice/nvidia-persistenced.service\n", "nvidia-persistenced.service"),
+        ("0::/system.slice/system-getty.slice/getty@tty1.service\n", "getty@tty1.service"),
+        ("0::/init.scope\n", None),
+        ("0::/user.slice/user-1000.slice/session-3.scope\n", None),
+        ("0::/some.slice/other.service\n", None),  # not the host's system.slice
+    ],
+)
+def test_only_a_unit_of_the_hosts_system_slice_is_one(cgroup: str, unit: str | None) -> None:
+    from passthrough.host.holders import _placement
+
+    assert _placement(cgroup) == (unit, None)

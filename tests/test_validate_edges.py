@@ -237,3 +237,44 @@ def test_empty_guest_addresses_are_libvirts_to_assign(tmp_path: Path) -> None:
     assert rc == 0 and found == []
     assert PciAddress.from_libvirt({}).is_unassigned
     assert not PciAddress.from_libvirt({"slot": "1"}).is_unassigned
+
+
+class _Counting:
+    """libvirt's RelaxNG, counting the validations made through it."""
+
+    def __init__(self, rng: object) -> None:
+        self.rng = rng
+        self.calls = 0
+
+    def validate(self, doc: object) -> bool:
+        self.calls += 1
+        return bool(self.rng.validate(doc))  # type: ignore[attr-defined]
+
+    @property
+    def error_log(self) -> object:
+        return self.rng.error_log  # type: ignore[attr-defined]
+
+
+def test_one_bad_hostdev_among_many_is_found_in_a_few_validations() -> None:
+    """Issue 30: finding the element at fault re-validated the document once per child,
+    so 8,000 <hostdev> took minutes (each validation of an invalid document costs more as
+    it grows). Halving: one fault among 600 children in about 2 log2(600) validations."""
+    import math
+    import sys
+
+    from lxml import etree
+
+    from passthrough.vm.validate.schema import faults, load
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from bench_validate_hostdevs import domain
+
+    n, bad = 600, 417
+    doc = etree.fromstring(domain(n, bad).encode())
+    rng = _Counting(load(None).rng())
+    found = faults(rng, doc)
+    assert [f.element.getroottree().getpath(f.element) for f in found] == [
+        f"/domain/devices/hostdev[{bad + 1}]"
+    ]
+    assert "bogus='1'" in found[0].message
+    assert rng.calls <= 4 * math.ceil(math.log2(n)) + 12, rng.calls

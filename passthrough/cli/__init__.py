@@ -30,6 +30,7 @@ from passthrough.errors import (
     echo_path,
     quote,
 )
+from passthrough.output.inert import wrap
 
 
 def command_module(name: str) -> ModuleType:
@@ -91,6 +92,17 @@ def tolerant_output() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     tolerant_output()
+    # every line printed passes through one inert stream (passthrough/output/inert.py):
+    # control characters escaped, a closed reader never failing a step
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = wrap(sys.stdout), wrap(sys.stderr)
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def _main(argv: Sequence[str] | None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     # a command as the first word (before it, only --help or --version could stand, and
     # they want the whole listing)

@@ -97,11 +97,15 @@ def _default_runner(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, check=False)
 
 
-# A private mount namespace: the kernel's /proc, /sys and /dev are visible inside the
-# tree while the command runs (grub-probe and mkinitramfs need them), and the mounts
-# vanish with the process, even if it is killed.
+# Private mount and PID namespaces: the mounts vanish with the process, even if it is
+# killed, and so does every process the command leaves behind. /proc is a new one, of the
+# new PID namespace: the command is its PID 1 once chroot has run, so every /proc/N/root
+# it can see is the tree (the host's /proc would hand it /proc/1/root, the host's /). The
+# host's /sys and /dev are still bound in (grub-probe needs them): not a full sandbox yet
+# (docs/safety.md, "what runs where").
 CHROOT_SCRIPT = (
-    'for d in proc sys dev; do mount --rbind "/$d" "$0/$d" || exit 125; done; exec chroot "$0" "$@"'
+    'mount -t proc -o nosuid,nodev,noexec proc "$0/proc" || exit 125; '
+    'for d in sys dev; do mount --rbind "/$d" "$0/$d" || exit 125; done; exec chroot "$0" "$@"'
 )
 
 
@@ -109,6 +113,8 @@ def chroot_argv(root_path: str, argv: tuple[str, ...]) -> list[str]:
     return [
         "unshare",
         "--mount",
+        "--pid",
+        "--fork",
         "--propagation",
         "private",
         "sh",
@@ -239,7 +245,7 @@ def _change(
         files.atomic_write(own(root, step.backup), before, attrs=backup)
     if isinstance(action, WriteFile):
         say(f"write /{action.path}")
-        files.make_dirs([os.path.join(root.path, d) for d in step.made_dirs])
+        files.make_dirs([root.real(d, follow_final=False) for d in step.made_dirs])
         files.atomic_write(path, action.content, action.mode)
     else:
         say(f"remove /{action.path}")
@@ -318,6 +324,9 @@ def apply(
     """Execute ``plan`` (and any regeneration left pending); returns the transaction, or
     None when there was nothing to do. Stops at the first failure (ApplyError)."""
     say = progress or (lambda _m: None)
+    for action in plan.actions:  # a FIFO or a huge file: refused before anything is made
+        if isinstance(action, WriteFile | RemoveFile):
+            files.regular_or_absent(root, action.path)
     with session(root) as journal:
         actions: list[Action] = [*plan.actions, *_pending_reruns(journal, plan)]
         if not actions:

@@ -23,7 +23,8 @@ import signal
 import stat
 from dataclasses import dataclass, field
 
-from passthrough.host.root import HostRoot
+from passthrough.errors import MalformedHostData, echo_path
+from passthrough.host.root import MAX_FILE, HostRoot
 
 FAULT_ENV = "PASSTHROUGH_FAULT"
 # The points where a full disk can strike: everything that allocates.
@@ -250,13 +251,67 @@ def remove_dir(path: str) -> bool:
     return True
 
 
-def read_file(root: HostRoot, rel: str) -> bytes | None:
-    """A file's bytes whatever its size, None when absent (or not a regular file)."""
+def _kind(mode: int) -> str:
+    """What a file that is no regular file is, in a person's words."""
+    kinds = {
+        stat.S_IFIFO: "a FIFO",
+        stat.S_IFSOCK: "a socket",
+        stat.S_IFCHR: "a character device",
+        stat.S_IFBLK: "a block device",
+    }
+    return kinds.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def regular_or_absent(root: HostRoot, rel: str) -> os.stat_result | None:
+    """``rel`` (resolved inside the root) as a regular file within :data:`MAX_FILE`, or None
+    when absent or a directory. Anything else is refused (exit 2) from its ``lstat`` alone,
+    never opened: a FIFO would block the reader (holding the lock), a device read forever,
+    and a 3 GiB file be loaded whole. The path is the journal's, so as hostile as the root."""
     try:
-        with open(root.real(rel), "rb") as fh:
-            return fh.read()
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        st = os.lstat(root.real(rel))
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    if stat.S_ISDIR(st.st_mode):
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        raise MalformedHostData(
+            echo_path(root.abs(rel)), f"{_kind(st.st_mode)}, not a regular file: refused"
+        )
+    if st.st_size > MAX_FILE:
+        raise _too_large(root, rel)
+    return st
+
+
+def _too_large(root: HostRoot, rel: str) -> MalformedHostData:
+    return MalformedHostData(
+        echo_path(root.abs(rel)),
+        f"larger than {MAX_FILE >> 20} MiB, the most passthrough reads of one file: refused",
+    )
+
+
+def read_file(root: HostRoot, rel: str) -> bytes | None:
+    """A file's bytes, None when absent (or a directory). Only a regular file of at most
+    :data:`MAX_FILE` is read, and never more than one byte past it (a file that grows
+    between the check and the read is refused too): see :func:`regular_or_absent`."""
+    if regular_or_absent(root, rel) is None:
+        return None
+    try:
+        fd = os.open(root.real(rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # gone since the lstat
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise MalformedHostData(echo_path(root.abs(rel)), "not a regular file: refused")
+        chunks: list[bytes] = []
+        total = 0
+        while total <= MAX_FILE and (chunk := os.read(fd, min(1 << 20, MAX_FILE + 1 - total))):
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > MAX_FILE:
+            raise _too_large(root, rel)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def read_own(path: str, limit: int | None = None) -> bytes | None:

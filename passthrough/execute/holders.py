@@ -60,9 +60,15 @@ class Unit:
 
 def units_to_stop(host: Host, held: dict[str, list[Holder]]) -> list[Unit]:
     """The units holding the cards, in a stable order; a holder in no unit is refused."""
-    loose = sorted(
-        {f"{h.comm} (pid {h.pid}) holds {h.node}" for hs in held.values() for h in hs if not h.unit}
-    )
+    every = [h for hs in held.values() for h in hs]
+    contained = sorted({f"{h.comm} (pid {h.pid}) holds {h.node}" for h in every if h.container})
+    if contained:
+        where = sorted({h.container or "" for h in every if h.container})
+        raise BindRefused(
+            f"{'; '.join(contained)}: runs inside {', '.join(where)}, and --stop-holders stops "
+            "only the host's own system services: stop it inside the container, then bind"
+        )
+    loose = sorted({f"{h.comm} (pid {h.pid}) holds {h.node}" for h in every if not h.unit})
     if loose:
         raise BindRefused(
             f"{'; '.join(loose)}: not in a system service, and --stop-holders stops only those "
@@ -155,7 +161,7 @@ def journaled(root: HostRoot) -> list[Unit]:
     try:
         items = json.loads(data)["stopped"]
         return [Unit.from_json(d) for d in items]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise BindRefused(
             f"/{STOPPED}: not the list of units a `bind --stop-holders` stopped; start them "
             "yourself (systemctl start) and remove the file"

@@ -246,7 +246,9 @@ def _remove_dirs(root: HostRoot, targets: list[Transaction], say: Callable[[str]
     """The directories apply made, deepest first, where they are empty again."""
     made = {d for tx in targets for s in tx.file_steps() for d in s.made_dirs}
     for rel in sorted(made, key=lambda d: d.count("/"), reverse=True):
-        if not files.remove_dir(os.path.join(root.path, rel)):
+        # resolved inside the root: a journal naming a path through a link must not make
+        # the kernel follow it out of the root; the last component is never followed
+        if not files.remove_dir(root.real(rel, follow_final=False)):
             say(f"/{rel} is kept: apply made it, but it is not empty now")
 
 

@@ -24,12 +24,14 @@ _MINOR = re.compile(r"^Device Minor:\s*(\d+)\s*$", re.MULTILINE)
 class Holder:
     pid: int
     comm: str
-    unit: str | None  # the systemd service it runs in, when its cgroup names one
+    unit: str | None  # the host's own system service it runs in, when its cgroup names one
     node: str  # the device node it holds, e.g. /dev/nvidia0
+    container: str | None = None  # the container it runs in (never the host's to stop)
 
     def describe(self) -> str:
         unit = f", unit {self.unit}" if self.unit else ""
-        return f"{self.comm} (pid {self.pid}{unit}) holds {self.node}"
+        inside = f", in {self.container}" if self.container else ""
+        return f"{self.comm} (pid {self.pid}{unit}{inside}) holds {self.node}"
 
 
 def device_nodes(root: HostRoot, address: str) -> set[str]:
@@ -56,18 +58,58 @@ def vfio_nodes(root: HostRoot, address: str) -> set[str]:
     return nodes
 
 
-def _unit(cgroup: str | None) -> str | None:
-    """The system service a process runs in. One under a user's manager (``user@UID.service``)
-    is in that user's session, not in a system unit: ``systemctl stop`` of the user manager
-    would end the whole session, and a service below it is not the system's to stop."""
-    for line in (cgroup or "").splitlines():
-        path = line.rpartition(":")[2]
-        if any(p.startswith("user@") for p in path.split("/")):
-            return None
-        for part in reversed(path.split("/")):
-            if part.endswith(".service"):
-                return part
+# cgroup path components that put a process in a container, and how to name it. A unit
+# name inside one (``/lxc/101/ns/system.slice/ssh.service``) is the container's own: stopping
+# the host's unit of that name would stop the wrong service and leave the holder running.
+_CONTAINERS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"lxc\.(?:payload|monitor)\.(.+)"), "LXC container {}"),
+    (re.compile(r"systemd-nspawn@(.+)\.service"), "systemd-nspawn container {}"),
+    (re.compile(r"docker-([0-9a-f]+)\.scope"), "Docker container {:.12}"),
+    (re.compile(r"libpod-(?:conmon-)?([0-9a-f]+)\.scope"), "Podman container {:.12}"),
+    (re.compile(r"machine-(.+)\.scope"), "machine {}"),
+    (re.compile(r"(kubepods.*)"), "Kubernetes pod ({})"),
+)
+# a parent directory whose child names the container: /lxc/101, /docker/<id>, /libpod_parent/…
+_PARENTS = {
+    "lxc": "LXC container {}",
+    "docker": "Docker container {:.12}",
+    "libpod_parent": "Podman container {:.12}",
+    "machine.slice": "machine {}",
+}
+
+
+def _container(parts: list[str]) -> str | None:
+    """The container a cgroup path (split on /) lies in, named; None on the host's own."""
+    for i, part in enumerate(parts):
+        for pattern, name in _CONTAINERS:
+            if m := pattern.fullmatch(part):
+                return name.format(m.group(1))
+        if part in _PARENTS and i + 1 < len(parts):
+            child = parts[i + 1]
+            nested = _container([child])
+            return nested or _PARENTS[part].format(child.removeprefix("libpod-"))
     return None
+
+
+def _placement(cgroup: str | None) -> tuple[str | None, str | None]:
+    """(the host's system service a process runs in, the container it runs in). A unit is
+    one only directly under the host's ``system.slice`` (through its ``system-*.slice``
+    sub-slices, as templated units are): one under a user's manager (``user@UID.service``)
+    is that user's session, and ``systemctl stop`` of the manager would end it."""
+    unit: str | None = None
+    for line in (cgroup or "").splitlines():
+        parts = [p for p in line.rpartition(":")[2].split("/") if p]
+        container = _container(parts)
+        if container is not None:
+            return None, container
+        if unit is None and parts[:1] == ["system.slice"]:
+            for part in parts[1:]:
+                if part.endswith(".service"):
+                    unit = part
+                    break
+                if not part.endswith(".slice"):
+                    break
+    return unit, None
 
 
 def find_holders(
@@ -87,7 +129,8 @@ def find_holders(
             if node not in owner:
                 continue
             comm = (root.read(f"proc/{pid}/comm") or "?").strip() or "?"
-            holder = Holder(int(pid), comm, _unit(root.read(f"proc/{pid}/cgroup")), node)
+            unit, container = _placement(root.read(f"proc/{pid}/cgroup"))
+            holder = Holder(int(pid), comm, unit, node, container)
             if holder not in found.setdefault(owner[node], []):
                 found[owner[node]].append(holder)
     return found
@@ -100,10 +143,13 @@ def units_of(holders: Iterable[Holder]) -> list[str]:
 def stop_steps(holders: list[Holder]) -> str:
     """How to make them let go: stop their units, end the processes in none."""
     units = units_of(holders)
-    loose = sorted({f"{h.comm} (pid {h.pid})" for h in holders if not h.unit})
+    loose = sorted({f"{h.comm} (pid {h.pid})" for h in holders if not h.unit and not h.container})
+    inside = sorted({f"{h.comm} (pid {h.pid}) in {h.container}" for h in holders if h.container})
     steps = [f"systemctl stop {' '.join(units)}"] if units else []
     if loose:
         steps.append("end " + ", ".join(loose))
+    if inside:
+        steps.append("stop " + ", ".join(inside) + " from inside it")
     return "; ".join(steps)
 
 

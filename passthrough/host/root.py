@@ -231,6 +231,10 @@ class HostRoot:
             self.problems.append(f"{rel}: {exc.strerror}")
             return None
         try:
+            if stat.S_ISCHR(mode := os.fstat(fd).st_mode) or stat.S_ISBLK(mode):
+                # no reader wants a device's stream (/dev/zero never ends): as unreadable
+                self.problems.append(f"{rel}: a device, not a file")
+                return None
             first = os.read(fd, 1 << 16)  # sysfs attributes fit in one page
             if len(first) < 1 << 16:
                 return first

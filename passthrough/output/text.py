@@ -11,18 +11,9 @@ from passthrough.analysis.checks import guest_without_iommu
 from passthrough.analysis.scan import Scan
 from passthrough.errors import count
 from passthrough.model import CheckResult, GpuVerdict, Level, PciAddress, PciFunction, Severity
+from passthrough.output.inert import RESET, STYLES
 from passthrough.pciclass import CLASS_WORDS
 from passthrough.units import format_size
-
-RESET = "\033[0m"
-STYLES = {
-    "bold": "\033[1m",
-    "dim": "\033[2m",
-    "red": "\033[31m",
-    "green": "\033[32m",
-    "yellow": "\033[33m",
-    "cyan": "\033[36m",
-}
 
 
 def wants_color(stream: TextIO, setting: str = "auto") -> bool:

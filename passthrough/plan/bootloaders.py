@@ -210,7 +210,8 @@ class Kernelstub(Bootloader):
         try:
             data = json.loads(self.root.read(self.CONFIG) or "{}")
             opts = data.get("user", {}).get("kernel_options", [])
-        except (json.JSONDecodeError, AttributeError):
+        except (json.JSONDecodeError, AttributeError, RecursionError):
+            # RecursionError: nested past what json can read (about 1,000 levels)
             raise UnsafeCmdline("/" + self.CONFIG, "is not the JSON kernelstub writes") from None
         return [str(o) for o in opts]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from passthrough.inputs import Unreadable, read_text
+from passthrough.inputs import Unreadable, depth_bounded, read_text
 from passthrough.vm.options import BY_KEY, BadVmSpec, Kind, check, size_mib, unknown_key
 
 # integers YAML 1.1 reads in a base the writer probably did not mean
@@ -33,12 +33,14 @@ class Retyped:
         return self.typed
 
 
-class _Loader(yaml.SafeLoader):
+class _Loader(depth_bounded()):  # type: ignore[misc]
+    what = "a VM spec file"
+
     def compose_node(self, parent: Any, index: Any) -> Any:
         # A spec is a flat mapping of options: an alias (``*name``, ``<<: *name``) serves it
         # nothing, and a few hundred bytes of nested aliases expand to gigabytes.
         if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+            mark = self.peek_event().start_mark
             raise BadVmSpec(
                 f"line {mark.line + 1}", "YAML aliases (*name) are not accepted in a spec file"
             )
@@ -132,6 +134,8 @@ def load_spec_file(path: str) -> dict[str, Any]:
         loaded = yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no object tags
     except BadVmSpec as exc:
         raise BadVmSpec(f"{path}: {exc.field}", exc.why) from None
+    except Unreadable as exc:
+        raise BadVmSpec(where, str(exc)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f"line {mark.line + 1}: " if mark is not None else ""

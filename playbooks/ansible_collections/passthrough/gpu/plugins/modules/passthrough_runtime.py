@@ -15,6 +15,10 @@ description:
     is used rather than compiled) and installs the passthrough wheel into it, from a wheel
     already on the host or from an index. Writes I(identity) into the venv last; a venv that
     already holds I(identity) is left as it is.
+  - Only a venv this module made (it holds C(passthrough-runtime-made) or
+    C(passthrough-runtime)) is ever cleared and made again. Any other directory that is not
+    empty is refused, nothing changed; I(venv) is resolved first (C(..) and links), so
+    C(venv/..) names the parent directory, and is refused as such.
   - Needs only the host's python3 (3.11 or newer); the packages I(requires) names come from
     the distro, installed when I(install_packages) is true, otherwise named in the failure.
   - Check mode installs too (the venv is apart from the system; the other modules need it to
@@ -81,6 +85,47 @@ from ansible_collections.passthrough.gpu.plugins.module_utils.runtime_packages i
 )
 
 MARKER = "passthrough-runtime"
+# Written into a venv the moment this module has made it (MARKER comes last, after the
+# install): only a directory holding one of the two is ever cleared (python -m venv --clear
+# empties whatever directory it is given).
+MADE = "passthrough-runtime-made"
+
+
+def _refusal(venv: str, given: str) -> str | None:
+    """Why ``venv`` (already resolved) may not be cleared for a new venv; None: it may."""
+    shown = venv if venv == given else f"{given} (that is {venv})"
+    if not os.path.lexists(venv):
+        return None
+    if not os.path.isdir(venv):
+        return f"venv {shown}: something other than a directory is there; nothing changed"
+    if not os.listdir(venv):
+        return None
+    if os.path.isfile(os.path.join(venv, MADE)) or os.path.isfile(os.path.join(venv, MARKER)):
+        return None
+    return (
+        f"venv {shown}: a directory that is not empty and not a venv this module made "
+        f"(no {MADE} in it); nothing changed: give a new or empty directory"
+    )
+
+
+def _make_venv(module: AnsibleModule, venv: str, fam: str | None) -> None:
+    """A new venv at ``venv`` (already resolved), where only a venv this module made may
+    stand; marked as ours at once (:data:`MADE`)."""
+    refused = _refusal(venv, module.params["venv"])
+    if refused:
+        module.fail_json(msg=refused, family=fam)
+    venv_args = ["--system-site-packages", "--clear"] + (
+        [] if module.params["index_url"] else ["--without-pip"]
+    )
+    rc, out, err = module.run_command([sys.executable, "-m", "venv", *venv_args, venv])
+    if rc != 0:
+        module.fail_json(
+            msg=f"python3 -m venv failed: {(err or out).strip()[-300:]} (install "
+            f"{package('ensurepip', fam)})",
+            family=fam,
+        )
+    with open(os.path.join(venv, MADE), "w", encoding="utf-8") as f:
+        f.write("made by passthrough.gpu.passthrough_runtime: it may clear this venv\n")
 
 
 def _unpack(wheel: str, purelib: str) -> None:
@@ -156,7 +201,8 @@ def main() -> None:
     )
     p = module.params
     fam = family()
-    venv = p["venv"]
+    # `..` and links resolved before anything is decided: `venv/..` is the parent directory
+    venv = os.path.realpath(p["venv"])
     python = os.path.join(venv, "bin", "python")
     marker = os.path.join(venv, MARKER)
     if sys.version_info < (3, 11):  # noqa: UP036 (the host's python3, not ours)
@@ -172,16 +218,7 @@ def main() -> None:
                 module.exit_json(changed=packages, python=python, family=fam)
     except OSError:
         pass
-    venv_args = ["--system-site-packages", "--clear"] + (
-        [] if p["index_url"] else ["--without-pip"]
-    )
-    rc, out, err = module.run_command([sys.executable, "-m", "venv", *venv_args, venv])
-    if rc != 0:
-        module.fail_json(
-            msg=f"python3 -m venv failed: {(err or out).strip()[-300:]} (install "
-            f"{package('ensurepip', fam)})",
-            family=fam,
-        )
+    _make_venv(module, venv, fam)
     if p["index_url"]:
         module.run_command(
             [
@@ -197,7 +234,7 @@ def main() -> None:
             check_rc=True,
         )
     else:
-        rc, out, err = module.run_command(
+        _rc, out, _err = module.run_command(
             [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
             check_rc=True,
         )
