@@ -174,7 +174,9 @@ def test_the_licence_the_metadata_names_is_shipped() -> None:
 LAYERS: dict[str, int] = {
     "": 0,  # passthrough/__init__.py: the version
     "errors": 0,
-    **dict.fromkeys(("units", "pciclass", "pciaddr", "kernel", "inputs", "resources", "guest"), 1),
+    **dict.fromkeys(
+        ("units", "pciclass", "pciaddr", "kernel", "inputs", "resources", "guest", "inert"), 1
+    ),
     "model": 2,
     "host": 3,
     **dict.fromkeys(("analysis", "fakehost"), 4),

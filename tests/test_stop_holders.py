@@ -278,8 +278,8 @@ CONTAINED = {
         "systemd-nspawn container web",
     ),
     "machine-scope": (
-        "0::/machine.slice/machine-qemu\\x2d1\\x2dvm.scope/libvirt/emulator\n",
-        "machine qemu\\x2d1\\x2dvm",
+        "0::/machine.slice/machine-web.scope/payload/system.slice/ssh.service\n",
+        "machine web",
     ),
     "docker-scope": (
         "0::/system.slice/docker-" + "ab12" * 16 + ".scope\n",
@@ -322,6 +322,8 @@ def test_a_holder_inside_a_container_is_refused_naming_it(
 @pytest.mark.parametrize(
     ("cgroup", "unit"),
     [
+        # a libvirt QEMU guest's emulator runs on the host, in no container (and no unit)
+        ("0::/machine.slice/machine-qemu\\x2d1\\x2dvm.scope/libvirt/emulator\n", None),
         ("0::/system.slice/nvidia-persistenced.service\n", "nvidia-persistenced.service"),
         ("0::/system.slice/system-getty.slice/getty@tty1.service\n", "getty@tty1.service"),
         ("0::/init.scope\n", None),

@@ -298,19 +298,6 @@ def verdict_findings(
     return found
 
 
-def warning_notes(findings: Iterable[Finding]) -> list[str]:
-    """The warnings among ``findings`` as plan and apply tell them: one line per warning,
-    naming every card it is about (eight H100s share one NVSwitch warning)."""
-    cards: dict[tuple[str, str], list[str]] = {}
-    for f in findings:
-        if f.severity is Severity.WARNING:
-            cards.setdefault((f.message, f.code), []).extend(str(d) for d in f.devices)
-    return [
-        f"{', '.join(dict.fromkeys(addrs))}: {message} [{code}]" if addrs else f"{message} [{code}]"
-        for (message, code), addrs in cards.items()
-    ]
-
-
 def card_warnings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostIndex) -> list[Finding]:
     """What scan tells about a card beyond the refusals: display, reset, BARs, fabric."""
     primary = gpu.primary

@@ -30,7 +30,7 @@ from passthrough.errors import (
     echo_path,
     quote,
 )
-from passthrough.output.inert import wrap
+from passthrough.inert import wrap
 
 
 def command_module(name: str) -> ModuleType:
@@ -92,7 +92,7 @@ def tolerant_output() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     tolerant_output()
-    # every line printed passes through one inert stream (passthrough/output/inert.py):
+    # every line printed passes through one inert stream (passthrough/inert.py):
     # control characters escaped, a closed reader never failing a step
     saved = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = wrap(sys.stdout), wrap(sys.stderr)

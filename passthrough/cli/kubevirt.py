@@ -25,9 +25,7 @@ from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK, count, output_file
 
 
 def add_parser(sub: Subparsers) -> None:
-    from passthrough.kube import PROVIDERS, ROUTES
     from passthrough.pciaddr import CARD_METAVAR
-    from passthrough.vm.options import add_flags
 
     p = command(
         sub,
@@ -54,25 +52,7 @@ def add_parser(sub: Subparsers) -> None:
             "passthrough kubevirt render --root /tmp/hgx --name h100 --route dra --per-card",
         ),
     )
-    common(render)
-    render.add_argument("--spec", metavar="FILE.yaml", help="VM options as YAML (flags win)")
-    add_flags(render)
-    render.add_argument(
-        "--route",
-        choices=ROUTES,
-        default="device-plugin",
-        help="how the GPUs reach the VM (default: device-plugin)",
-    )
-    render.add_argument(
-        "--provider",
-        choices=PROVIDERS,
-        default="nvidia",
-        help="device-plugin route: who publishes the PCI resources (nvidia: GPU Operator / kubevirt-gpu-device-plugin; kubevirt: KubeVirt's own)",
-    )
-    render.add_argument(
-        "--per-card", action="store_true", help="one VM per card instead of one VM with all of them"
-    )
-    render.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    _render_flags(render)
     validate = actions.add_parser(
         "validate",
         help="check manifests against each other (and a host with --root)",
@@ -106,6 +86,31 @@ def add_parser(sub: Subparsers) -> None:
     pre.add_argument(
         "--memory", default="8G", help="guest memory the large-BAR fit assumes (default: 8G)"
     )
+
+
+def _render_flags(render: Parser) -> None:
+    from passthrough.kube import PROVIDERS, ROUTES
+    from passthrough.vm.options import add_flags
+
+    common(render)
+    render.add_argument("--spec", metavar="FILE.yaml", help="VM options as YAML (flags win)")
+    add_flags(render)
+    render.add_argument(
+        "--route",
+        choices=ROUTES,
+        default="device-plugin",
+        help="how the GPUs reach the VM (default: device-plugin)",
+    )
+    render.add_argument(
+        "--provider",
+        choices=PROVIDERS,
+        default="nvidia",
+        help="device-plugin route: who publishes the PCI resources (nvidia: GPU Operator / kubevirt-gpu-device-plugin; kubevirt: KubeVirt's own)",
+    )
+    render.add_argument(
+        "--per-card", action="store_true", help="one VM per card instead of one VM with all of them"
+    )
+    render.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
 
 
 def run(args: argparse.Namespace, stack: ExitStack) -> int:

@@ -79,8 +79,19 @@ _PARENTS = {
 
 
 def _container(parts: list[str]) -> str | None:
-    """The container a cgroup path (split on /) lies in, named; None on the host's own."""
+    """The container a cgroup path (split on /) lies in, named; None on the host's own.
+    A libvirt QEMU guest's scope (``machine.slice/machine-qemu\\x2d1\\x2dNAME.scope``) is
+    no container: the process in it is the guest's emulator, on the host, and the way to
+    make it let go is to shut that guest down."""
     for i, part in enumerate(parts):
+        if part.startswith("machine-qemu"):
+            return None
+        if (
+            part == "machine.slice"
+            and parts[i + 1 : i + 2]
+            and parts[i + 1].startswith("machine-qemu")
+        ):
+            return None
         for pattern, name in _CONTAINERS:
             if m := pattern.fullmatch(part):
                 return name.format(m.group(1))

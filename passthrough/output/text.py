@@ -10,8 +10,8 @@ from typing import TextIO
 from passthrough.analysis.checks import guest_without_iommu
 from passthrough.analysis.scan import Scan
 from passthrough.errors import count
+from passthrough.inert import RESET, STYLES
 from passthrough.model import CheckResult, GpuVerdict, Level, PciAddress, PciFunction, Severity
-from passthrough.output.inert import RESET, STYLES
 from passthrough.pciclass import CLASS_WORDS
 from passthrough.units import format_size
 

@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from passthrough.analysis import policy
 from passthrough.analysis.preflight import preflight_notes
 from passthrough.analysis.scan import analyse
 from passthrough.errors import PassthroughError
 from passthrough.host.modalias import PLAIN, vfio_drivers
 from passthrough.host.root import HostRoot
-from passthrough.model import BootloaderKind, Host
+from passthrough.model import BootloaderKind, Finding, Host, Severity
 from passthrough.plan import modprobe_conflicts, vfio
 from passthrough.plan.actions import Action, Binding, Plan, PlannedCard, RemoveFile, WriteFile
 from passthrough.plan.bootloaders import UnknownBootloader, for_host
@@ -40,6 +40,19 @@ HOST_RESERVE_FRACTION = 8  # at least an eighth of its RAM
 class BadHugepages(PassthroughError):
     def __init__(self, count: int, why: str) -> None:
         super().__init__(f"hugepages: {count} {why}")
+
+
+def _warning_notes(findings: Iterable[Finding]) -> list[str]:
+    """The warnings among ``findings`` as plan and apply tell them: one line per warning,
+    naming every card it is about (eight H100s share one NVSwitch warning)."""
+    cards: dict[tuple[str, str], list[str]] = {}
+    for f in findings:
+        if f.severity is Severity.WARNING:
+            cards.setdefault((f.message, f.code), []).extend(str(d) for d in f.devices)
+    return [
+        f"{', '.join(dict.fromkeys(addrs))}: {message} [{code}]" if addrs else f"{message} [{code}]"
+        for (message, code), addrs in cards.items()
+    ]
 
 
 def check_hugepages(count: int, host: Host) -> str | None:
@@ -170,7 +183,7 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
     )
     configured = loader.configured() if loader else list(host.kernel.cmdline)
     target = desired(host, kopts, configured)
-    warnings = policy.warning_notes(sel.findings)
+    warnings = _warning_notes(sel.findings)
     notes = [*warnings, *opts.notes, *sel.notes]
     if hugepages_note:
         notes.append(hugepages_note)

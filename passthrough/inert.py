@@ -20,7 +20,11 @@ import contextlib
 import io
 import os
 import re
-from typing import Any, TextIO, cast
+
+TYPE_CHECKING = False
+
+if TYPE_CHECKING:  # start-up imports no typing (tests/test_cli.py)
+    from typing import Any, TextIO
 
 # The colours text.py paints with: the only escape sequences let through.
 RESET = "\033[0m"
@@ -100,5 +104,5 @@ class InertStream(io.TextIOBase):
 def wrap(stream: TextIO) -> TextIO:
     """``stream`` made inert (once: a stream already wrapped is returned as it is)."""
     if isinstance(stream, InertStream):
-        return cast(TextIO, stream)
-    return cast(TextIO, InertStream(stream))
+        return stream
+    return InertStream(stream)  # type: ignore[return-value]  # a TextIO in all but name
