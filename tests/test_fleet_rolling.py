@@ -107,14 +107,29 @@ def test_a_failure_in_batch_two_stops_before_batch_three_and_a_resume_finishes(
         assert "vfio-pci.ids=" in (root / "etc/default/grub.d/99-passthrough.cfg").read_text()
 
 
-def test_a_failure_limit_the_user_raises_lets_the_later_batches_go_on(tmp_path: Path) -> None:
+def test_a_failure_limit_the_user_raises_lets_the_later_batches_go_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """passthrough_max_fail_percentage=50 with batches of two, [0] [1 2] [3]: host 1 fails,
     half its batch, which the limit allows, so batch 3 runs (the behaviour before rolling,
-    now an explicit choice). A batch whose every host fails stops whatever the limit."""
+    now an explicit choice). A batch whose every host fails stops whatever the limit. The
+    progress shows each batch and each host's outcome; the summary is a table in batch order."""
     inv, roots = _fleet(tmp_path, 4, refused={1})
-    extravars = {"passthrough_max_fail_percentage": 50, "passthrough_batch": 2}
-    result = run(str(inv), "host.yml", extravars=extravars)
-    assert not result.ok
-    statuses = [result.hosts[f"host-{i}"].status for i in range(4)]
-    assert statuses == ["changed", "failed", "changed", "changed"], summary_table(result)
+    argv = ["provision", "-i", str(inv), "--playbook", "host.yml", "--log", str(tmp_path / "l")]
+    argv += ["-e", "passthrough_max_fail_percentage=50", "-e", "passthrough_batch=2"]
+    assert main(argv) == 4
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.startswith(("canary", "batch", "  host"))]
+    assert lines[0] == "canary: host-0 (3 waiting)" and lines[1] == "  host-0: done"
+    assert lines[2] == "batch 2: host-1, host-2 (1 waiting)"
+    assert lines[3].startswith("  host-1: failed: ") and lines[3].endswith("(exit 2)")
+    assert lines[4:] == ["  host-2: done", "batch 3: host-3 (0 waiting)", "  host-3: done"]
+    table = [line.split()[:2] + line.split()[6:8] for line in out.splitlines()[:5]]
+    assert table == [
+        ["host", "status", "reboot", "batch"],
+        ["host-0", "changed", "required", "1"],
+        ["host-1", "failed", "-", "2"],
+        ["host-2", "changed", "required", "2"],
+        ["host-3", "changed", "required", "3"],
+    ]
     assert (roots[3] / "etc/default/grub.d/99-passthrough.cfg").exists()
