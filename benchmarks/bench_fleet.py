@@ -1,21 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The host role over ten local hosts against an empty play, in one run.
+"""The host role's no-op run against a ping play at several fleet sizes, side by side, in one run.
 
 Each host is a sample root (consumer-intel) reached through Ansible's local connection, as
-tests/test_ansible.py makes them, and each starts bare: the system's python3 (no passthrough
-on it) and a venv path of its own, so the collection installs the controller's library the
-first time. Timed, each a whole ansible-playbook process (forks 2 by default):
+tests/test_ansible.py makes them, with the system's python3 and the collection's venv runtime
+(one venv path for every host: they share this machine, and the rolling play's canary installs
+it, so every other host goes through the same runtime check a fleet host does, installed). Per
+size, each a whole ansible-playbook process (forks 2 by default), run alternately so that both
+see the same machine load:
 
-  empty play        a play that only pings every host (one module round trip per host)
-  host role no-op   playbooks/host.yml when there is nothing to do (run alternately with
-                    the empty play, so both see the same machine load)
-  first run         fresh roots and fresh venvs: builds the controller's wheel, installs it
-                    on every host and applies; and on fresh roots with the venvs already
-                    there, which leaves the install cost as the difference
+  ping play         a play that only pings every host (one module round trip per host)
+  host.yml no-op    playbooks/host.yml, rolling as it ships (a canary, then batches of 5),
+                    when there is nothing to do (an untimed first run applied the plan)
 
-    python benchmarks/bench_fleet.py [--hosts 10] [--forks 2] [--runs 5] [--json]
+Then one no-op run per size under ansible.posix.profile_tasks, whose task times say where the
+cost goes (summed over the batches, as a share of the run's task time).
 
-Not a test: it prints a table (and --json) for docs/fleet.md.
+    python benchmarks/bench_fleet.py [--sizes 10,50,100] [--forks 2] [--runs 3] [--json]
+
+Not a test: it prints a table (and --json) for docs/fleet.md, with the load average.
 """
 
 from __future__ import annotations
@@ -23,83 +25,114 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
+from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from timing import ENV, alternate, print_summary, run_once, summary
+from timing import ENV, alternate, run_once, summary
 
 from passthrough import fakehost
 
 REPO = Path(__file__).parents[1]
 BIN = Path(sys.executable).parent
-PING = [{"name": "empty", "hosts": "gpu_hosts", "gather_facts": False, "tasks": [{"ping": {}}]}]
+HOST_PLAY = str(REPO / "playbooks/host.yml")
+PING = [{"name": "ping", "hosts": "gpu_hosts", "gather_facts": False, "tasks": [{"ping": {}}]}]
+# profile_tasks' line per task: "role : task name ---- 1.23s"
+TASK_TIME = re.compile(r"^(.*?) -{2,} (\d+\.\d+)s$")
 
 
-def _fleet(tmp: Path, hosts: int, tag: str) -> Path:
-    """``hosts`` fresh roots and an inventory naming them; venvs under ``tmp``/venvs."""
+def _fleet(tmp: Path, hosts: int) -> Path:
+    """``hosts`` fresh roots and an inventory naming them, one venv path for all."""
+    template = fakehost.build(fakehost.load("consumer-intel"), tmp / "template")
     entries = {}
     for i in range(hosts):
-        root = fakehost.build(fakehost.load("consumer-intel"), tmp / f"{tag}-{i:02d}")
-        entries[f"host-{i:02d}"] = {
+        root = tmp / f"h{hosts}-{i:03d}"
+        shutil.copytree(template, root, symlinks=True)
+        entries[f"host-{i:03d}"] = {
             "ansible_connection": "local",
             "ansible_python_interpreter": "/usr/bin/python3",
             "passthrough_root": str(root),
-            "passthrough_runtime_venv": str(tmp / "venvs" / f"host-{i:02d}"),
+            "passthrough_runtime_venv": str(tmp / "venv"),
         }
-    inv = tmp / f"{tag}.json"
+    inv = tmp / f"fleet-{hosts}.json"
     inv.write_text(json.dumps({"gpu_hosts": {"hosts": entries}}))
     return inv
 
 
+def _profile(argv: list[str], env: dict[str, str]) -> dict[str, float]:
+    """Seconds per task name of one run under profile_tasks, summed over the batches."""
+    env = {**env, "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks"}
+    env["PROFILE_TASKS_TASK_OUTPUT_LIMIT"] = "all"
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, env=env).stdout
+    tasks: dict[str, float] = defaultdict(float)
+    recap = out.split("TASKS RECAP")[-1].splitlines()
+    for line in recap:
+        if m := TASK_TIME.match(line.strip()):
+            tasks[m.group(1).split(" : ")[-1].strip()] += float(m.group(2))
+    return dict(tasks)
+
+
+def measure(tmp: Path, hosts: int, forks: int, runs: int, env: dict[str, str]) -> dict[str, Any]:
+    tmp.mkdir()
+    inv = str(_fleet(tmp, hosts))
+    play = [str(BIN / "ansible-playbook"), "--forks", str(forks), "-i", inv]
+    first = run_once([*play, HOST_PLAY], env)  # installs the venv (canary) and applies
+    samples = alternate(
+        {"ping play": [*play, str(tmp.parent / "ping.yml")], "host.yml no-op": [*play, HOST_PLAY]},
+        runs,
+        env,
+    )
+    report: dict[str, Any] = dict(summary(samples, "ping play"))
+    report["per_host_seconds"] = {
+        k: round(v / hosts, 3) for k, v in report["median_seconds"].items()
+    }
+    report["first_run_seconds"] = round(first[0], 1)
+    report["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    tasks = _profile([*play, HOST_PLAY], env)
+    total = sum(tasks.values()) or 1.0
+    top = sorted(tasks.items(), key=lambda kv: -kv[1])[:5]
+    report["task_share"] = {name: round(sec / total, 2) for name, sec in top}
+    return report
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--hosts", type=int, default=10)
+    ap.add_argument("--sizes", default="10,50,100", help="host counts, comma-separated")
     ap.add_argument("--forks", type=int, default=2)
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="passthrough-bench-fleet-"))
     env = {**ENV, "XDG_CACHE_HOME": str(tmp / "cache"), "ANSIBLE_NOCOLOR": "1"}
     env.pop("ANSIBLE_CONFIG", None)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    reports: dict[str, Any] = {"setup": {"forks": args.forks, "runs": args.runs}}
     try:
         (tmp / "ping.yml").write_text(json.dumps(PING))
-        play = [str(BIN / "ansible-playbook"), "--forks", str(args.forks), "-i"]
-        first = _fleet(tmp, args.hosts, "first")
-        install_and_apply = run_once([*play, str(first), str(REPO / "playbooks/host.yml")], env)
-        second = _fleet(tmp, args.hosts, "second")  # fresh roots, the venvs kept
-        apply_only = run_once([*play, str(second), str(REPO / "playbooks/host.yml")], env)
-        samples = alternate(
-            {
-                "empty play (ping)": [*play, str(first), str(tmp / "ping.yml")],
-                "host role, nothing to do": [*play, str(first), str(REPO / "playbooks/host.yml")],
-            },
-            args.runs,
-            env,
-        )
-        report = summary(samples, "empty play (ping)")
-        report["first_run_seconds"] = {
-            "install and apply (wheel built, fresh venvs)": round(install_and_apply[0], 2),
-            "apply only (venvs there)": round(apply_only[0], 2),
-            "install cost": round(install_and_apply[0] - apply_only[0], 2),
-        }
-        report["setup"] = {"hosts": args.hosts, "forks": args.forks, "runs": args.runs}
-        report["per_host_seconds"] = {
-            k: round(v / args.hosts, 3) for k, v in report["median_seconds"].items()
-        }
+        for hosts in sizes:
+            reports[str(hosts)] = measure(tmp / str(hosts), hosts, args.forks, args.runs, env)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(reports, indent=2))
         return
-    print(
-        f"{args.hosts} local hosts, forks {args.forks}, {args.runs} runs each (cpus: {os.cpu_count()})"
-    )
-    print_summary(report)
-    for label, seconds in report["first_run_seconds"].items():
-        print(f"first run: {label:<46} {seconds:6.2f}s")
+    print(f"forks {args.forks}, {args.runs} alternating runs each (cpus: {os.cpu_count()})")
+    print(f"{'hosts':>5} {'ping':>8} {'no-op':>8} {'x wall':>7} {'x CPU':>6} {'/host':>7}  load")
+    for hosts in sizes:
+        r = reports[str(hosts)]
+        med, ratio = r["median_seconds"], r["ratio"]
+        print(
+            f"{hosts:>5} {med['ping play']:7.1f}s {med['host.yml no-op']:7.1f}s"
+            f" {ratio['host.yml no-op']:7.2f} {r['cpu_ratio'].get('host.yml no-op', 0):6.2f}"
+            f" {r['per_host_seconds']['host.yml no-op']:6.2f}s  {r['load_average']}"
+        )
+        print("        where the no-op's task time goes: " + json.dumps(r["task_share"]))
 
 
 if __name__ == "__main__":

@@ -20,12 +20,14 @@ def add_parser(sub: Subparsers) -> None:
         "provision",
         run,
         description="Run playbooks/site.yml (or --playbook host.yml|vm.yml|guest.yml) against an "
-        "inventory through ansible-runner, with live progress, a per-host summary (reboot "
-        "required shown per host) and the full log (0600). Ansible's configuration is yours: "
+        "inventory through ansible-runner, with live progress (a line per batch of the rolling "
+        "host play and per host), a per-host summary (reboot required and batch shown per host; "
+        "hosts a stopped rollout did not reach: waiting) and the full log (0600). Ansible's configuration is yours: "
         "$ANSIBLE_CONFIG, ./ansible.cfg, ~/.ansible.cfg or /etc/ansible/ansible.cfg, as Ansible "
         "finds it; the playbooks' own only where you have none. Exit codes: 0 every host ok; "
         "2 bad input (missing inventory, playbook or -e file; nothing ran); 4 a host failed or "
-        "was unreachable, or Ansible failed (the other hosts go on, --forks); 130 interrupted.",
+        "was unreachable, or Ansible failed (host.yml stops at the first batch with a failed host: "
+        "-e passthrough_max_fail_percentage=N); 130 interrupted.",
         epilog=examples(
             "passthrough provision -i inventory/example/hosts.yml --check --diff",
             "passthrough provision -i hosts.yml --playbook host.yml --limit gpu-node-01",

@@ -34,9 +34,13 @@ class HostResult:
     skipped: int = 0
     reason: str | None = None
     reboot: bool = False  # a task reported reboot_required (the host module)
+    batch: int | None = None  # the rolling batch it ran in (1: the canary), None: no batches
+    waiting: bool = False  # in the rolling play, not reached: an earlier batch stopped it
 
     @property
     def status(self) -> str:
+        if self.waiting:
+            return "waiting"
         if self.unreachable:
             return "unreachable"
         if self.failed:
@@ -63,9 +67,12 @@ class RunResult:
     def failure(self) -> ProvisionFailed:
         """The one-line error for a run that was not ok: the hosts that failed."""
         failed = [h.name for h in self.hosts.values() if h.failed or h.unreachable]
+        waiting = sum(h.waiting for h in self.hosts.values())
         return ProvisionFailed(
             f"{', '.join(sorted(failed or ['(playbook)']))} failed (status {self.status}, "
-            f"rc {self.rc}); see the log"
+            f"rc {self.rc})"
+            + (f"; {waiting} host(s) not started (the rolling play stopped)" if waiting else "")
+            + "; see the log"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -84,6 +91,7 @@ class RunResult:
                     "unreachable": h.unreachable,
                     "reason": h.reason,
                     "reboot_required": h.reboot,
+                    "batch": h.batch,
                 }
                 for h in self.hosts.values()
             },
@@ -123,6 +131,9 @@ def _reason(event: dict[str, Any]) -> str:
     )
     if len(text) > 300:
         text = text[:297] + "..."
+    code = res.get("exit_code")  # the CLI's exit code for the same refusal (the modules')
+    if isinstance(code, int) and not isinstance(code, bool):
+        text += f" (exit {code})"
     return f"{data.get('task', '?')}: {text}"
 
 
@@ -151,8 +162,12 @@ class _Events:
         self.say = say
         self.show = show  # where diffs go (--diff), as ansible-playbook prints them
         self.verbose = verbose  # -v: Ansible's own output, live, instead of progress lines
+        self.note = (lambda _m: None) if verbose else say  # the batch lines
         self.hosts: dict[str, HostResult] = {}
         self.lines: list[str] = []
+        self.fleet: list[str] = []  # the rolling play's hosts, in order (its Batch task)
+        self.batches: list[list[str]] = []
+        self.open: list[str] = []  # the batch running now, not yet reported
 
     def host(self, name: str) -> HostResult:
         return self.hosts.setdefault(name, HostResult(name))
@@ -167,6 +182,11 @@ class _Events:
         res = data.get("res") or {}
         if name and isinstance(res, dict) and res.get("reboot_required") is True:
             self.host(name).reboot = True
+        batch = _batch_of(kind, data, res)
+        if batch is not None:
+            self.start_batch(*batch)
+        elif kind in ("playbook_on_play_start", "playbook_on_stats"):
+            self.end_batch()
         if self.verbose:
             if stdout:
                 self.say(stdout)
@@ -188,6 +208,26 @@ class _Events:
             say(f"    ~ {name}: changed")
         return True
 
+    def start_batch(self, batch: list[str], fleet: list[str]) -> None:
+        """A progress line per batch: its hosts, and how many wait for a later one."""
+        self.end_batch()
+        self.fleet = fleet
+        self.batches.append(batch)
+        self.open = batch
+        for name in batch:
+            self.host(name).batch = len(self.batches)
+        started = {n for b in self.batches for n in b}
+        waiting = sum(name not in started for name in fleet)
+        label = "canary" if len(self.batches) == 1 else f"batch {len(self.batches)}"
+        self.note(f"{label}: {', '.join(batch)} ({waiting} waiting)")
+
+    def end_batch(self) -> None:
+        """A progress line per host of the batch that ended: done or failed."""
+        for name in self.open:
+            host = self.host(name)
+            self.note(f"  {name}: failed: {host.reason}" if host.reason else f"  {name}: done")
+        self.open = []
+
     def tally(self, stats: dict[str, Any]) -> None:
         """The play recap's counts, per host."""
         for stat, attr in (
@@ -199,6 +239,19 @@ class _Events:
         ):
             for name, count in (stats.get(stat) or {}).items():
                 setattr(self.host(name), attr, int(count))
+        for name in self.fleet:  # never reached: an earlier batch failed
+            if self.host(name).batch is None:
+                self.host(name).waiting = True
+
+
+def _batch_of(kind: str, data: dict[str, Any], res: Any) -> tuple[list[str], list[str]] | None:
+    """(the batch, every host of the play) where the event is host.yml's Batch task."""
+    if kind != "runner_on_ok" or data.get("task") != "Batch" or not isinstance(res, dict):
+        return None
+    msg = res.get("msg")
+    if not isinstance(msg, dict) or not isinstance(msg.get("batch"), list):
+        return None
+    return [str(h) for h in msg["batch"]], [str(h) for h in msg.get("hosts") or []]
 
 
 def run(
@@ -281,24 +334,18 @@ def write_private(path: Path, text: str) -> None:
 
 
 def summary_table(result: RunResult) -> str:
-    rows = [("host", "status", "ok", "changed", "failed", "unreachable", "reboot", "reason")]
-    for h in sorted(result.hosts.values(), key=lambda h: h.name):
-        rows.append(
-            (
-                h.name,
-                h.status,
-                str(h.ok),
-                str(h.changed),
-                str(h.failed),
-                str(h.unreachable),
-                "required" if h.reboot else "-",
-                h.reason or "",
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(7)]
-    out = []
-    for r in rows:
-        out.append(
-            "  ".join(r[i].ljust(widths[i]) for i in range(7)) + ("  " + r[7] if r[7] else "")
-        )
-    return "\n".join(out)
+    """One row per host: in batch order (the hosts a stop left waiting last), then by name."""
+    head = ("host", "status", "ok", "changed", "failed", "unreachable", "reboot", "batch")
+    rows: list[tuple[str, ...]] = [(*head, "reason")]
+    order = sorted(result.hosts.values(), key=lambda h: (h.batch or 1 << 30, h.name))
+    for h in order:
+        counts = (h.ok, h.changed, h.failed, h.unreachable)
+        reboot = "required" if h.reboot else "-"
+        batch = "-" if h.batch is None else str(h.batch)
+        rows.append((h.name, h.status, *map(str, counts), reboot, batch, h.reason or ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join(
+        "  ".join(r[i].ljust(widths[i]) for i in range(len(head))).rstrip()
+        + ("  " + r[-1] if r[-1] else "")
+        for r in rows
+    )

@@ -18,7 +18,8 @@ from typing import Any
 def package_errors(module: Any) -> Iterator[None]:
     """Run the block; end the task with one line where the passthrough package (or a library
     it needs, such as libvirt-python) cannot be imported on the target, or where it refuses
-    (a PassthroughError: a safety-policy refusal carries its codes, docs/discovery.md "Safety policy").
+    (a PassthroughError: a safety-policy refusal carries its codes, docs/discovery.md "Safety policy",
+    and every refusal the command line's exit code).
     Anything else is a bug and shows as Ansible shows an exception."""
     try:
         yield
@@ -46,4 +47,8 @@ def package_errors(module: Any) -> Iterator[None]:
             raise exc from None
         if not isinstance(exc, PassthroughError):
             raise
-        module.fail_json(msg=str(exc), codes=list(getattr(exc, "codes", ())))
+        # exit_code: what `passthrough` itself exits with for the same refusal (docs/cli.md),
+        # so a fleet summary reads as the command line would
+        module.fail_json(
+            msg=str(exc), codes=list(getattr(exc, "codes", ())), exit_code=int(exc.exit_code)
+        )

@@ -103,6 +103,10 @@ codes:
   returned: failure
   type: list
   elements: str
+exit_code:
+  description: "on a refusal, the exit code C(passthrough) gives for it (docs/cli.md)"
+  returned: failure
+  type: int
 """
 
 from typing import Any  # noqa: E402 (Ansible wants DOCUMENTATION first)
@@ -143,6 +147,7 @@ def _preflight(module: AnsibleModule, host: object, required: list[str]) -> None
             msg=f"preflight: {', '.join(c['id'] for c in blocking)} failed: "
             f"{'; '.join(c['summary'] for c in blocking)}" + (f" (fix: {fixes})" if fixes else ""),
             checks=checks,
+            exit_code=1,  # EXIT_CHECK_FAILED: what `passthrough check` exits with here
         )
 
 
