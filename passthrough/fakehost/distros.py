@@ -17,6 +17,7 @@ TABLE = Path(__file__).with_name("distros.yaml")
 # "none": a host whose boot tooling discovery cannot find (what the checks must report)
 BOOTLOADERS = (*(k.value for k in BootloaderKind), "none")
 INITRAMFS = (*(k.value for k in InitramfsKind), "none")
+GRUB_MKCONFIG = ("debian", "upstream", "grub2")
 
 _DISTRO = Keys(
     {
@@ -25,6 +26,9 @@ _DISTRO = Keys(
         "bootloader": OneOf(BOOTLOADERS),
         "initramfs": OneOf(INITRAMFS),
         "config": MapOf((str,), (str,)),
+        # which grub-mkconfig the host has: Debian's (reads grub.d), upstream's, or
+        # upstream's under the name grub2-mkconfig with /boot/grub2 (openSUSE)
+        "grub_mkconfig": OneOf(GRUB_MKCONFIG),
     },
     required=("os_release", "release", "bootloader", "initramfs", "config"),
 )
@@ -41,6 +45,7 @@ class DistroProfile:
     bootloader: str
     initramfs: str
     config: dict[str, str]  # CONFIG_* that differ from BASE_CONFIG
+    grub_mkconfig: str = "debian"
 
 
 def _load() -> tuple[dict[str, str], dict[str, DistroProfile]]:
