@@ -14,7 +14,8 @@ from passthrough.model import BootloaderKind, Host
 from passthrough.plan import modprobe_conflicts, vfio
 from passthrough.plan.actions import Action, Binding, Plan, PlannedCard, RemoveFile, WriteFile
 from passthrough.plan.bootloaders import UnknownBootloader, for_host
-from passthrough.plan.kargs import ArgChange, KargOptions, desired, needed
+from passthrough.plan.kargs import ArgChange, KargOptions, desired, key_of, needed
+from passthrough.plan.nixos import NixosRefused, configuration_lines
 from passthrough.plan.select import Selection, select
 
 
@@ -147,6 +148,14 @@ def _binding_actions(
     return actions
 
 
+def _refuse_nixos(root: HostRoot, host: Host, sel: Selection, target: ArgChange) -> None:
+    """NixOS: refused with the configuration.nix lines, before anything is planned."""
+    deps = vfio.softdeps(root, host, sel.functions)
+    ids = [] if sel.ids_ambiguous else list(sel.vfio_ids)
+    removed = [a for a in host.kernel.cmdline if key_of(a) in target.drop]
+    raise NixosRefused(configuration_lines(target, removed, vfio.modprobe_conf(ids, deps)))
+
+
 def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Selection]:
     hugepages_note = check_hugepages(opts.hugepages_1g, host)
     if opts.iommu_only:
@@ -169,6 +178,8 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
     )
     configured = loader.configured() if loader else list(host.kernel.cmdline)
     target = desired(host, kopts, configured)
+    if host.boot.bootloader is BootloaderKind.NIXOS:
+        _refuse_nixos(root, host, sel, target)
     notes = [*opts.notes, *sel.notes]
     if hugepages_note:
         notes.append(hugepages_note)

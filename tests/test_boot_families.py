@@ -192,3 +192,50 @@ def test_a_script_that_cannot_be_told_refuses_and_writes_nothing(tmp_path: Path)
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "/usr/sbin/grub-mkconfig does not source /etc/default/grub" in out.stderr
     assert changed(before, snapshot_tree(path)) == []
+
+
+# -- NixOS: refused with the configuration.nix lines ----------------------------------------
+
+
+def test_nixos_is_detected_and_refused_with_the_configuration_lines(tmp_path: Path) -> None:
+    path = _host(tmp_path, "nixos")
+    assert discover(str(path)).boot.bootloader == BootloaderKind.NIXOS
+    before = snapshot_tree(path)
+    for command in (["plan"], ["apply", "--yes"]):
+        out = run_cli([*command, "--root", str(path), "--gpu", "01:00.0"])
+        assert out.returncode == 2, out.stderr
+        lines = out.stderr.splitlines()
+        assert "NixOS generates /etc" in lines[0] and "configuration.nix" in lines[0]
+        assert lines[1:] == [
+            '  boot.kernelParams = [ "iommu=pt" "vfio-pci.ids=10de:2684,10de:22ba" ];',
+            '  boot.initrd.kernelModules = [ "vfio_pci" "vfio" "vfio_iommu_type1" ];',
+            "  boot.extraModprobeConfig = ''",
+            "    options vfio-pci ids=10de:2684,10de:22ba",
+            "    softdep nouveau pre: vfio-pci",
+            "    softdep nvidia pre: vfio-pci",
+            "    softdep nvidia_drm pre: vfio-pci",
+            "    softdep nvidia_modeset pre: vfio-pci",
+            "    softdep snd_hda_intel pre: vfio-pci",
+            "  '';",
+        ]
+    assert changed(before, snapshot_tree(path)) == []
+
+
+def test_nixos_lines_escape_what_nix_would_interpret() -> None:
+    from passthrough.plan.kargs import ArgChange
+    from passthrough.plan.nixos import configuration_lines
+
+    lines = configuration_lines(
+        ArgChange(set={"a": 'a="x${y}"'}), ["intel_iommu=off"], "options m p=${x}''\n"
+    )
+    assert lines[0] == 'boot.kernelParams = [ "a=\\"x\\${y}\\"" ];'
+    assert lines[3] == "  options m p=''${x}'''"
+    assert lines[-1] == "# and take out of boot.kernelParams: intel_iommu=off"
+
+
+def test_check_warns_when_grub_reading_cannot_be_told(tmp_path: Path) -> None:
+    path = _host(tmp_path, "arch-grub")
+    (path / "usr/sbin/grub-mkconfig").write_text("#!/bin/sh\nexec /opt/grub/mkconfig\n")
+    out = run_cli(["check", "--root", str(path)])
+    (line,) = [ln for ln in out.stdout.splitlines() if " bootloader " in ln]
+    assert line.startswith("WARN") and "does not source /etc/default/grub" in line, line
