@@ -26,7 +26,8 @@ from passthrough.host.facts import read_grub
 from passthrough.host.root import HostRoot
 from passthrough.model import BootloaderKind
 from passthrough.plan.build import PlanOptions, make_plan
-from passthrough.plan.grub import MARKER
+from passthrough.plan.grub import MARKER, VARS
+from passthrough.plan.shellvars import append_missing
 
 from .cli_process import run_cli
 from .conftest import build_variant
@@ -139,11 +140,11 @@ def test_upstream_grub_gets_our_line_in_default_grub_and_undo_restores(
     before = snapshot_tree(path)
     _apply(path)
     assert not (path / "etc/default/grub.d").exists()  # nothing that nothing reads
+    ours = ["vfio-pci.ids=10de:2684,10de:22ba"] + (
+        ["rd.driver.pre=vfio-pci"] if "suse" in distro else []
+    )
     assert main.read_text().endswith(
-        MARKER + '\nGRUB_CMDLINE_LINUX_DEFAULT="${GRUB_CMDLINE_LINUX_DEFAULT} '
-        "vfio-pci.ids=10de:2684,10de:22ba"
-        + (" rd.driver.pre=vfio-pci" if "suse" in distro else "")
-        + '"\n'
+        MARKER + "\n" + append_missing("GRUB_CMDLINE_LINUX_DEFAULT", VARS, ours) + "\n"
     )
     line = kernel_line(path, dropins=False)
     assert "vfio-pci.ids=10de:2684,10de:22ba" in line and line[0] == "quiet"

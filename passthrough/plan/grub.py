@@ -23,7 +23,7 @@ from passthrough.model import BootloaderKind, GrubReading
 from passthrough.plan.actions import Action, RemoveFile, Run, WriteFile
 from passthrough.plan.bootloader_base import Bootloader
 from passthrough.plan.kargs import ArgChange, UnsafeCmdline, edit, key_of, utf8_text
-from passthrough.plan.shellvars import Origin, ShellVars, quote, source
+from passthrough.plan.shellvars import Origin, ShellVars, append_missing, source
 
 MAIN = "etc/default/grub"
 GRUB_D = "etc/default/grub.d"
@@ -32,7 +32,8 @@ VARS = ("GRUB_CMDLINE_LINUX", "GRUB_CMDLINE_LINUX_DEFAULT")
 TARGET = "GRUB_CMDLINE_LINUX_DEFAULT"  # for normal boots; comes last on the kernel line
 HEADER = (
     "# Written by passthrough (GPU passthrough kernel arguments); 'passthrough undo' removes it.\n"
-    "# It appends to the value set before it: edit /etc/default/grub as usual.\n"
+    "# It appends to the value set before it what is not there yet: edit /etc/default/grub\n"
+    "# as usual.\n"
 )
 
 # our two lines at the end of /etc/default/grub where grub-mkconfig reads no grub.d
@@ -55,7 +56,9 @@ class GrubUnknown(PassthroughError):
 
 
 def _line(args: list[str]) -> str:
-    return f'{TARGET}="${{{TARGET}}} {quote(" ".join(args))[1:-1]}"\n'
+    """Appends each argument not on the kernel line yet: sourced twice (an
+    /etc/default/grub that sources grub.d itself), each is there once."""
+    return append_missing(TARGET, VARS, args) + "\n"
 
 
 def _without_block(text: str) -> tuple[str, int | None]:
@@ -132,24 +135,36 @@ class Grub(Bootloader):
     def _read(self, path: str) -> str | None:
         return utf8_text(self.root.read_bytes(path.lstrip("/")), path)
 
+    def _dropins(self, extra: set[str]) -> list[str]:
+        """grub.d/*.cfg (with ``extra`` paths written by the plan) in byte order, as /bin/sh
+        expands the pattern."""
+        names = {n for n in self.root.listdir(GRUB_D) if n.endswith(".cfg")}
+        names |= {p.rsplit("/", 1)[1] for p in extra if p.startswith(GRUB_D + "/")}
+        return [f"{GRUB_D}/{n}" for n in sorted(names, key=lambda s: s.encode())]
+
     def _order(self, extra: set[str]) -> list[str]:
         if not self.reading.dropins:
             return [MAIN]  # upstream grub-mkconfig: grub.d is never read
-        names = {n for n in self.root.listdir(GRUB_D) if n.endswith(".cfg")}
-        names |= {p.rsplit("/", 1)[1] for p in extra if p.startswith(GRUB_D + "/")}
-        # /bin/sh expands grub.d/*.cfg in byte order
-        return [MAIN] + [f"{GRUB_D}/{n}" for n in sorted(names, key=lambda s: s.encode())]
+        return [MAIN, *self._dropins(extra)]
 
     def evaluate(self, override: dict[str, str | None] | None = None) -> ShellVars:
         """The variables as grub-mkconfig ends with them (``override``: path → text)."""
         override = override or {}
-        state = ShellVars(frozenset(VARS))
+
+        def read(path: str) -> str | None:
+            rel = path.lstrip("/")
+            return override[rel] if rel in override else self._read(path)
+
+        def listdir(path: str) -> list[str]:  # grub.d as it will be, for a loop over it
+            return [p.rsplit("/", 1)[1] for p in self._dropins(set(override)) if read("/" + p)]
+
+        state = ShellVars(frozenset(VARS), listdir=listdir)
         if self.root.read_bytes(MAIN) is None and MAIN not in override:
             raise UnsafeCmdline("/" + MAIN, "missing, although GRUB was detected")
         for rel in self._order(set(override)):
-            text = override[rel] if rel in override else self._read("/" + rel)
+            text = read("/" + rel)
             if text is not None:
-                source(text, "/" + rel, state, self._read)
+                source(text, "/" + rel, state, read)
         return state
 
     def configured(self) -> list[str]:
