@@ -264,3 +264,17 @@ def test_a_loop_over_grub_d_in_default_grub_sources_each_file(tmp_path: Path) ->
         )
         source(dropin, "/etc/default/grub.d/99-passthrough.cfg", state, files.get)
     assert state.value(TARGET).split() == ["quiet", "iommu=pt"]
+
+
+def test_commands_inside_a_substitution_set_nothing_here(tmp_path: Path) -> None:
+    """A subshell's source/eval cannot set our variables: another variable's value that
+    runs one (Debian desktops set GRUB_DISTRIBUTOR so) is skipped, not refused."""
+    text = (
+        "GRUB_DISTRIBUTOR=`( . /etc/os-release && echo ${NAME} )`\n"
+        "X=\"$(awk -F'\"' '/NAME/ {print $2}' /etc/os-release)\"\n"
+        f'{TARGET}="quiet"\n'
+    )
+    assert read(text).value(TARGET) == "quiet" == shell("bash", text, tmp_path)
+    # but a command after the substitution, in this shell, still counts
+    with pytest.raises(UnsafeCmdline, match=r"^/etc/default/grub:2: uses eval"):
+        read(f'Y=1\nX=`true`; eval "{HIDDEN}=x"\n')

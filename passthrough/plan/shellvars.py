@@ -323,11 +323,64 @@ def _strip(code: str) -> str:
     return head[: len(tail) + 1] if len(tail) < len(head) and backslashes % 2 else tail
 
 
+def _outside_substitutions(code: str) -> str:
+    """``code`` with each command substitution (`…` and $(…)) replaced by a plain word: it
+    runs in a subshell, so nothing in it sets a variable of this shell."""
+    out: list[str] = []
+    i, n = 0, len(code)
+    quote = ""
+    while i < n:
+        c = code[i]
+        if c == "\\":
+            out.append(code[i : i + 2])
+            i += 2
+            continue
+        if quote == "'" or (c == "'" and not quote):
+            quote = "" if quote == "'" else "'"
+        elif c == '"':
+            quote = "" if quote == '"' else '"'
+        elif c == "`" or code.startswith("$(", i):
+            i = _substitution_end(code, i)
+            out.append("_")
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _substitution_end(code: str, i: int) -> int:
+    """The index after the substitution starting at ``i`` (the end of ``code`` when it is
+    unterminated: the caller's shlex then refuses the rest)."""
+    if code[i] == "`":
+        j = i + 1
+        while j < len(code) and code[j] != "`":
+            j += 2 if code[j] == "\\" else 1
+        return j + 1
+    depth, j, quote = 0, i + 1, ""
+    while j < len(code):
+        c = code[j]
+        if c == "\\" and quote != "'":
+            j += 2
+            continue
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+        j += 1
+    return j
+
+
 def _commands(code: str, where: str) -> list[list[str]]:
     """Each simple command's words, quotes removed (``A""B`` is ``AB``), from the first
     command word on: leading assignments, keywords and wrappers such as ``command`` are
     skipped."""
-    lex = shlex.shlex(code, posix=True, punctuation_chars=";&|()<>")
+    lex = shlex.shlex(_outside_substitutions(code), posix=True, punctuation_chars=";&|()<>")
     lex.whitespace_split = True
     lex.commenters = ""
     try:
