@@ -114,6 +114,12 @@ def test_a_script_that_cannot_be_told_is_unknown(tmp_path: Path, text: str) -> N
     assert read_grub(HostRoot(str(tmp_path))).dropins is None
 
 
+def test_update_grub_without_grub_mkconfig_cannot_be_told(tmp_path: Path) -> None:
+    _script(tmp_path, "#!/bin/sh\nexec grub-mkconfig -o /boot/grub/grub.cfg\n", "update-grub")
+    grub = read_grub(HostRoot(str(tmp_path)))
+    assert grub.dropins is None and grub.script is None and "no grub-mkconfig" in grub.why
+
+
 # -- sample hosts: plan, apply, undo ------------------------------------------------------
 
 
