@@ -120,6 +120,21 @@ def test_update_grub_without_grub_mkconfig_cannot_be_told(tmp_path: Path) -> Non
     assert grub.dropins is None and grub.script is None and "no grub-mkconfig" in grub.why
 
 
+def test_grub2_with_bls_entries_and_no_grubby_cannot_be_told(tmp_path: Path) -> None:
+    """Fedora without grubby: GRUB_ENABLE_BLSCFG=true takes the kernel line from the BLS
+    entries, so a line in /etc/default/grub would be read by nothing that boots."""
+    path = _host(tmp_path, "opensuse-tumbleweed")
+    with (path / "etc/default/grub").open("a") as fh:
+        fh.write("GRUB_ENABLE_BLSCFG=true\n")
+    (path / "boot/loader/entries").mkdir(parents=True)
+    (path / "boot/loader/entries/a-6.11.conf").write_text("options root=/dev/vda ro\n")
+    before = snapshot_tree(path)
+    out = run_cli(["apply", "--root", str(path), "--gpu", "01:00.0", "--yes"])
+    assert out.returncode == 2 and "GRUB_ENABLE_BLSCFG=true" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert changed(before, snapshot_tree(path)) == []
+
+
 # -- sample hosts: plan, apply, undo ------------------------------------------------------
 
 

@@ -248,6 +248,16 @@ def _sources_dropins(text: str) -> bool:
     return False
 
 
+def _bls(root: HostRoot) -> bool:
+    """Fedora's and RHEL's grub2 reads each kernel's arguments from its BLS entry when
+    GRUB_ENABLE_BLSCFG=true, not from GRUB_CMDLINE_LINUX."""
+    text = root.read("etc/default/grub") or ""
+    enabled = re.search(r"""^\s*GRUB_ENABLE_BLSCFG=["']?true["']?\s*$""", text, re.M)
+    return enabled is not None and any(
+        e.endswith(".conf") for e in root.listdir("boot/loader/entries")
+    )
+
+
 def read_grub(root: HostRoot) -> GrubReading:
     """Learn from the root's own grub-mkconfig (a shell script) which files it sources:
     upstream's reads /etc/default/grub only, Debian's patched one also grub.d/*.cfg."""
@@ -277,6 +287,12 @@ def read_grub(root: HostRoot) -> GrubReading:
         return GrubReading(script, None, why, regenerate, grub_cfg)
     if not _SOURCES_MAIN.search(text):
         why = f"{script} does not source /etc/default/grub in a way the planner recognises"
+        return GrubReading(script, None, why, regenerate, grub_cfg)
+    if _bls(root):
+        why = (
+            "GRUB_ENABLE_BLSCFG=true with entries in /boot/loader/entries: the kernel line "
+            f"comes from those entries, which {name} does not rewrite (grubby does)"
+        )
         return GrubReading(script, None, why, regenerate, grub_cfg)
     if _sources_dropins(text):
         why = f"{script} sources /etc/default/grub, then /etc/default/grub.d/*.cfg"
