@@ -213,6 +213,7 @@ def test_a_script_that_cannot_be_told_refuses_and_writes_nothing(tmp_path: Path)
     assert out.returncode == 2, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "/usr/sbin/grub-mkconfig does not source /etc/default/grub" in out.stderr
+    assert "add vfio-pci.ids=10de:2684,10de:22ba by hand" in out.stderr
     assert changed(before, snapshot_tree(path)) == []
 
 

@@ -14,6 +14,7 @@ from passthrough.model import BootloaderKind, Host
 from passthrough.plan import modprobe_conflicts, vfio
 from passthrough.plan.actions import Action, Binding, Plan, PlannedCard, RemoveFile, WriteFile
 from passthrough.plan.bootloaders import UnknownBootloader, for_host
+from passthrough.plan.grub import GrubUnknown
 from passthrough.plan.kargs import ArgChange, KargOptions, desired, key_of, needed
 from passthrough.plan.nixos import NixosRefused, configuration_lines
 from passthrough.plan.select import Selection, select
@@ -176,7 +177,11 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
         hugepages_1g=opts.hugepages_1g,
         release_hugepages=opts.release_hugepages,
     )
-    configured = loader.configured() if loader else list(host.kernel.cmdline)
+    try:
+        configured = loader.configured() if loader else list(host.kernel.cmdline)
+    except GrubUnknown as unknown:  # name what to add by hand, as for an unknown loader
+        missing = needed(list(host.kernel.cmdline), desired(host, kopts, host.kernel.cmdline))
+        raise GrubUnknown(unknown.why, list(missing.set.values())) from None
     target = desired(host, kopts, configured)
     if host.boot.bootloader is BootloaderKind.NIXOS:
         _refuse_nixos(root, host, sel, target)

@@ -51,8 +51,10 @@ def dropin_text(args: list[str]) -> str:
 class GrubUnknown(PassthroughError):
     """How this host's grub-mkconfig reads its configuration cannot be told (exit 2)."""
 
-    def __init__(self, why: str) -> None:
-        super().__init__(f"{why}; nothing was written: add the kernel arguments by hand")
+    def __init__(self, why: str, args: list[str] | None = None) -> None:
+        what = " ".join(args) if args else "the kernel arguments"
+        super().__init__(f"{why}; nothing was written: add {what} by hand")
+        self.why = why
 
 
 def _line(args: list[str]) -> str:
