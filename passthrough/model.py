@@ -178,6 +178,7 @@ class BootloaderKind(StrEnum):
     PROXMOX = "proxmox-boot-tool"
     KERNELSTUB = "kernelstub"
     RPM_OSTREE = "rpm-ostree"
+    NIXOS = "nixos"  # /etc is generated from configuration.nix: nothing of ours is written
     UNKNOWN = "unknown"
 
 
@@ -189,12 +190,24 @@ class InitramfsKind(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class GrubReading:
+    """How this host's own grub-mkconfig reads its configuration, learnt from its text."""
+
+    script: str | None  # /usr/sbin/grub-mkconfig (or grub2-mkconfig); None: not found
+    dropins: bool | None  # sources /etc/default/grub.d/*.cfg; None: cannot be told
+    why: str  # what was found, or why it cannot be told
+    regenerate: tuple[str, ...]  # the command that writes grub.cfg
+    grub_cfg: str  # relative to the root: boot/grub/grub.cfg or boot/grub2/grub.cfg
+
+
+@dataclass(frozen=True, slots=True)
 class Boot:
     uefi: bool
     bootloader: BootloaderKind
     bootloader_evidence: tuple[str, ...]
     initramfs: InitramfsKind
     initramfs_evidence: tuple[str, ...]
+    grub: GrubReading | None = None  # GRUB hosts only
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,12 +30,17 @@ def _bash(script: str, tmp: Path) -> str:
     return run_ok([*env, f'cd "{work}"\n{script}'], timeout=30).stdout
 
 
-def grub_line(root: Path, tmp: Path) -> list[str]:
-    """GRUB_CMDLINE_LINUX then _DEFAULT as grub-mkconfig ends with them."""
+def grub_line(root: Path, tmp: Path, dropins: bool = True) -> list[str]:
+    """GRUB_CMDLINE_LINUX then _DEFAULT as grub-mkconfig ends with them: Debian's (it
+    sources grub.d/*.cfg after /etc/default/grub) or upstream's (``dropins=False``). Its
+    ``sysconfdir`` is set, as grub-mkconfig sets it, for a file that uses it (a loop of its
+    own over grub.d)."""
+    loop = f'for f in "{root}"/etc/default/grub.d/*.cfg; do [ -e "$f" ] && . "$f"; done\n'
     script = (
+        f'sysconfdir="{root}/etc"\n'
         f'. "{root}/etc/default/grub"\n'
-        f'for f in "{root}"/etc/default/grub.d/*.cfg; do [ -e "$f" ] && . "$f"; done\n'
-        'printf "%s %s" "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT"\n'
+        + (loop if dropins else "")
+        + 'printf "%s %s" "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT"\n'
     )
     return _bash(script, tmp).split()
 

@@ -299,7 +299,7 @@ def test_an_id_applied_before_its_variant_was_known_leaves_vfio_pci_ids(
     )
     assert main(["apply", "--root", str(root), "--json"]) == 0
     capsys.readouterr()
-    assert 'DEFAULT} vfio-pci.ids=10de:22ba"' in grub.read_text()
+    assert "for _passthrough_arg in vfio-pci.ids=10de:22ba;" in grub.read_text()
     assert f'ATTR{{driver_override}}="{VARIANT}"' in (root / RULE).read_text()
 
 

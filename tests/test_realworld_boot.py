@@ -68,7 +68,10 @@ def _cases() -> list[tuple[str, str, str]]:
         return [("missing", "", "")]
     out: list[tuple[str, str, str]] = []
     for row in _rows():
-        kinds = {"grub": ["grub-intel", "grub-amd"]}.get(row["kind"], [row["kind"]])
+        # GRUB files: as Debian's grub-mkconfig reads them (grub.d too), on two hosts, and
+        # as upstream's does (/etc/default/grub only: an Arch root, no update-grub)
+        grub = ["grub-intel", "grub-amd", "grub-intel:upstream"]
+        kinds = {"grub": grub}.get(row["kind"], [row["kind"]])
         if row["kind"] == "mkinitcpio":
             kinds = ["mkinitcpio:conf.d", "mkinitcpio:in-place"]
         out += [(kind, row["file"], row["path"]) for kind in kinds]
@@ -172,21 +175,28 @@ class Grub(Shape):
         for f in sorted(companions.glob("*")) if companions.is_dir() else []:
             shutil.copyfile(f, grub_d / f.name)
 
+    @property
+    def upstream(self) -> bool:
+        return self.variant == "upstream"
+
     def read(self) -> list[str]:
-        return grub_line(self.path, self.tmp)
+        return grub_line(self.path, self.tmp, dropins=not self.upstream)
 
     def expect(self, before: list[str], after: list[str], plan: Plan) -> None:
-        """The admin's arguments, then ours; a grub.d file sourced after ours may add more."""
+        """The admin's arguments, then ours that they do not have already (our line appends
+        only those); a grub.d file sourced after ours may add more."""
         ours_in_effect(after, plan.kernel_args)
+        stay = kept(before, plan.kernel_args)
         rest = list(after)
         for arg in reversed(plan.kernel_args.set.values()):
-            del rest[len(rest) - 1 - rest[::-1].index(arg)]
-        assert rest == kept(before, plan.kernel_args)
+            if arg not in stay:
+                del rest[len(rest) - 1 - rest[::-1].index(arg)]
+        assert rest == stay
 
     def edit(self) -> tuple[Path, bytes, str]:
         """nomodeset added where the admin's value is set (the last file before ours that
         sets it): inside their quotes when the line has them, else as a line of its own."""
-        drop_ins = (self.path / "etc/default/grub.d").glob("*.cfg")
+        drop_ins = [] if self.upstream else (self.path / "etc/default/grub.d").glob("*.cfg")
         files = [
             self.path / "etc/default/grub",
             *sorted(p for p in drop_ins if p.name < "99-passthrough.cfg"),
@@ -304,15 +314,20 @@ class Other(Shape):
 TEMPLATES: dict[str, Path] = {}
 
 
-def template(sample: str, factory: pytest.TempPathFactory) -> Path:
-    """Each sample host built once, copied for every file."""
-    if sample not in TEMPLATES:
+def template(sample: str, factory: pytest.TempPathFactory, variant: str = "") -> Path:
+    """Each sample host built once, copied for every file. The ``upstream`` variant is an
+    Arch root: upstream's grub-mkconfig (reads /etc/default/grub only), no update-grub."""
+    key = f"{sample}:{variant}"
+    if key not in TEMPLATES:
         grub = {"boot": {"bootloader": "grub", "initramfs": "dracut"}}
-        overrides = grub if sample == "two-gpus-one-group" else {}
-        TEMPLATES[sample] = build(factory.mktemp(sample), sample, overrides)
-        # as Debian's and Ubuntu's grub packages ship it
-        (TEMPLATES[sample] / "etc/default/grub.d").mkdir(parents=True, exist_ok=True)
-    return TEMPLATES[sample]
+        overrides: dict[str, object] = grub if sample == "two-gpus-one-group" else {}
+        if variant == "upstream":
+            overrides = {"distro": "arch-grub"}
+        TEMPLATES[key] = build(factory.mktemp(sample), sample, overrides)
+        # as Debian's and Ubuntu's grub packages ship it (Arch's has none)
+        if variant != "upstream":
+            (TEMPLATES[key] / "etc/default/grub.d").mkdir(parents=True, exist_ok=True)
+    return TEMPLATES[key]
 
 
 SHAPES: dict[str, Callable[..., Shape]] = {
@@ -340,7 +355,8 @@ def test_realworld_boot_file(
     host_kind, _, variant = kind.partition(":")
     sample, opts = HOSTS[host_kind]
     path = tmp_path / "root"
-    shutil.copytree(template(sample, tmp_path_factory), path, symlinks=True)
+    upstream = "upstream" if variant == "upstream" else ""
+    shutil.copytree(template(sample, tmp_path_factory, upstream), path, symlinks=True)
     shape = SHAPES[host_kind](path, tmp_path, BOOT / name, origin, variant)
     shape.place()
     before_tree = tree(path)

@@ -198,10 +198,11 @@ def test_admin_lines_are_kept_and_ours_removed(tmp_path: Path) -> None:
     apply_on(path)
     with (path / MODULES).open("a") as fh:
         fh.write("dm_crypt\n")
-    # someone added an argument to the line we wrote in our GRUB drop-in
+    # someone added a line of their own to our GRUB drop-in (our line lists arguments in a
+    # loop now, so their argument goes on a line of theirs)
     dropin = path / DROPIN
     ours = dropin.read_text()
-    dropin.write_text(ours.replace("} vfio-pci", "} splash vfio-pci"))
+    dropin.write_text(ours + 'GRUB_CMDLINE_LINUX_DEFAULT="${GRUB_CMDLINE_LINUX_DEFAULT} splash"\n')
     # and took one of our lines out of a file we wrote (nothing added): the rest is ours
     conf = path / CONF
     conf.write_text(conf.read_text().replace("softdep nvidia pre: vfio-pci\n", ""))

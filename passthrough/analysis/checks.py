@@ -178,6 +178,13 @@ def _vfio(host: Host) -> CheckResult:
 
 def _boot(host: Host) -> CheckResult:
     b = host.boot
+    if b.grub is not None and b.grub.dropins is None:
+        return CheckResult(
+            "bootloader",
+            Level.WARN,
+            f"grub, but {b.grub.why}",
+            "kernel arguments will have to be added by hand to the file your grub-mkconfig reads",
+        )
     if b.bootloader.value != "unknown":
         return CheckResult(
             "bootloader",

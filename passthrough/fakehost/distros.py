@@ -19,6 +19,7 @@ TABLE = Path(__file__).with_name("distros.yaml")
 # /etc/kernel/cmdline (Arch's usual setup), discovered as systemd-boot
 BOOTLOADERS = (*(k.value for k in BootloaderKind), "none", "systemd-boot-entries")
 INITRAMFS = (*(k.value for k in InitramfsKind), "none")
+GRUB_MKCONFIG = ("debian", "upstream", "grub2")
 
 _DISTRO = Keys(
     {
@@ -27,6 +28,9 @@ _DISTRO = Keys(
         "bootloader": OneOf(BOOTLOADERS),
         "initramfs": OneOf(INITRAMFS),
         "config": MapOf((str,), (str,)),
+        # which grub-mkconfig the host has: Debian's (reads grub.d), upstream's, or
+        # upstream's under the name grub2-mkconfig with /boot/grub2 (openSUSE)
+        "grub_mkconfig": OneOf(GRUB_MKCONFIG),
     },
     required=("os_release", "release", "bootloader", "initramfs", "config"),
 )
@@ -43,6 +47,7 @@ class DistroProfile:
     bootloader: str
     initramfs: str
     config: dict[str, str]  # CONFIG_* that differ from BASE_CONFIG
+    grub_mkconfig: str = "debian"
 
 
 def _load() -> tuple[dict[str, str], dict[str, DistroProfile]]:

@@ -15,7 +15,9 @@ from passthrough.model import BootloaderKind, Finding, Host, Severity
 from passthrough.plan import modprobe_conflicts, vfio
 from passthrough.plan.actions import Action, Binding, Plan, PlannedCard, RemoveFile, WriteFile
 from passthrough.plan.bootloaders import UnknownBootloader, for_host
-from passthrough.plan.kargs import ArgChange, KargOptions, desired, needed
+from passthrough.plan.grub import GrubUnknown
+from passthrough.plan.kargs import ArgChange, KargOptions, desired, key_of, needed
+from passthrough.plan.nixos import NixosRefused, configuration_lines
 from passthrough.plan.select import Selection, select
 
 
@@ -161,6 +163,14 @@ def _binding_actions(
     return actions
 
 
+def _refuse_nixos(root: HostRoot, host: Host, sel: Selection, target: ArgChange) -> None:
+    """NixOS: refused with the configuration.nix lines, before anything is planned."""
+    deps = vfio.softdeps(root, host, sel.functions)
+    ids = [] if sel.ids_ambiguous else list(sel.vfio_ids)
+    removed = [a for a in host.kernel.cmdline if key_of(a) in target.drop]
+    raise NixosRefused(configuration_lines(target, removed, vfio.modprobe_conf(ids, deps)))
+
+
 def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Selection]:
     hugepages_note = check_hugepages(opts.hugepages_1g, host)
     if opts.iommu_only:
@@ -181,8 +191,14 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
         hugepages_1g=opts.hugepages_1g,
         release_hugepages=opts.release_hugepages,
     )
-    configured = loader.configured() if loader else list(host.kernel.cmdline)
+    try:
+        configured = loader.configured() if loader else list(host.kernel.cmdline)
+    except GrubUnknown as unknown:  # name what to add by hand, as for an unknown loader
+        missing = needed(list(host.kernel.cmdline), desired(host, kopts, host.kernel.cmdline))
+        raise GrubUnknown(unknown.why, list(missing.set.values())) from None
     target = desired(host, kopts, configured)
+    if host.boot.bootloader is BootloaderKind.NIXOS:
+        _refuse_nixos(root, host, sel, target)
     warnings = _warning_notes(sel.findings)
     notes = [*warnings, *opts.notes, *sel.notes]
     if hugepages_note:

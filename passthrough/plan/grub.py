@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""GRUB (Debian/Ubuntu/Arch): our arguments as a delta on the admin's configuration.
+"""GRUB (Debian/Ubuntu, upstream GRUB on Arch and others, openSUSE's grub2-mkconfig): our
+arguments as a delta on the admin's configuration.
 
-grub-mkconfig sources /etc/default/grub, then every /etc/default/grub.d/*.cfg in sort
-order. Our drop-in *appends* to ``GRUB_CMDLINE_LINUX_DEFAULT`` as the shell has it at that
-point, so whatever the admin sets before it (today or after apply) still takes effect,
-followed by ours. An argument that must go (``amd_iommu=on``, ``intel_iommu=off``, another
+Which files count is the host's own grub-mkconfig's business (facts.read_grub reads it):
+Debian's sources /etc/default/grub, then every /etc/default/grub.d/*.cfg in sort order, and
+our drop-in there *appends* to ``GRUB_CMDLINE_LINUX_DEFAULT`` as the shell has it at that
+point; upstream's sources /etc/default/grub only, so the same appending line goes at the end
+of that file, after a marker line of ours. Either way whatever the admin sets before it
+(today or after apply) still takes effect, followed by ours. An argument that must go (``amd_iommu=on``, ``intel_iommu=off``, another
 value of a key we set) is removed where the admin wrote it: that file is edited in place,
 journaled like every write, and the plan shows the diff. Files sorting after ours are
 sourced after ours: the plan is refused when, with them, our arguments would not be what
@@ -15,11 +18,12 @@ from __future__ import annotations
 
 import re
 
-from passthrough.model import BootloaderKind
+from passthrough.errors import PassthroughError
+from passthrough.model import BootloaderKind, GrubReading
 from passthrough.plan.actions import Action, RemoveFile, Run, WriteFile
 from passthrough.plan.bootloader_base import Bootloader
 from passthrough.plan.kargs import ArgChange, UnsafeCmdline, edit, key_of, utf8_text
-from passthrough.plan.shellvars import Origin, ShellVars, quote, source
+from passthrough.plan.shellvars import Origin, ShellVars, append_missing, source
 
 MAIN = "etc/default/grub"
 GRUB_D = "etc/default/grub.d"
@@ -28,15 +32,55 @@ VARS = ("GRUB_CMDLINE_LINUX", "GRUB_CMDLINE_LINUX_DEFAULT")
 TARGET = "GRUB_CMDLINE_LINUX_DEFAULT"  # for normal boots; comes last on the kernel line
 HEADER = (
     "# Written by passthrough (GPU passthrough kernel arguments); 'passthrough undo' removes it.\n"
-    "# It appends to the value set before it: edit /etc/default/grub as usual.\n"
+    "# It appends to the value set before it what is not there yet: edit /etc/default/grub\n"
+    "# as usual.\n"
+)
+
+# our two lines at the end of /etc/default/grub where grub-mkconfig reads no grub.d
+MARKER = (
+    "# passthrough: GPU passthrough kernel arguments (next line); 'passthrough undo' removes both"
 )
 
 Removal = tuple[Origin, str]  # where an argument was written, and the argument
 
 
 def dropin_text(args: list[str]) -> str:
-    body = quote(" ".join(args))[1:-1]
-    return HEADER + f'{TARGET}="${{{TARGET}}} {body}"\n'
+    return HEADER + _line(args)
+
+
+class GrubUnknown(PassthroughError):
+    """How this host's grub-mkconfig reads its configuration cannot be told (exit 2)."""
+
+    def __init__(self, why: str, args: list[str] | None = None) -> None:
+        what = " ".join(args) if args else "the kernel arguments"
+        super().__init__(f"{why}; nothing was written: add {what} by hand")
+        self.why = why
+
+
+def _line(args: list[str]) -> str:
+    """Appends each argument not on the kernel line yet: sourced twice (an
+    /etc/default/grub that sources grub.d itself), each is there once."""
+    return append_missing(TARGET, VARS, args) + "\n"
+
+
+def _without_block(text: str) -> tuple[str, int | None]:
+    """``text`` without our marker and the line after it, and the 1-based number of that
+    line (None: no block of ours)."""
+    lines = text.split("\n")
+    if MARKER not in lines:
+        return text, None
+    at = lines.index(MARKER)
+    return "\n".join(lines[:at] + lines[at + 2 :]), at + 2
+
+
+def with_block(text: str, args: list[str]) -> str:
+    """``text`` (ours taken out first) with our marker and appending line at its end."""
+    base, _ = _without_block(text)
+    if not args:
+        return base
+    if base and not base.endswith("\n"):
+        base += "\n"
+    return base + MARKER + "\n" + _line(args)
 
 
 def _remove_word(lines: list[str], origin: Origin, word: str) -> bool:
@@ -58,30 +102,71 @@ def _remove_word(lines: list[str], origin: Origin, word: str) -> bool:
 
 
 class Grub(Bootloader):
-    """A drop-in in /etc/default/grub.d that appends, then update-grub (or grub-mkconfig)."""
+    """An appending line where this host's grub-mkconfig reads it (a drop-in in
+    /etc/default/grub.d, or the end of /etc/default/grub), then update-grub or
+    grub-mkconfig -o grub.cfg."""
 
     name = BootloaderKind.GRUB
     DROPIN = DROPIN
 
+    @property
+    def reading(self) -> GrubReading:
+        grub = self.host.boot.grub
+        if grub is None or grub.dropins is None:
+            raise GrubUnknown(grub.why if grub else "how GRUB reads its configuration is unknown")
+        return grub
+
+    @property
+    def ours_in(self) -> str:
+        """The file our appending line is in, relative to the root."""
+        return DROPIN if self.reading.dropins else MAIN
+
+    def _ours_at(self, override: dict[str, str | None]) -> Origin | None:
+        """Where our appending line is (None: not written yet)."""
+        if self.ours_in == DROPIN:
+            return None
+        text = override[MAIN] if MAIN in override else self._read("/" + MAIN)
+        _, at = _without_block(text or "")
+        return None if at is None else Origin("/" + MAIN, at, at)
+
+    def _is_ours(self, origin: Origin | None, at: Origin | None) -> bool:
+        if origin is None:
+            return False
+        return origin.path == "/" + DROPIN if self.ours_in == DROPIN else origin == at
+
     def _read(self, path: str) -> str | None:
         return utf8_text(self.root.read_bytes(path.lstrip("/")), path)
 
-    def _order(self, extra: set[str]) -> list[str]:
+    def _dropins(self, extra: set[str]) -> list[str]:
+        """grub.d/*.cfg (with ``extra`` paths written by the plan) in byte order, as /bin/sh
+        expands the pattern."""
         names = {n for n in self.root.listdir(GRUB_D) if n.endswith(".cfg")}
         names |= {p.rsplit("/", 1)[1] for p in extra if p.startswith(GRUB_D + "/")}
-        # /bin/sh expands grub.d/*.cfg in byte order
-        return [MAIN] + [f"{GRUB_D}/{n}" for n in sorted(names, key=lambda s: s.encode())]
+        return [f"{GRUB_D}/{n}" for n in sorted(names, key=lambda s: s.encode())]
+
+    def _order(self, extra: set[str]) -> list[str]:
+        if not self.reading.dropins:
+            return [MAIN]  # upstream grub-mkconfig: grub.d is never read
+        return [MAIN, *self._dropins(extra)]
 
     def evaluate(self, override: dict[str, str | None] | None = None) -> ShellVars:
         """The variables as grub-mkconfig ends with them (``override``: path → text)."""
         override = override or {}
-        state = ShellVars(frozenset(VARS))
+
+        def read(path: str) -> str | None:
+            rel = path.lstrip("/")
+            return override[rel] if rel in override else self._read(path)
+
+        def listdir(path: str) -> list[str]:  # grub.d as it will be, for a loop over it
+            return [p.rsplit("/", 1)[1] for p in self._dropins(set(override)) if read("/" + p)]
+
+        state = ShellVars(frozenset(VARS), listdir=listdir)
         if self.root.read_bytes(MAIN) is None and MAIN not in override:
             raise UnsafeCmdline("/" + MAIN, "missing, although GRUB was detected")
         for rel in self._order(set(override)):
-            text = override[rel] if rel in override else self._read("/" + rel)
+            text = read("/" + rel)
             if text is not None:
-                source(text, "/" + rel, state, self._read)
+                source(text, "/" + rel, state, read)
         return state
 
     def configured(self) -> list[str]:
@@ -89,14 +174,16 @@ class Grub(Bootloader):
         return [w for var in VARS for w, _ in state.words(var)]
 
     def ours(self, state: ShellVars) -> list[str]:
-        return [w for w, o in state.words(TARGET) if o is not None and o.path == "/" + DROPIN]
+        at = self._ours_at({})
+        return [w for w, o in state.words(TARGET) if self._is_ours(o, at)]
 
     def _removals(self, state: ShellVars, change: ArgChange) -> list[Removal]:
         out: list[Removal] = []
+        at = self._ours_at({})
         for var in VARS:
             for word, origin in state.words(var):
                 key = key_of(word)
-                if origin is not None and origin.path == "/" + DROPIN:
+                if self._is_ours(origin, at):
                     continue
                 if key in change.drop or (key in change.set and word != change.set[key]):
                     if origin is None:
@@ -127,6 +214,12 @@ class Grub(Bootloader):
         wrong = [w for w in words if key_of(w) in drop or want.get(key_of(w), w) != w]
         if not wrong and all(a in words for a in ours):
             return
+        if self.ours_in == MAIN:
+            raise UnsafeCmdline(
+                "/" + MAIN,
+                f"with our line appended, {' '.join(wrong) or 'not our arguments'} "
+                "would reach the kernel",
+            )
         later = [
             rel
             for rel in self._order(set(override))
@@ -148,25 +241,31 @@ class Grub(Bootloader):
         ours = edit(self.ours(state), change)
         removals = self._removals(state, change)
         edits = self._edits(removals)
-        text = dropin_text(ours) if ours else None
-        self._check({**edits, DROPIN: text}, ours, change.drop)
+        writes = self._ours_written(edits, ours)
+        self._check(writes, ours, change.drop)
         out: list[Action] = []
-        for rel, new in edits.items():
+        for rel, new in writes.items():
             gone = " ".join(w for o, w in removals if o.path == "/" + rel)
-            out.append(WriteFile(rel, new.encode(), f"removes {gone} where it was written"))
-        if text is not None:
-            out.append(WriteFile(DROPIN, text.encode(), "appends our kernel arguments"))
-        elif self.root.exists(DROPIN):
-            out.append(RemoveFile(DROPIN, "no kernel arguments of ours are needed any more"))
-        argv = (
-            ("update-grub",)
-            if self._has("update-grub")
-            else ("grub-mkconfig", "-o", "/boot/grub/grub.cfg")
-        )
+            what = (f"removes {gone} where it was written; " if gone else "") + (
+                "appends our kernel arguments" if ours and rel == self.ours_in else ""
+            )
+            if new is not None:
+                out.append(WriteFile(rel, new.encode(), what.rstrip("; ") or "takes ours out"))
+            elif self.root.exists(rel):
+                out.append(RemoveFile(rel, "no kernel arguments of ours are needed any more"))
+        grub = self.reading
         out.append(
-            Run(argv, "regenerate grub.cfg", touches=("boot/grub/grub.cfg",), regenerate=True)
+            Run(grub.regenerate, "regenerate grub.cfg", touches=(grub.grub_cfg,), regenerate=True)
         )
         return out
 
-    def _has(self, tool: str) -> bool:
-        return any(self.root.exists(f"{d}/{tool}") for d in ("usr/sbin", "sbin", "usr/bin"))
+    def _ours_written(self, edits: dict[str, str], ours: list[str]) -> dict[str, str | None]:
+        """``edits`` with our appending line put where this host's grub-mkconfig reads it."""
+        writes: dict[str, str | None] = dict(edits)
+        if self.ours_in == DROPIN:
+            writes[DROPIN] = dropin_text(ours) if ours else None
+            return writes
+        text = edits[MAIN] if MAIN in edits else self._read("/" + MAIN) or ""
+        if with_block(text, ours) != self._read("/" + MAIN):
+            writes[MAIN] = with_block(text, ours)
+        return writes

@@ -99,14 +99,22 @@ def edit(args: Sequence[str], change: ArgChange) -> list[str]:
     return out
 
 
+def _holds(key: str, values: list[str], want: str) -> bool:
+    """Whether the kernel ends with ``want`` for ``key`` given every occurrence in order.
+    Most parameters keep the last value (``iommu=1 iommu=pt`` is iommu=pt: nothing to
+    change); the huge-page keys do not (default_hugepagesz ignores a second one, hugepagesz
+    and hugepages pair up by position), so there every occurrence must be ours."""
+    if key in HUGEPAGE_KEYS:
+        return set(values) == {want}
+    return bool(values) and values[-1] == want
+
+
 def needed(args: Sequence[str], change: ArgChange) -> ArgChange:
     """The part of ``change`` that ``args`` does not already satisfy."""
     present: dict[str, list[str]] = {}
     for arg in args:
         present.setdefault(key_of(arg), []).append(arg)
-    # satisfied only when every occurrence has our value (some keys take the first, most
-    # the last: default_hugepagesz ignores a second one)
-    to_set = {k: v for k, v in change.set.items() if set(present.get(k, [])) != {v}}
+    to_set = {k: v for k, v in change.set.items() if not _holds(k, present.get(k, []), v)}
     to_drop = frozenset(k for k in change.drop if k in present)
     return ArgChange(
         set=to_set,
