@@ -27,9 +27,11 @@ def read_text(path: str, what: str, limit: int = MAX_INPUT) -> str:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise Unreadable(exc.strerror or "cannot read it") from None
+    # decided on the descriptor before any file object: fdopen of a directory raises
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Unreadable("not a regular file")
     with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise Unreadable("not a regular file")
         try:
             data = fh.read(limit + 1)  # one byte more tells "too large" from "just fits"
         except OSError as exc:

@@ -1,6 +1,6 @@
 #!/usr/bin/python
 # SPDX-License-Identifier: Apache-2.0
-"""Ansible module: the libvirt guests that hold a host's cards (passthrough.provision.guests)."""
+"""Ansible module: the libvirt guests that hold a host's cards (passthrough.vm.guests)."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def main() -> None:
     with package_errors(module):
         import libvirt
 
-        from passthrough.provision import guests
+        from passthrough.vm import guests
 
         p = module.params
         try:
