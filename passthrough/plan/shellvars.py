@@ -65,6 +65,18 @@ def append_missing(target: str, seen: Collection[str], words: list[str]) -> str:
     )
 
 
+def loop_words(line: str) -> tuple[str, tuple[str, ...]] | None:
+    """Our appending line (``append_missing``) as (the variable it appends to, the words it
+    lists), or None where ``line`` is not one."""
+    m = APPEND_MISSING.fullmatch(line.strip())
+    if m is None:
+        return None
+    try:
+        return m[3], tuple(shlex.split(m[1]))
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True)
 class Origin:
     """Where a piece of a value was written: a file and its lines (first, last)."""
