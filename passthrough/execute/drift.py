@@ -18,7 +18,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from passthrough.plan.kargs import key_of
-from passthrough.plan.shellvars import loop_words, render_value, value_words
+from passthrough.plan.shellvalue import render_value, value_words
+from passthrough.plan.shellvars import loop_words
 
 # Files whose whole content is one kernel command line.
 CMDLINE_FILES = frozenset({"etc/kernel/cmdline"})
@@ -42,7 +43,7 @@ def _strip_args(
 ) -> tuple[str | None, str | None]:
     """(the line without our arguments, the variable or file it sets) or (None, None). A
     GRUB variable's value is read as the shell reads it and written back so that it
-    sources to the same words minus ours (shellvars.value_words, render_value)."""
+    sources to the same words minus ours (shellvalue.value_words, render_value)."""
     if path in CMDLINE_FILES:
         words, var = line.split(), path
         value = None

@@ -23,7 +23,8 @@ from passthrough.model import BootloaderKind, GrubReading
 from passthrough.plan.actions import Action, RemoveFile, Run, WriteFile
 from passthrough.plan.bootloader_base import Bootloader
 from passthrough.plan.kargs import ArgChange, UnsafeCmdline, edit, key_of, utf8_text
-from passthrough.plan.shellvars import Origin, ShellVars, append_missing, source
+from passthrough.plan.shellvalue import Origin, ShellVars
+from passthrough.plan.shellvars import append_missing, source
 
 MAIN = "etc/default/grub"
 GRUB_D = "etc/default/grub.d"
