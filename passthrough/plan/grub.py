@@ -2,7 +2,7 @@
 """GRUB (Debian/Ubuntu, upstream GRUB on Arch and others, openSUSE's grub2-mkconfig): our
 arguments as a delta on the admin's configuration.
 
-Which files count is the host's own grub-mkconfig's business (facts.read_grub reads it):
+Which files count is the host's own grub-mkconfig's business (host/boot.read_grub reads it):
 Debian's sources /etc/default/grub, then every /etc/default/grub.d/*.cfg in sort order, and
 our drop-in there *appends* to ``GRUB_CMDLINE_LINUX_DEFAULT`` as the shell has it at that
 point; upstream's sources /etc/default/grub only, so the same appending line goes at the end
