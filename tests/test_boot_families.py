@@ -21,8 +21,8 @@ import pytest
 
 from passthrough.execute.apply import apply
 from passthrough.execute.undo import undo
+from passthrough.host.boot import read_grub
 from passthrough.host.discover import discover
-from passthrough.host.facts import read_grub
 from passthrough.host.root import HostRoot
 from passthrough.model import BootloaderKind
 from passthrough.plan.build import PlanOptions, make_plan

@@ -28,6 +28,7 @@ import pytest
 from passthrough.cli import main
 from passthrough.execute import files as files_mod
 from passthrough.execute.files import Faults
+from passthrough.plan.shellvars import loop_words
 
 from .test_plan import build
 
@@ -345,10 +346,14 @@ def _add_module(path: Path) -> None:
 
 
 def _edit_dropin(path: Path) -> None:
-    """The form most guides show: ``"$VAR … nomodeset"``, no braces."""
+    """Our appending line replaced by the form most guides show: ``"$VAR … nomodeset"``,
+    no braces, our words in it."""
     dropin = path / DROPIN
-    text = dropin.read_text().replace("${" + GRUB_VAR + "}", "$" + GRUB_VAR)
-    dropin.write_text(text.replace('"\n', ' nomodeset"\n'))
+    *header, line = dropin.read_text().rstrip("\n").split("\n")
+    ours = loop_words(line)
+    assert ours is not None and ours[0] == GRUB_VAR, line
+    admin = f'{GRUB_VAR}="${GRUB_VAR} {" ".join(ours[1])} nomodeset"'
+    dropin.write_text("\n".join([*header, admin]) + "\n")
 
 
 # An admin's edits, each one that touches none of our words (so the same edit made to the

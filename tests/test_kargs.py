@@ -10,14 +10,8 @@ from hypothesis import strategies as st
 from passthrough.plan.grub import VARS
 from passthrough.plan.kargs import ArgChange, UnsafeCmdline, edit, invert, key_of, needed
 from passthrough.plan.linefiles import arguments, cmdline_arg_line, edit_lines, options_line
-from passthrough.plan.shellvars import (
-    Origin,
-    ShellVars,
-    parse_value,
-    quote,
-    read_assignments,
-    source,
-)
+from passthrough.plan.shellvalue import Origin, ShellVars, parse_value, quote
+from passthrough.plan.shellvars import read_assignments, source
 
 KEYS = [
     "quiet",

@@ -17,7 +17,8 @@ import pytest
 
 from passthrough.plan.grub import VARS
 from passthrough.plan.kargs import ArgChange, UnsafeCmdline, needed
-from passthrough.plan.shellvars import ShellVars, append_missing, source
+from passthrough.plan.shellvalue import ShellVars
+from passthrough.plan.shellvars import append_missing, source
 
 TARGET = "GRUB_CMDLINE_LINUX_DEFAULT"
 

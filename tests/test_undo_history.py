@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from passthrough.cli import main
+from passthrough.plan.shellvars import loop_words
 
 from .conftest import tree_hash
 from .test_apply import changed, snapshot_tree
@@ -102,14 +103,18 @@ def test_an_edit_of_our_word_between_two_applies_is_refused_and_named(
 
 
 def test_an_edit_of_our_grub_dropin_between_two_applies_is_kept(tmp_path: Path) -> None:
-    """apply rewrites its whole drop-in; what the admin added to it between two applies
-    is what undo leaves (a file of theirs now), and the GRUB files source to the original
+    """apply rewrites its whole drop-in; the admin replaces our appending line by an
+    assignment with a word of theirs between two applies: that is what undo leaves (a file of theirs now), and the GRUB files source to the original
     arguments plus theirs."""
     path = build(tmp_path, "consumer-intel", {})
     before = snapshot_tree(path)
     original = _cmdline(path)
     assert run("apply", "--root", str(path)) == 0
-    edit(path, DROPIN, '"\n', ' nomodeset"\n')
+    *header, line = (path / DROPIN).read_text().rstrip("\n").split("\n")
+    ours = loop_words(line)
+    assert ours is not None, line
+    admin = f'{ours[0]}="${{{ours[0]}}} {" ".join(ours[1])} nomodeset"'
+    (path / DROPIN).write_text("\n".join([*header, admin]) + "\n")
     assert run("apply", "--root", str(path), "--hugepages-1g", "2") == 0
     assert run("undo", "--root", str(path)) == 0
     text = (path / DROPIN).read_text()

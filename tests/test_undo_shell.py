@@ -20,6 +20,8 @@ import pytest
 from passthrough.cli import main
 from passthrough.execute.drift import Ambiguous, Unpicked, unpick
 from passthrough.execute.takeback import take_back
+from passthrough.plan.grub import HEADER, VARS
+from passthrough.plan.shellvars import append_missing, loop_words
 
 from .test_apply import changed, snapshot_tree
 from .test_plan import build
@@ -34,6 +36,8 @@ WRITTEN = (
     "# Written by passthrough (GPU passthrough kernel arguments); 'passthrough undo' removes it.\n"
     f'{VAR}="${{{VAR}}} {" ".join(OURS)}"\n'
 )
+# the drop-in as apply writes it: our appending line
+LOOP_WRITTEN = HEADER + append_missing(VAR, VARS, OURS) + "\n"
 # what /etc/default/grub set before the drop-in: the words an unbootable undo would lose
 PRESET = "root=ZFS=rpool/ROOT/debian cryptdevice=UUID=1234:root quiet"
 ADMIN_WORDS = [
@@ -122,12 +126,14 @@ def without_ours(words: list[str]) -> list[str]:
     return [w for w in words if w not in OURS]
 
 
+@pytest.mark.parametrize("written", [WRITTEN, LOOP_WRITTEN], ids=["assignment", "loop"])
 def test_admin_lines_in_every_quoting_form_source_to_their_words_minus_ours(
-    tmp_path: Path,
+    tmp_path: Path, written: str
 ) -> None:
     """The issue's unbootable case and 300 seeded variations of it: the admin rewrites our
-    drop-in's line (re-quoted, words added, the reference to VAR in any form); undo's
-    result, sourced by bash, holds every word the admin's line did except ours."""
+    drop-in's line (an assignment, or the appending loop apply writes now) into an
+    assignment (re-quoted, words added, the reference to VAR in any form); undo's result,
+    sourced by bash, holds every word the admin's line did except ours."""
     rng = random.Random(3030)
     checked = 0
     for _ in range(300):
@@ -137,14 +143,22 @@ def test_admin_lines_in_every_quoting_form_source_to_their_words_minus_ours(
                 word = REF + word  # a concatenation: ${VAR}word
             words.insert(rng.randint(0, len(words)), word)
         line = admin_line(rng, words)
-        current = WRITTEN.replace(WRITTEN.splitlines()[1], line).encode()
-        got = unpick(DROPIN, b"", WRITTEN.encode(), current, OURS, [])
+        current = written.replace(written.splitlines()[-1], line).encode()
+        got = unpick(DROPIN, b"", written.encode(), current, OURS, [])
         assert isinstance(got, Unpicked), (line, got)
         before, after = sourced(tmp_path, [current, got.content])
         assert PRESET.split()[0] in before, line  # the admin's line appends, as ours did
         assert after == without_ours(before), (line, got.content)
         checked += 1
     assert checked == 300
+
+
+def _our_line(text: str) -> tuple[str, tuple[str, ...]]:
+    """Our drop-in as (the lines before our appending line, the words it lists)."""
+    *header, line = text.rstrip("\n").split("\n")
+    found = loop_words(line)
+    assert found is not None and found[0] == VAR, line
+    return "".join(h + "\n" for h in header), found[1]
 
 
 def test_the_issues_line_without_braces_keeps_every_argument(
@@ -157,8 +171,8 @@ def test_the_issues_line_without_braces_keeps_every_argument(
     original = _cmdline(path)
     assert main(["apply", "--root", str(path)]) == 0
     dropin = path / DROPIN
-    text = dropin.read_text()
-    dropin.write_text(text.replace("${" + VAR + "}", "$" + VAR).replace('"\n', ' nomodeset"\n'))
+    header, ours = _our_line(dropin.read_text())
+    dropin.write_text(f'{header}{VAR}="${VAR} {" ".join(ours)} nomodeset"\n')
     assert main(["undo", "--root", str(path)]) == 0
     assert _cmdline(path).split() == [*original.split(), "nomodeset"]
     assert sourced(tmp_path, [dropin.read_bytes()], "x y") == [["x", "y", "nomodeset"]]
@@ -279,3 +293,19 @@ def test_a_split_kernel_line_loses_our_words_end_to_end(
     cmdline.write_text(original + " ".join(ours) + " nomodeset\n")
     assert main(["undo", "--root", str(path)]) == 0
     assert cmdline.read_text() == original + "nomodeset\n"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        f"${{{VAR}}} {OURS[0]} nomodeset",  # one of ours gone
+        f"${{{VAR}}} {OURS[0]} {OURS[1]}x nomodeset",  # one of ours changed
+        f"${{{VAR}}} {OURS[0]}{OURS[1]} nomodeset",  # no longer whole words
+    ],
+)
+def test_our_loop_line_replaced_without_all_our_words_is_refused(value: str) -> None:
+    """The admin's assignment in place of our appending line lacks or changed one of our
+    words: what they meant by it cannot be told, undo refuses (and names the file)."""
+    current = LOOP_WRITTEN.replace(LOOP_WRITTEN.splitlines()[-1], f'{VAR}="{value}"').encode()
+    got = unpick(DROPIN, b"", LOOP_WRITTEN.encode(), current, OURS, [])
+    assert isinstance(got, Ambiguous), got

@@ -27,7 +27,7 @@ from typing import Generic, TypeVar
 
 from passthrough.execute.drift import CMDLINE_FILES, Ambiguous, Unpicked
 from passthrough.plan.linefiles import cmdline_arg_line, options_line
-from passthrough.plan.shellvars import render_value, value_words
+from passthrough.plan.shellvalue import render_value, value_words
 
 T = TypeVar("T")
 Resolve = Callable[[T, T, T], T | None]
@@ -180,7 +180,7 @@ def _array(line: str) -> _Words | None:
 
 def _assignment(line: str) -> _Words | None:
     """An array as written, or a one-line assignment as the shell reads its value: words
-    compared by what they mean, not how they are quoted (shellvars.value_words)."""
+    compared by what they mean, not how they are quoted (shellvalue.value_words)."""
     found = _array(line)
     if found is not None:
         return found

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from passthrough.errors import NotAHostRoot, PassthroughError, echo_path
 from passthrough.host import facts
+from passthrough.host.boot import read_boot
 from passthrough.host.critical import read_critical
 from passthrough.host.daemons import read_daemons
 from passthrough.host.packages import read_packages, read_tool_versions
@@ -82,7 +83,7 @@ def discover(root: HostRoot | str, pci_source: PciSource | None = None) -> Host:
         iommu=facts.read_iommu(root, kernel, functions),
         kernel=kernel,
         distro=facts.read_distro(root),
-        boot=facts.read_boot(root, kernel),
+        boot=read_boot(root, kernel),
         critical=read_critical(root),
         dmi=facts.read_dmi(root),
         functions=tuple(functions),

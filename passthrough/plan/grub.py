@@ -2,7 +2,7 @@
 """GRUB (Debian/Ubuntu, upstream GRUB on Arch and others, openSUSE's grub2-mkconfig): our
 arguments as a delta on the admin's configuration.
 
-Which files count is the host's own grub-mkconfig's business (facts.read_grub reads it):
+Which files count is the host's own grub-mkconfig's business (host/boot.read_grub reads it):
 Debian's sources /etc/default/grub, then every /etc/default/grub.d/*.cfg in sort order, and
 our drop-in there *appends* to ``GRUB_CMDLINE_LINUX_DEFAULT`` as the shell has it at that
 point; upstream's sources /etc/default/grub only, so the same appending line goes at the end
@@ -23,7 +23,8 @@ from passthrough.model import BootloaderKind, GrubReading
 from passthrough.plan.actions import Action, RemoveFile, Run, WriteFile
 from passthrough.plan.bootloader_base import Bootloader
 from passthrough.plan.kargs import ArgChange, UnsafeCmdline, edit, key_of, utf8_text
-from passthrough.plan.shellvars import Origin, ShellVars, append_missing, source
+from passthrough.plan.shellvalue import Origin, ShellVars
+from passthrough.plan.shellvars import append_missing, source
 
 MAIN = "etc/default/grub"
 GRUB_D = "etc/default/grub.d"

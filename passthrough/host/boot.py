@@ -1,0 +1,171 @@
+# SPDX-License-Identifier: Apache-2.0
+"""How the root boots: its bootloader (with the evidence), for GRUB which files the root's
+own grub-mkconfig sources, and its initramfs tool. Each reader takes the root and reads
+only below it."""
+
+from __future__ import annotations
+
+import re
+
+from passthrough.errors import MalformedHostData
+from passthrough.host.facts import read_distro
+from passthrough.host.root import HostRoot
+from passthrough.model import Boot, BootloaderKind, GrubReading, InitramfsKind, Kernel
+
+# systemd-boot announces itself to the OS through this EFI variable (Boot Loader Interface).
+LOADER_INFO_VAR = "LoaderInfo-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
+
+
+def _tool(root: HostRoot, name: str) -> str | None:
+    for d in ("usr/sbin", "usr/bin", "sbin", "bin", "usr/local/sbin", "usr/local/bin"):
+        if root.exists(f"{d}/{name}"):
+            return f"/{d}/{name}"
+    return None
+
+
+# How grub-mkconfig names the configuration it sources: "${sysconfdir}" (set to /etc at
+# build time, upstream and Debian alike) or a literal /etc, quoted or not.
+_ETC = r'(?:"?\$\{sysconfdir\}"?|"?\$sysconfdir"?|"?/etc)'
+_SOURCES_MAIN = re.compile(rf'^[ \t]*(?:\.|source)[ \t]+{_ETC}/default/grub"?[ \t]*(?:;|$)', re.M)
+# Debian's patch: for x in ${sysconfdir}/default/grub.d/*.cfg ; do … . "${x}" … done
+_DROPIN_LOOP = re.compile(
+    rf"^[ \t]*for[ \t]+([A-Za-z_][A-Za-z0-9_]*)[ \t]+in[ \t]+{_ETC}/default/grub\.d/\*\.cfg\b",
+    re.M,
+)
+_SYSCONFDIR = re.compile(r'^[ \t]*sysconfdir=(?:"([^"]*)"|(\S*))[ \t]*$', re.M)
+GRUB_SCRIPT_LIMIT = 1 << 20  # upstream's and Debian's are under 10 KiB
+
+
+def _sources_dropins(text: str) -> bool:
+    """Whether a ``for`` over grub.d/*.cfg sources its loop variable (Debian's patch)."""
+    for m in _DROPIN_LOOP.finditer(text):
+        var = re.escape(m[1])
+        body = re.compile(rf'^[ \t]*(?:.*[;&|][ \t]*)?(?:\.|source)[ \t]+"?\$\{{?{var}\}}?"?', re.M)
+        if body.search(text, m.end()):
+            return True
+    return False
+
+
+def _bls(root: HostRoot) -> bool:
+    """Fedora's and RHEL's grub2 reads each kernel's arguments from its BLS entry when
+    GRUB_ENABLE_BLSCFG=true, not from GRUB_CMDLINE_LINUX."""
+    text = root.read("etc/default/grub") or ""
+    enabled = re.search(r"""^\s*GRUB_ENABLE_BLSCFG=["']?true["']?\s*$""", text, re.M)
+    return enabled is not None and any(
+        e.endswith(".conf") for e in root.listdir("boot/loader/entries")
+    )
+
+
+def read_grub(root: HostRoot) -> GrubReading:
+    """Learn from the root's own grub-mkconfig (a shell script) which files it sources:
+    upstream's reads /etc/default/grub only, Debian's patched one also grub.d/*.cfg."""
+    script = _tool(root, "grub-mkconfig") or _tool(root, "grub2-mkconfig")
+    grub2 = script is not None and script.endswith("grub2-mkconfig")
+    grub_cfg = "boot/grub2/grub.cfg" if grub2 else "boot/grub/grub.cfg"
+    name = (script or "/grub-mkconfig").rsplit("/", 1)[1]
+    # update-grub (Debian's wrapper) where there is one, else grub-mkconfig as documented
+    update = _tool(root, "update-grub") is not None
+    regenerate = ("update-grub",) if update else (name, "-o", "/" + grub_cfg)
+    if script is None:
+        why = "no grub-mkconfig or grub2-mkconfig on this root, so how GRUB reads "
+        return GrubReading(
+            None, None, why + "/etc/default/grub cannot be told", regenerate, grub_cfg
+        )
+    try:
+        data = root.read_bytes(script.lstrip("/"), limit=GRUB_SCRIPT_LIMIT)
+    except MalformedHostData:
+        data = None
+    text = data.decode("utf-8", "replace") if data is not None else None
+    if text is None or not text.startswith("#!"):
+        why = f"{script} is not a readable shell script, so how it reads /etc/default/grub cannot be told"
+        return GrubReading(script, None, why, regenerate, grub_cfg)
+    sysconf = _SYSCONFDIR.search(text)
+    if "sysconfdir" in text and (sysconf is None or (sysconf[1] or sysconf[2]) != "/etc"):
+        why = f"{script} does not set sysconfdir=/etc, so which files it sources cannot be told"
+        return GrubReading(script, None, why, regenerate, grub_cfg)
+    if not _SOURCES_MAIN.search(text):
+        why = f"{script} does not source /etc/default/grub in a way the planner recognises"
+        return GrubReading(script, None, why, regenerate, grub_cfg)
+    if _bls(root):
+        why = (
+            "GRUB_ENABLE_BLSCFG=true with entries in /boot/loader/entries: the kernel line "
+            f"comes from those entries, which {name} does not rewrite (grubby does)"
+        )
+        return GrubReading(script, None, why, regenerate, grub_cfg)
+    if _sources_dropins(text):
+        why = f"{script} sources /etc/default/grub, then /etc/default/grub.d/*.cfg"
+        return GrubReading(script, True, why, regenerate, grub_cfg)
+    why = f"{script} sources /etc/default/grub only (upstream GRUB: no grub.d)"
+    return GrubReading(script, False, why, regenerate, grub_cfg)
+
+
+def read_boot(root: HostRoot, kernel: Kernel) -> Boot:
+    uefi = root.isdir("sys/firmware/efi")
+    evidence: list[str] = []
+    kind = BootloaderKind.UNKNOWN
+    grub: GrubReading | None = None
+    sd_booted = any(n.startswith(LOADER_INFO_VAR) for n in root.listdir("sys/firmware/efi/efivars"))
+    bls_entries = [e for e in root.listdir("boot/loader/entries") if e.endswith(".conf")]
+
+    if nixos := _nixos(root):
+        kind = BootloaderKind.NIXOS
+        evidence.append(nixos)
+    elif root.exists("run/ostree-booted") or kernel.arg("ostree") is not None:
+        kind = BootloaderKind.RPM_OSTREE
+        evidence.append("/run/ostree-booted or ostree= on the command line")
+    elif (pbt := _tool(root, "proxmox-boot-tool")) and root.exists("etc/kernel/proxmox-boot-uuids"):
+        kind = BootloaderKind.PROXMOX
+        evidence.append(f"{pbt} with /etc/kernel/proxmox-boot-uuids")
+    elif (ks := _tool(root, "kernelstub")) and root.exists("etc/kernelstub/configuration"):
+        kind = BootloaderKind.KERNELSTUB
+        evidence.append(f"{ks} with /etc/kernelstub/configuration")
+    elif sd_booted:
+        kind = BootloaderKind.SYSTEMD_BOOT
+        evidence.append("systemd-boot's LoaderInfo EFI variable (it booted this kernel)")
+    elif (grubby := _tool(root, "grubby")) and bls_entries:
+        kind = BootloaderKind.GRUBBY
+        evidence.append(f"{grubby} with {len(bls_entries)} BLS entries in /boot/loader/entries")
+    elif root.exists("etc/default/grub") and (
+        (ug := _tool(root, "update-grub"))
+        or (mk := _tool(root, "grub-mkconfig") or _tool(root, "grub2-mkconfig"))
+    ):
+        kind = BootloaderKind.GRUB
+        grub = read_grub(root)
+        evidence += [f"/etc/default/grub with {ug or mk}", grub.why]
+    elif uefi and root.exists("etc/kernel/cmdline") and _tool(root, "bootctl"):
+        kind = BootloaderKind.SYSTEMD_BOOT
+        evidence.append("/etc/kernel/cmdline with bootctl")
+
+    init_evidence: list[str] = []
+    init = InitramfsKind.NONE_FOUND
+    if tool := _tool(root, "update-initramfs"):
+        init = InitramfsKind.INITRAMFS_TOOLS
+        init_evidence.append(tool)
+    elif tool := _tool(root, "dracut"):
+        init = InitramfsKind.DRACUT
+        init_evidence.append(tool)
+    elif tool := _tool(root, "mkinitcpio"):
+        init = InitramfsKind.MKINITCPIO
+        init_evidence.append(tool)
+    return Boot(
+        uefi=uefi,
+        bootloader=kind,
+        bootloader_evidence=tuple(evidence),
+        initramfs=init,
+        initramfs_evidence=tuple(init_evidence),
+        grub=grub,
+    )
+
+
+def _nixos(root: HostRoot) -> str | None:
+    """NixOS generates /etc (and the boot entries) from configuration.nix: what names it."""
+    marks = [
+        p
+        for p, seen in (
+            ("os-release ID=nixos", read_distro(root).id == "nixos"),
+            ("/etc/NIXOS", root.exists("etc/NIXOS")),
+            ("/run/current-system", root.exists("run/current-system")),
+        )
+        if seen
+    ]
+    return " and ".join(marks) if marks and marks[0].startswith("os-release") else None
