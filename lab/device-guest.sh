@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Run on a lent GPU guest (the device machine: a cloud VM with an NVIDIA card passed through,
 # python3 without pip), from a plain copy of this checkout: the guest end of the chain, live.
 # Writes what it saw under $OUT (default ./device-out). Nothing on the guest is changed.

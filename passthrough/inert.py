@@ -37,18 +37,19 @@ STYLES = {
     "cyan": "\033[36m",
 }
 _OURS = "|".join(re.escape(s) for s in (*STYLES.values(), RESET))
-_CONTROL = re.compile(f"({_OURS})|[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f]")
+# a carriage return just before a newline only ends the line (a pty's, Ansible's output): kept
+_CONTROL = re.compile(f"({_OURS}|\r\n)|[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f]")
 
 
 def _escape(m: re.Match[str]) -> str:
     if m.group(1):
-        return m.group(1)  # our own colour
+        return m.group(1)  # our own colour, or a line's end
     code = ord(m.group(0))
     return f"\\x{code:02x}" if code < 0x20 else f"\\u{code:04x}"
 
 
 def inert(text: str) -> str:
-    """``text`` with every control character but newline and tab escaped."""
+    """``text`` with every control character but newline, tab and CR-LF escaped."""
     return _CONTROL.sub(_escape, text)
 
 

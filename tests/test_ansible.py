@@ -569,7 +569,8 @@ def test_provision_check_diff_prints_diffs_and_reboot_per_host(
     out = capsys.readouterr().out
     log = Path(out.rsplit("full log: ", 1)[1].strip())
     assert "+++ after: /etc/default/grub.d/99-passthrough.cfg" in out, out
-    assert "+GRUB_CMDLINE_LINUX_DEFAULT=" in out
+    assert "+for _passthrough_arg in vfio-pci.ids=" in out  # our appending line, as a diff
+    assert "\\x0d" not in out  # a CR-LF line end of Ansible's is no escaped CR
     row = next(line for line in out.splitlines() if line.startswith("gpu-a"))
     assert row.split()[:2] == ["gpu-a", "changed"] and "required" in row.split()
     assert not (root / "etc/default/grub.d/99-passthrough.cfg").exists()
