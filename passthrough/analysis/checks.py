@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from passthrough.analysis.codes import BMC_VGA
+from passthrough.errors import count
 from passthrough.kernel import kernel_version
 from passthrough.model import CheckResult, GpuVerdict, Host, Level
 
@@ -207,7 +208,7 @@ def _gpus(host: Host, verdicts: list[GpuVerdict]) -> CheckResult:
         return CheckResult(
             "gpu-viable",
             Level.PASS,
-            f"{len(viable)} of {len(candidates)} GPUs can be passed through: "
+            f"{len(viable)} of {count(len(candidates), 'GPU')} can be passed through: "
             + ", ".join(str(v.gpu.address) for v in viable),
         )
     if not candidates:
@@ -221,7 +222,9 @@ def _gpus(host: Host, verdicts: list[GpuVerdict]) -> CheckResult:
         "gpu-viable",
         Level.FAIL,
         # a BMC's VGA is the host's console, not a GPU anyone would pass through: not counted
-        f"none of {len(candidates)} GPUs can be passed through alone",
+        "the only GPU cannot be passed through alone"
+        if len(candidates) == 1
+        else f"none of {len(candidates)} GPUs can be passed through alone",
         "see `passthrough scan` for the reasons; a slot with its own IOMMU group fixes most",
     )
 
