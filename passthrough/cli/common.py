@@ -230,3 +230,17 @@ def note(args: argparse.Namespace, text: str) -> None:
 def warn(text: str) -> None:
     """A warning on stderr: always shown (also under --quiet and --json)."""
     sys.stderr.write(f"warning: {text}\n")
+
+
+def say_listed(mode: str, argvs: list[list[str]], then: str) -> None:
+    """Commands a change could only list (not a full OS tree, or not root), to run inside
+    the root first; ``then`` (the reboot) is said after them: it comes only after them."""
+    import shlex
+
+    print(
+        f"Not run ({mode} mode: --root is not a full OS tree, or not root): "
+        "run them inside the root first:"
+    )
+    for argv in argvs:
+        print("  " + shlex.join(argv))
+    print(then)

@@ -1,0 +1,81 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Never say done when it isn't: what a new user walking the CLI over a sample host read
+that was not so (undo's words for a file it removed, the reboot before the listed
+commands, verify after undo), each through the real CLI."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tests.cli_process import run_cli
+
+
+def _applied(hosts: dict[str, Path], tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    shutil.copytree(hosts["turing-desktop"], root, symlinks=True)
+    got = run_cli(["apply", "--root", str(root), "--yes"])
+    assert got.returncode == 0, got.stderr
+    return root
+
+
+def test_list_mode_apply_says_run_the_commands_first_then_reboot(
+    hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    shutil.copytree(hosts["turing-desktop"], root, symlinks=True)
+    out = run_cli(["apply", "--root", str(root), "--yes"]).stdout
+    lines = out.splitlines()
+    first = lines.index(
+        "Not run (list mode: --root is not a full OS tree, or not root): "
+        "run them inside the root first:"
+    )
+    assert lines[first + 1 : first + 3] == [
+        "  mkinitcpio -P",
+        "  kernel-install add 6.11.5-arch1-1 /usr/lib/modules/6.11.5-arch1-1/vmlinuz",
+    ]
+    assert lines[first + 3 :] == ["Then reboot, and run `passthrough verify`."]
+    assert not any(line.startswith("Reboot") for line in lines)
+
+
+def test_undo_says_removed_for_a_file_apply_created_and_reboot_after_the_commands(
+    hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    root = _applied(hosts, tmp_path)
+    created = root / "etc/modprobe.d/passthrough-vfio.conf"
+    assert created.exists()
+    got = run_cli(["undo", "--root", str(root), "--yes"])
+    assert got.returncode == 0, got.stderr
+    assert not created.exists()
+    lines = got.stdout.splitlines()
+    assert "  · remove /etc/modprobe.d/passthrough-vfio.conf" in got.stderr + got.stdout
+    assert "restore /etc/modprobe.d/passthrough-vfio.conf" not in got.stderr + got.stdout
+    assert lines[0] == "Restored 2 files; removed 1 file apply created."
+    assert lines[1].endswith("run them inside the root first:")
+    assert lines[2:4] == [
+        "  mkinitcpio -P",
+        "  kernel-install add 6.11.5-arch1-1 /usr/lib/modules/6.11.5-arch1-1/vmlinuz",
+    ]
+    assert lines[4:] == ["Then reboot to return to the original kernel arguments and drivers."]
+
+
+def test_verify_after_undo_says_the_host_was_undone_and_checks_nothing_of_ours_is_left(
+    hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    root = _applied(hosts, tmp_path)
+    assert run_cli(["undo", "--root", str(root), "--yes"]).returncode == 0
+    got = run_cli(["verify", "--root", str(root)])
+    assert "no passthrough apply" not in got.stdout
+    assert "the host was undone" in got.stdout
+    assert "none of our vfio arguments live" in got.stdout
+    assert "none of the 4 functions apply handed over is on vfio" in got.stdout
+    # the undo's regenerations were only listed: told, with the way to finish
+    assert "2 commands of the undo never ran" in got.stdout
+    assert got.returncode == 0
+    # the running kernel still carrying our binding argument (no reboot yet) fails
+    cmdline = root / "proc/cmdline"
+    ids = "vfio-pci.ids=10de:1e87,10de:10f8,10de:1ad8,10de:1ad9"
+    cmdline.write_text(cmdline.read_text().strip() + f" {ids}\n")
+    got = run_cli(["verify", "--root", str(root)])
+    assert got.returncode == 1
+    assert f"FAIL  kernel-args  still live: {ids}" in got.stdout
