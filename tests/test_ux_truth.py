@@ -5,6 +5,7 @@ commands, verify after undo), each through the real CLI."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from pathlib import Path
 
@@ -79,3 +80,37 @@ def test_verify_after_undo_says_the_host_was_undone_and_checks_nothing_of_ours_i
     got = run_cli(["verify", "--root", str(root)])
     assert got.returncode == 1
     assert f"FAIL  kernel-args  still live: {ids}" in got.stdout
+
+
+def _levels(out: str, code: str) -> list[str]:
+    return [line.split()[0] for line in out.splitlines() if line.split()[1:2] == [code]]
+
+
+def test_acs_override_is_one_level_in_check_scan_and_kubevirt_preflight(
+    hosts: dict[str, Path],
+) -> None:
+    root = str(hosts["acs-override-proxmox"])
+    check = run_cli(["check", "--root", root]).stdout
+    preflight = run_cli(["kubevirt", "preflight", "--root", root])
+    assert _levels(check, "acs-override") == ["WARN"]
+    assert _levels(preflight.stdout, "acs-override") == ["WARN"]
+    assert "[acs-override]" in run_cli(["scan", "--root", root]).stdout  # a `!` warning there
+    # the label is still withheld over it, and says why
+    label = next(line for line in preflight.stdout.splitlines() if "kube-mode-label" in line)
+    assert label.startswith("FAIL") and "acs-override above" in label
+    assert preflight.returncode == 1
+
+
+def test_preflight_bind_and_label_advice_reach_a_fixed_point(hosts: dict[str, Path]) -> None:
+    """turing-desktop: the card on its host drivers is all that fails. The binding's fix
+    must not send the reader to the label, whose fix sends them back to the binding."""
+    out = run_cli(["kubevirt", "preflight", "--root", str(hosts["turing-desktop"])]).stdout
+    fixes: dict[str, str] = {}
+    for line, after in itertools.pairwise(out.splitlines()):
+        if line.startswith("FAIL") and after.strip().startswith("fix: "):
+            fixes[line.split()[1]] = after.strip()
+    assert set(fixes) == {"kube-vfio-bound", "kube-mode-label"}
+    assert "label" not in fixes["kube-vfio-bound"]
+    assert "passthrough bind" in fixes["kube-vfio-bound"]
+    assert "vfio-manager binds them" in fixes["kube-mode-label"]
+    assert "every other check passes" in out

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from passthrough.analysis.codes import BMC_VGA
+from passthrough.analysis.codes import ACS_OVERRIDE, BMC_VGA
+from passthrough.analysis.levels import finding_level
 from passthrough.errors import count
 from passthrough.kernel import kernel_version
 from passthrough.model import CheckResult, GpuVerdict, Host, Level
@@ -153,8 +154,8 @@ def _acs(host: Host) -> CheckResult:
             "acs-override", Level.PASS, "no pcie_acs_override: groups reflect the hardware"
         )
     return CheckResult(
-        "acs-override",
-        Level.WARN,
+        ACS_OVERRIDE,
+        finding_level(ACS_OVERRIDE),  # the level scan and kubevirt preflight give it too
         f"pcie_acs_override={host.acs_override}: groups are synthetic, isolation is not real",
         "move the card to a slot with its own group, or accept the risk knowingly",
     )
