@@ -114,3 +114,15 @@ def test_preflight_bind_and_label_advice_reach_a_fixed_point(hosts: dict[str, Pa
     assert "passthrough bind" in fixes["kube-vfio-bound"]
     assert "vfio-manager binds them" in fixes["kube-mode-label"]
     assert "every other check passes" in out
+
+
+def test_check_does_not_count_an_integrated_gpu_as_passable(hosts: dict[str, Path]) -> None:
+    for name, igpu in (("optimus-laptop", "0000:00:02.0"), ("amd-apu-desktop", "0000:30:00.0")):
+        out = run_cli(["check", "--root", str(hosts[name])]).stdout
+        line = next(line for line in out.splitlines() if line.split()[1:2] == ["gpu-viable"])
+        assert line.split(None, 2)[2] == (
+            "1 of 1 GPU can be passed through: 0000:01:00.0; "
+            f"integrated {igpu} not counted (this toolkit targets discrete cards)"
+        )
+    scan = run_cli(["scan", "--root", str(hosts["amd-apu-desktop"])]).stdout
+    assert "[apu-igpu]" in scan

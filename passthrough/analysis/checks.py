@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from passthrough.analysis.codes import ACS_OVERRIDE, BMC_VGA
-from passthrough.analysis.levels import finding_level
-from passthrough.errors import count
+from passthrough.analysis.codes import ACS_OVERRIDE
+from passthrough.analysis.levels import finding_level, gpus_check
 from passthrough.kernel import kernel_version
 from passthrough.model import CheckResult, GpuVerdict, Host, Level
 
@@ -202,34 +201,6 @@ def _boot(host: Host) -> CheckResult:
     )
 
 
-def _gpus(host: Host, verdicts: list[GpuVerdict]) -> CheckResult:
-    candidates = [v for v in verdicts if BMC_VGA not in v.codes]
-    viable = [v for v in verdicts if v.viable]
-    if viable:
-        return CheckResult(
-            "gpu-viable",
-            Level.PASS,
-            f"{len(viable)} of {count(len(candidates), 'GPU')} can be passed through: "
-            + ", ".join(str(v.gpu.address) for v in viable),
-        )
-    if not candidates:
-        return CheckResult(
-            "gpu-viable",
-            Level.FAIL,
-            "no GPU that could be passed through",
-            "install a GPU in a slot with its own IOMMU group",
-        )
-    return CheckResult(
-        "gpu-viable",
-        Level.FAIL,
-        # a BMC's VGA is the host's console, not a GPU anyone would pass through: not counted
-        "the only GPU cannot be passed through alone"
-        if len(candidates) == 1
-        else f"none of {len(candidates)} GPUs can be passed through alone",
-        "see `passthrough scan` for the reasons; a slot with its own IOMMU group fixes most",
-    )
-
-
 # The first releases with each piece (include/uapi/linux/iommufd.h came in 6.2; the vfio
 # device cdev, drivers/vfio/device_cdev.c, in 6.6): see docs/iommufd.md.
 IOMMUFD_OPTIONS = (("CONFIG_IOMMUFD", (6, 2)), ("CONFIG_VFIO_DEVICE_CDEV", (6, 6)))
@@ -382,7 +353,7 @@ def run_checks(host: Host, verdicts: list[GpuVerdict]) -> list[CheckResult]:
         _acs(host),
         _vfio(host),
         _boot(host),
-        _gpus(host, verdicts),
+        gpus_check(verdicts),
         _iommufd(host),
     ]
     extra = _kernel_reset(host)
