@@ -126,3 +126,30 @@ def test_check_does_not_count_an_integrated_gpu_as_passable(hosts: dict[str, Pat
         )
     scan = run_cli(["scan", "--root", str(hosts["amd-apu-desktop"])]).stdout
     assert "[apu-igpu]" in scan
+
+
+def test_dra_claim_selects_each_card_by_its_pci_address(hosts: dict[str, Path]) -> None:
+    import yaml
+
+    got = run_cli(
+        [
+            "kubevirt", "render", "--root", str(hosts["hgx-h100"]), "--name", "h100",
+            "--route", "dra", "--gpu", "18:00.0", "--gpu", "9a:00.0", "--memory", "64G",
+        ]
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    claim = next(d for d in yaml.safe_load_all(got.stdout) if d["kind"] == "ResourceClaimTemplate")
+    requests = claim["spec"]["spec"]["devices"]["requests"]
+    assert [(r["name"], r["exactly"]["selectors"]) for r in requests] == [
+        (
+            f"gpu{n}",
+            [
+                {
+                    "cel": {
+                        "expression": f"device.attributes['resource.kubernetes.io'].pciBusID == '{a}'"
+                    }
+                }
+            ],
+        )
+        for n, a in ((1, "0000:18:00.0"), (2, "0000:9a:00.0"))
+    ]
