@@ -5,6 +5,7 @@ commands, verify after undo), each through the real CLI."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import shutil
 from pathlib import Path
@@ -153,3 +154,30 @@ def test_dra_claim_selects_each_card_by_its_pci_address(hosts: dict[str, Path]) 
         )
         for n, a in ((1, "0000:18:00.0"), (2, "0000:9a:00.0"))
     ]
+
+
+def _parsers(parser: argparse.ArgumentParser, path: str = "") -> dict[str, argparse.ArgumentParser]:
+    found = {path: parser}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found |= _parsers(sub, f"{path} {name}".strip())
+    return found
+
+
+def test_every_commands_help_opens_with_a_description_and_has_examples() -> None:
+    """Each of the 19 commands and 13 actions: after the usage lines, a description (not
+    straight into the arguments), and examples; the real --help of one action says it."""
+    from passthrough.cli import build_parser
+
+    parsers = _parsers(build_parser())
+    assert len(parsers) == 33
+    for path, parser in parsers.items():
+        text = parser.format_help()
+        after_usage = text.split("\n\n", 1)[1]
+        first = after_usage.splitlines()[0]
+        assert first not in ("positional arguments:", "options:"), f"{path}: no description"
+        assert parser.description and parser.description.endswith("."), path
+        assert "examples:\n" in text, f"{path}: no examples"
+    got = run_cli(["vm", "start", "--help"])
+    assert got.stdout.split("\n\n")[1] == "Start a defined domain."

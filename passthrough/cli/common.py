@@ -106,11 +106,17 @@ CHANGES = (
 GUEST = "guest root to read: / (inside the guest), an unpacked capture, or a .tar.gz (default: /)"
 
 
-def common(p: argparse.ArgumentParser, root: str | None = READS) -> None:
-    """--root (its help as given; None: no --root), --json, --color, --debug."""
+def common(p: argparse.ArgumentParser, root: str | None = READS, json: bool = True) -> None:
+    """--root (its help as given; None: no --root), --json (unless the command has no JSON
+    to give: ``json=False``), --color, --debug."""
     if root is not None:
         p.add_argument("--root", default="/", metavar="DIR", help=root)
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout, for machines")
+    if json:
+        p.add_argument(
+            "--json", action="store_true", help="one JSON object on stdout, for machines"
+        )
+    else:
+        p.set_defaults(json=False)  # what reads args.json (progress, notes) finds no JSON
     p.add_argument(
         "--color",
         choices=("auto", "always", "never"),
