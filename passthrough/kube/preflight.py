@@ -133,13 +133,13 @@ def preflight(host: Host, gpus: tuple[str, ...] = (), memory_mib: int = 8192) ->
         failed = {c.id for c in card if c.level is Level.FAIL}
         report.checks += [c for c in card if c.level is not Level.WARN or c.id not in failed]
         unsafe += [f.code for f in codes.unsafe_for_guest(v.findings, codes.PREPARED)]
-    report.checks.append(_label(report, unsafe))
+    report.checks.append(_label(report, unsafe, bindable=bool(chosen)))
     if report.ok:
         report.labels[WORKLOAD_LABEL] = "vm-passthrough"
     return report
 
 
-def _label(report: Preflight, unsafe: list[str]) -> CheckResult:
+def _label(report: Preflight, unsafe: list[str], bindable: bool) -> CheckResult:
     """The mode label: set when every check passed; withheld over any failure and over a
     warning that makes a card unsafe for a guest (acs-override), naming them. Where binding
     is all that is missing, the GPU Operator's own route is named (its vfio-manager binds
@@ -147,14 +147,17 @@ def _label(report: Preflight, unsafe: list[str]) -> CheckResult:
     label = f"{WORKLOAD_LABEL}=vm-passthrough"
     if report.ok and not unsafe:
         return CheckResult(MODE_LABEL, Level.PASS, f"label the node {label}")
-    blocking = [c.id for c in report.checks if c.level is Level.FAIL and c.id != BOUND]
-    blocking += [code for code in unsafe if code not in blocking]
-    if blocking:
+    blocking = [
+        c.id
+        for c in report.checks
+        if c.level is Level.FAIL and (c.id != BOUND or not bindable)  # no card: nothing to bind
+    ]
+    if blocking or unsafe:
+        why = " (a card unsafe for a guest is never declared ready)" if unsafe else ""
         return CheckResult(
             MODE_LABEL,
             Level.FAIL,
-            f"not labelled {label}: {', '.join(dict.fromkeys(blocking))} above "
-            "(a card unsafe for a guest is never declared ready)",
+            f"not labelled {label}: {', '.join(dict.fromkeys(blocking + unsafe))} above{why}",
             None,
         )
     return CheckResult(
