@@ -126,8 +126,12 @@ def test_commands_only_listed_are_not_checked_and_say_so(
     capsys.readouterr()
     assert main(["apply", "--root", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "What the next boot gets is not checked: these did not run here." in out
-    assert out.strip().endswith("Reboot, then run `passthrough verify`.")
+    assert "What the next boot gets is not checked: the commands below did not run here." in out
+    # the listed commands come first, inside the root; only then the reboot
+    tail = out.split("run them inside the root first:\n", 1)[1].splitlines()
+    assert [line.startswith("  ") for line in tail] == [True] * (len(tail) - 1) + [False]
+    assert tail[-1] == "Then reboot, and run `passthrough verify`."
+    assert "Reboot, then" not in out
 
 
 def test_grub_default_reads_the_first_menuentry() -> None:

@@ -15,19 +15,20 @@ from tests.cli_process import run_cli
 ACS = "acs-override-proxmox"
 
 
-def test_kubevirt_preflight_fails_an_acs_override_and_withholds_the_label(
+def test_kubevirt_preflight_warns_an_acs_override_as_check_does_and_withholds_the_label(
     hosts: dict[str, Path],
 ) -> None:
     text = run_cli(["kubevirt", "preflight", "--root", str(hosts[ACS])])
     assert text.returncode == 1, text.stdout
-    assert "FAIL  acs-override" in text.stdout
+    assert "WARN  acs-override" in text.stdout  # check's level for the same finding
+    assert "FAIL  kube-mode-label" in text.stdout
     assert "holds only the card" not in text.stdout
     assert "label the node" not in text.stdout
     out = run_cli(["kubevirt", "preflight", "--root", str(hosts[ACS]), "--json"])
     report = json.loads(out.stdout)
     assert report["ok"] is False
     assert report["labels"] == {}
-    assert any(c["id"] == "acs-override" and c["level"] == "FAIL" for c in report["checks"])
+    assert any(c["id"] == "acs-override" and c["level"] == "WARN" for c in report["checks"])
 
 
 def test_kubevirt_preflight_tells_the_cards_warnings(hosts: dict[str, Path]) -> None:

@@ -32,10 +32,12 @@ def test_validate_host_root_errors_name_host_root(tmp_path: Path) -> None:
         assert got.stderr.startswith(f"passthrough: error: --host-root {root}:"), got.stderr
 
 
-def test_completion_refuses_json() -> None:
+def test_completion_has_no_json_flag() -> None:
+    """A completion script is shell text: --json is not offered, and given it is a usage error."""
     got = run_cli(["completion", "bash", "--json"])
     assert got.returncode == 2 and got.stdout == ""
-    assert "--json does not apply" in got.stderr
+    assert "unrecognized arguments: --json" in got.stderr
+    assert "  --json" not in run_cli(["completion", "--help"]).stdout  # no such option line
 
 
 def test_the_demo_uses_the_current_option_names() -> None:

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from passthrough.analysis.codes import BMC_VGA
-from passthrough.errors import count
+from passthrough.analysis.codes import ACS_OVERRIDE
+from passthrough.analysis.levels import finding_level, gpus_check
 from passthrough.kernel import kernel_version
 from passthrough.model import CheckResult, GpuVerdict, Host, Level
 
@@ -153,8 +153,8 @@ def _acs(host: Host) -> CheckResult:
             "acs-override", Level.PASS, "no pcie_acs_override: groups reflect the hardware"
         )
     return CheckResult(
-        "acs-override",
-        Level.WARN,
+        ACS_OVERRIDE,
+        finding_level(ACS_OVERRIDE),  # the level scan and kubevirt preflight give it too
         f"pcie_acs_override={host.acs_override}: groups are synthetic, isolation is not real",
         "move the card to a slot with its own group, or accept the risk knowingly",
     )
@@ -198,34 +198,6 @@ def _boot(host: Host) -> CheckResult:
         "bootloader not recognised (none of GRUB, grubby/BLS, systemd-boot, proxmox-boot-tool, "
         "kernelstub, rpm-ostree found)",
         "kernel arguments will have to be added by hand with your bootloader's own tool",
-    )
-
-
-def _gpus(host: Host, verdicts: list[GpuVerdict]) -> CheckResult:
-    candidates = [v for v in verdicts if BMC_VGA not in v.codes]
-    viable = [v for v in verdicts if v.viable]
-    if viable:
-        return CheckResult(
-            "gpu-viable",
-            Level.PASS,
-            f"{len(viable)} of {count(len(candidates), 'GPU')} can be passed through: "
-            + ", ".join(str(v.gpu.address) for v in viable),
-        )
-    if not candidates:
-        return CheckResult(
-            "gpu-viable",
-            Level.FAIL,
-            "no GPU that could be passed through",
-            "install a GPU in a slot with its own IOMMU group",
-        )
-    return CheckResult(
-        "gpu-viable",
-        Level.FAIL,
-        # a BMC's VGA is the host's console, not a GPU anyone would pass through: not counted
-        "the only GPU cannot be passed through alone"
-        if len(candidates) == 1
-        else f"none of {len(candidates)} GPUs can be passed through alone",
-        "see `passthrough scan` for the reasons; a slot with its own IOMMU group fixes most",
     )
 
 
@@ -381,7 +353,7 @@ def run_checks(host: Host, verdicts: list[GpuVerdict]) -> list[CheckResult]:
         _acs(host),
         _vfio(host),
         _boot(host),
-        _gpus(host, verdicts),
+        gpus_check(verdicts),
         _iommufd(host),
     ]
     extra = _kernel_reset(host)

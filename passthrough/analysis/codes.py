@@ -43,6 +43,7 @@ ACS_OVERRIDE = "acs-override"
 NO_RESET = "no-reset"
 LARGE_BAR = "large-bar"
 INTEL_IGPU = "intel-igpu"
+APU_IGPU = "apu-igpu"
 NVSWITCH = "nvswitch"
 LAPTOP_3D = "laptop-3d"
 SRIOV_VF = "sriov-vf"
@@ -172,6 +173,7 @@ POLICY: dict[str, Policy] = {
     NO_RESET: _warning("no reset method: the card may not survive a guest reboot"),
     LARGE_BAR: _warning("a BAR of 32 GiB or more: the guest needs a larger 64-bit MMIO window"),
     INTEL_IGPU: _warning("an Intel integrated GPU: GVT-d needs legacy IGD setup (not targeted)"),
+    APU_IGPU: _warning("an APU's integrated GPU, on the CPU's own slot (not targeted)"),
     NVSWITCH: _warning(
         "an NVSwitch system: NVLink needs the whole fabric or Fabric Manager on the host"
     ),

@@ -25,7 +25,6 @@ from passthrough.analysis.codes import (
     BRIDGE_SELECTED,
     GROUP_OTHER_GPU,
     GROUP_SHARED,
-    INTEL_IGPU,
     LAPTOP_3D,
     LARGE_BAR,
     NO_IOMMU,
@@ -64,8 +63,6 @@ from passthrough.model import (
 )
 from passthrough.pciclass import SUBCLASS_3D, SUBCLASS_OTHER_BRIDGE
 from passthrough.units import format_size
-
-INTEL = 0x8086
 
 
 def _finding(
@@ -345,12 +342,8 @@ def card_warnings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostInde
             f"of at least {format_size(mmio_window(gpu))} for this card (pcihole64 and OVMF "
             "X-PciMmio64Mb), more than OVMF's old 32 GiB default",
         )
-    if primary.vendor_id == INTEL and not primary.parents and primary.address.bus == 0:
-        warn(
-            INTEL_IGPU,
-            "integrated GPU: assigning an Intel iGPU (GVT-d) needs its legacy IGD setup and "
-            "OpRegion; this toolkit targets discrete cards",
-        )
+    if igpu := viability.integrated(gpu, index.by_addr):
+        warn(*igpu)
     if index.nvswitches and primary.vendor_id == NVIDIA:
         warn(
             NVSWITCH,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from passthrough.analysis.codes import APU_IGPU, INTEL_IGPU
 from passthrough.model import Gpu, Host, PciAddress, PciFunction
 from passthrough.pciclass import (
     CLASS_WORDS,
@@ -97,6 +98,43 @@ def find_gpus(host: Host) -> list[Gpu]:
             Gpu(primary=primary, functions=tuple(sorted(members.values(), key=lambda f: f.address)))
         )
     return sorted(gpus, key=lambda g: g.address)
+
+
+INTEL = 0x8086
+
+
+def integrated(gpu: Gpu, by_addr: dict[PciAddress, PciFunction]) -> tuple[str, str] | None:
+    """The finding (code, message) of an integrated GPU, which this toolkit does not target:
+    an Intel iGPU sits on the root bus itself; an APU's iGPU shares its slot with the CPU's
+    own devices of another vendor (AMD's security processor and USB controllers, 1022,
+    beside the Radeon functions, 1002) — a discrete card's slot holds its own functions only."""
+    primary = gpu.primary
+    if primary.vendor_id == INTEL and not primary.parents and primary.address.bus == 0:
+        return (
+            INTEL_IGPU,
+            "integrated GPU: assigning an Intel iGPU (GVT-d) needs its legacy IGD setup and "
+            "OpRegion; this toolkit targets discrete cards",
+        )
+    a = primary.address
+    beside = [by_addr.get(PciAddress(a.domain, a.bus, a.device, n)) for n in range(8)]
+    platform = sorted(
+        {f"{f.vendor_id:04x}" for f in beside if f and f.vendor_id != primary.vendor_id}
+    )
+    port = by_addr.get(primary.parents[0]) if primary.parents else None
+    # the CPU's internal port, as the PCI ID database names it (AMD's "Internal PCIe GPP
+    # Bridge"): where the slot's other devices are not in the capture, the port still says
+    internal = port is not None and port.vendor_id != primary.vendor_id and "Internal" in port.name
+    if (platform or internal) and primary.physfn is None:
+        where = (
+            f"the slot of the CPU's own devices ({', '.join(platform)})"
+            if platform
+            else (f"the CPU's internal port {port.address}" if port else "")
+        )
+        return (
+            APU_IGPU,
+            f"integrated GPU: an APU's, on {where}; this toolkit targets discrete cards",
+        )
+    return None
 
 
 def mmio_window_bytes(functions: Iterable[PciFunction]) -> int:

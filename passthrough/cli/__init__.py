@@ -75,7 +75,22 @@ def build_parser(asked: str | None = None, listing: bool = False) -> argparse.Ar
     else:
         for name in COMMANDS:
             command_module(name).add_parser(sub)
+    described(parser)
     return parser
+
+
+def described(parser: argparse.ArgumentParser) -> None:
+    """Every command's and action's --help opens with a description: its one-line help
+    from the listing above it, where the command gives no longer one."""
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        lines = {a.dest: a.help for a in action._choices_actions}
+        for name, sub in action.choices.items():
+            line = lines.get(name)
+            if sub.description is None and line:
+                sub.description = line[0].upper() + line[1:] + "."
+            described(sub)
 
 
 def tolerant_output() -> None:

@@ -17,6 +17,7 @@ from passthrough.cli.common import (
     dump,
     examples,
     progress,
+    say_listed,
     yes_flag,
 )
 from passthrough.cli.plan import owed, plan_arguments, planned
@@ -76,21 +77,23 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
             print("  still pending (run it inside the root): " + shlex.join(argv))
         return EXIT_OK
     print(f"Applied {count(len(tx.steps), 'step')} (transaction {tx.id}).")
-    if listed(tx):
-        print(
-            f"Not run ({command_mode(root)} mode: --root is not a full OS tree, or not root): "
-            "run them inside it:"
-        )
-        for argv in now:
-            print("  " + shlex.join(argv))
-        print("What the next boot gets is not checked: these did not run here.")
     if still:
         print("Still pending from an earlier apply (run them inside the root too):")
         for argv in still:
             print("  " + shlex.join(argv))
     if checked is not None:
         said_next_boot(checked)
-    print("Reboot, then run `passthrough verify`." if plan.reboot else "No reboot required.")
+    if now:
+        print("What the next boot gets is not checked: the commands below did not run here.")
+        say_listed(
+            command_mode(root),
+            now,
+            "Then reboot, and run `passthrough verify`."
+            if plan.reboot
+            else "No reboot required after them.",
+        )
+    else:
+        print("Reboot, then run `passthrough verify`." if plan.reboot else "No reboot required.")
     return EXIT_OK
 
 

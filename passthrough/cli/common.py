@@ -106,11 +106,17 @@ CHANGES = (
 GUEST = "guest root to read: / (inside the guest), an unpacked capture, or a .tar.gz (default: /)"
 
 
-def common(p: argparse.ArgumentParser, root: str | None = READS) -> None:
-    """--root (its help as given; None: no --root), --json, --color, --debug."""
+def common(p: argparse.ArgumentParser, root: str | None = READS, json: bool = True) -> None:
+    """--root (its help as given; None: no --root), --json (unless the command has no JSON
+    to give: ``json=False``), --color, --debug."""
     if root is not None:
         p.add_argument("--root", default="/", metavar="DIR", help=root)
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout, for machines")
+    if json:
+        p.add_argument(
+            "--json", action="store_true", help="one JSON object on stdout, for machines"
+        )
+    else:
+        p.set_defaults(json=False)  # what reads args.json (progress, notes) finds no JSON
     p.add_argument(
         "--color",
         choices=("auto", "always", "never"),
@@ -230,3 +236,17 @@ def note(args: argparse.Namespace, text: str) -> None:
 def warn(text: str) -> None:
     """A warning on stderr: always shown (also under --quiet and --json)."""
     sys.stderr.write(f"warning: {text}\n")
+
+
+def say_listed(mode: str, argvs: list[list[str]], then: str) -> None:
+    """Commands a change could only list (not a full OS tree, or not root), to run inside
+    the root first; ``then`` (the reboot) is said after them: it comes only after them."""
+    import shlex
+
+    print(
+        f"Not run ({mode} mode: --root is not a full OS tree, or not root): "
+        "run them inside the root first:"
+    )
+    for argv in argvs:
+        print("  " + shlex.join(argv))
+    print(then)

@@ -9,7 +9,7 @@ import sys
 from contextlib import ExitStack
 
 from passthrough.cli.common import Subparsers, command, common, examples
-from passthrough.errors import EXIT_OK, PassthroughError
+from passthrough.errors import EXIT_OK
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -23,12 +23,10 @@ def add_parser(sub: Subparsers) -> None:
         ),
     )
     p.add_argument("shell", choices=("bash", "zsh"))
-    common(p, root=None)
+    common(p, root=None, json=False)  # a completion script is shell text: no JSON of it
 
 
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
-    if args.json:  # a completion script is shell text: there is no JSON of it
-        raise PassthroughError("completion: --json does not apply (the script is shell text)")
     import shtab
 
     from passthrough.cli import build_parser

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import shlex
 from contextlib import ExitStack
 
 from passthrough.cli.common import (
@@ -17,6 +16,7 @@ from passthrough.cli.common import (
     examples,
     open_root,
     progress,
+    say_listed,
     yes_flag,
 )
 from passthrough.errors import EXIT_OK, count
@@ -49,6 +49,7 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
+    from passthrough.execute.apply import command_mode
     from passthrough.execute.status import status, status_text
     from passthrough.execute.undo import undo
     from passthrough.host.root import HostRoot
@@ -61,14 +62,24 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     if args.json:
         dump({"root": root.path, **result.to_json()}, "undo")
     elif result.changed or result.commands:
-        parts = [f"Restored {count(len(result.restored), 'file')}"]
+        # a file apply created has no original: undo removed it (it is gone from the root now)
+        removed = [p for p in result.restored if not root.exists(p)]
+        put_back = len(result.restored) - len(removed)
+        parts = [f"Restored {count(put_back, 'file')}"] if put_back or not removed else []
+        if removed:
+            parts.append(
+                f"{'removed' if parts else 'Removed'} {count(len(removed), 'file')} apply created"
+            )
         if result.unpicked:
             parts.append(f"took our lines out of {len(result.unpicked)} changed since apply")
         if result.forced:
             parts.append(f"put {len(result.forced)} back over later changes (--force)")
-        print("; ".join(parts) + ". Reboot to return to the original kernel arguments and drivers.")
-        for argv in result.listed:
-            print("  pending, run it inside the root: " + shlex.join(argv))
+        print("; ".join(parts) + ".")
+        back = "eboot to return to the original kernel arguments and drivers."
+        if result.listed:
+            say_listed(command_mode(root), result.listed, "Then r" + back)
+        else:
+            print("R" + back)
     else:
         print("Nothing to undo.")
     return EXIT_OK

@@ -230,7 +230,7 @@ def _files(
                     "by a kernel update: the rest is kept)"
                 )
             else:
-                say(f"restore /{d.path}")
+                say(f"restore /{d.path}" if d.content is not None else f"remove /{d.path}")
             _put(journal, tx, d)
             lists = {"drifted": result.forced, "unpick": result.unpicked}
             lists["stranger"] = result.unpicked

@@ -8,6 +8,7 @@ import shlex
 from passthrough.analysis.viability import find_gpus
 from passthrough.errors import count
 from passthrough.execute.apply import last_applied
+from passthrough.execute.journal import Journal, TxKind, TxState
 from passthrough.execute.status import status
 from passthrough.host.modalias import is_vfio
 from passthrough.host.root import HostRoot
@@ -18,6 +19,8 @@ from passthrough.plan.kargs import key_of
 
 # the kernel arguments that say how the IOMMU and vfio-pci are set up
 IOMMU_KEYS = ("intel_iommu", "amd_iommu", "iommu", "vfio-pci.ids", "vfio_iommu_type1")
+# the arguments that hand devices to vfio: ours alone (the IOMMU ones may be the host's own)
+VFIO_KEYS = ("vfio-pci.ids",)
 
 
 def verify(root: HostRoot, host: Host) -> list[CheckResult]:
@@ -25,7 +28,8 @@ def verify(root: HostRoot, host: Host) -> list[CheckResult]:
     prepared (by hand, another tool), against what a passthrough host needs."""
     record = last_applied(root)  # the plan of the newest complete apply
     if record is None:
-        return by_hand(host)
+        undone = last_undone(root)
+        return by_hand(host) if undone is None else after_undo(root, host, *undone)
     ours = set(record.functions)
     pending = [shlex.join(p.argv) for p in status(root).pending]
     checks = [
@@ -47,6 +51,59 @@ def verify(root: HostRoot, host: Host) -> list[CheckResult]:
     # boot that shows everything in place was regenerated some other way: a warning then)
     failed = any(c.level is Level.FAIL for c in checks)
     return [_pending(pending, Level.FAIL if failed else Level.WARN), *checks]
+
+
+def last_undone(root: HostRoot) -> tuple[str, PlanRecord] | None:
+    """The newest apply that undo took back (its id and plan), when no apply is live."""
+    for tx in reversed(Journal.load(root).transactions):
+        if tx.kind is TxKind.APPLY and tx.state is TxState.UNDONE and tx.record:
+            return tx.id, tx.record
+    return None
+
+
+def after_undo(root: HostRoot, host: Host, tx_id: str, record: PlanRecord) -> list[CheckResult]:
+    """verify on a host whose apply was undone: nothing of ours is left on the running
+    host — no vfio binding argument live, none of the cards on vfio-pci."""
+    pending = [shlex.join(p.argv) for p in status(root).pending]
+    ours = [a for a in record.kernel_args.set.values() if key_of(a) in VFIO_KEYS]
+    live = [a for a in ours if a in host.kernel.cmdline]
+    by_addr = {str(f.address): f for f in host.functions}
+    held = [
+        f"{a} on {by_addr[a].driver}"
+        for a in record.functions
+        if a in by_addr and is_vfio(by_addr[a].driver)
+    ]
+    reboot = "reboot into the restored boot entry (undo took it out of the next boot)"
+    if pending:
+        reboot = (
+            "run the undo's pending commands inside the root (`passthrough status`), then reboot"
+        )
+    results = [
+        CheckResult(
+            "origin",
+            Level.SKIP,
+            f"the host was undone (apply {tx_id} taken back by `passthrough undo`): checking "
+            "that nothing of ours is left",
+        ),
+        CheckResult("kernel-args", Level.FAIL, "still live: " + " ".join(live), reboot)
+        if live
+        else CheckResult(
+            "kernel-args",
+            Level.PASS,
+            "none of our vfio arguments live" + (f" ({' '.join(ours)} gone)" if ours else ""),
+        ),
+        CheckResult("vfio", Level.FAIL, "still on vfio: " + ", ".join(held), reboot)
+        if held
+        else CheckResult(
+            "vfio",
+            Level.PASS,
+            f"none of the {count(len(record.functions), 'function')} apply handed over is on vfio",
+        ),
+    ]
+    if pending:
+        failed = any(c.level is Level.FAIL for c in results)
+        results.insert(1, _pending(pending, Level.FAIL if failed else Level.WARN, "the undo"))
+    return results
 
 
 def by_hand(host: Host) -> list[CheckResult]:
@@ -130,12 +187,13 @@ def _iommu(host: Host) -> CheckResult:
     )
 
 
-def _pending(pending: list[str], level: Level) -> CheckResult:
+def _pending(pending: list[str], level: Level, of: str = "the apply") -> CheckResult:
+    rerun = " or `passthrough apply`" if of == "the apply" else " or `passthrough undo`"
     return CheckResult(
         "pending",
         level,
-        f"{count(len(pending), 'command')} of the apply never ran: {'; '.join(pending)}",
-        "run them (inside the root; `passthrough status` lists them), or `passthrough apply` "
+        f"{count(len(pending), 'command')} of {of} never ran: {'; '.join(pending)}",
+        f"run them (inside the root; `passthrough status` lists them),{rerun} "
         "where commands can run, then reboot",
     )
 

@@ -18,6 +18,8 @@ RESOURCE_API = "resource.k8s.io/v1"
 NVIDIA_CONFIG_API = "resource.nvidia.com/v1beta1"
 VFIO_CLASS = "vfio.gpu.nvidia.com"
 DRA_DRIVER = "gpu.nvidia.com"
+# the standard device attribute (domain resource.kubernetes.io) the driver sets for every GPU
+PCI_BUS_ID = "device.attributes['resource.kubernetes.io'].pciBusID"
 CLAIM = "gpus"  # the VMI's resourceClaims entry every DRA GPU comes from
 HUGEPAGE_SIZE = "2Mi"
 # KubeVirt's hyperv block, per enlightenment of the Windows profile (spec.py's names)
@@ -45,6 +47,15 @@ class VmCard:
     @property
     def request(self) -> str:
         return f"gpu{self.index}"
+
+    @property
+    def selector(self) -> dict[str, Any]:
+        """A CEL selector for exactly this card: the PCI address NVIDIA's DRA driver
+        publishes for each device under the standard ``resource.kubernetes.io/pciBusID``
+        attribute (lower-case hex, ``0000:01:00.0``). Without it a request on the vfio class
+        takes any free GPU of the node, so two different cards could swap places."""
+        primary = next((f for f in self.functions if f.is_display), self.functions[0])
+        return {"cel": {"expression": f"{PCI_BUS_ID} == '{primary.address}'"}}
 
     def device_name(self, fn: PciFunction) -> str:
         return self.request if fn.is_display else f"{self.request}-fn{fn.address.function}"
@@ -84,6 +95,7 @@ def claim_template(name: str, cards: Sequence[VmCard], iommufd: bool = False) ->
     them: the legacy group device and /dev/vfio/vfio, or with ``iommufd`` (a node whose
     kernel has it) each card's /dev/vfio/devices/vfioN and /dev/iommu."""
     requests = [c.request for c in cards]
+    exactly = {c.request: {"deviceClassName": VFIO_CLASS, "selectors": [c.selector]} for c in cards}
     return {
         "apiVersion": RESOURCE_API,
         "kind": "ResourceClaimTemplate",
@@ -91,9 +103,7 @@ def claim_template(name: str, cards: Sequence[VmCard], iommufd: bool = False) ->
         "spec": {
             "spec": {
                 "devices": {
-                    "requests": [
-                        {"name": r, "exactly": {"deviceClassName": VFIO_CLASS}} for r in requests
-                    ],
+                    "requests": [{"name": r, "exactly": exactly[r]} for r in requests],
                     "config": [
                         {
                             "requests": requests,

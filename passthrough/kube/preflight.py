@@ -12,6 +12,7 @@ from typing import Any
 
 from passthrough.analysis import codes, policy
 from passthrough.analysis.cards import choose_cards
+from passthrough.analysis.levels import finding_level
 from passthrough.errors import PassthroughError, count
 from passthrough.kube.build import refuse_laptop
 from passthrough.kube.layout import plan_kubevirt
@@ -48,12 +49,14 @@ def _bound(v: GpuVerdict) -> CheckResult:
     ]
     where = v.gpu.primary.address
     if held:
+        # the label is not the way to bind here: kube-mode-label withholds it until the cards
+        # are bound (and says where the GPU Operator binds them itself), so no fix loops back
         return CheckResult(
             BOUND,
             Level.FAIL,
             f"{where}: " + ", ".join(f"{f.address} on {f.driver}" for f in held),
-            "bind every function of the card to vfio-pci (`passthrough plan` then `apply`, or "
-            "the GPU Operator's vfio-manager on a node labelled vm-passthrough)",
+            "bind every function of the card to vfio-pci: `passthrough plan` then `apply` (at "
+            "boot), or `passthrough bind` (now)",
         )
     loose = [f for f in v.gpu.functions if not f.is_bridge_like and f.driver is None]
     n = len([f for f in v.gpu.functions if not f.is_bridge_like])
@@ -68,27 +71,26 @@ def _bound(v: GpuVerdict) -> CheckResult:
 
 
 def _policy(host: Host, v: GpuVerdict) -> list[CheckResult]:
-    """The card's verdict as scan gives it: what makes it unsafe for a guest fails (and
-    withholds the node label), the other warnings are told; a large BAR is _fits' to judge."""
+    """The card's verdict as scan and check give it, at the same levels (a refusal fails,
+    a warning warns: :func:`finding_level`); what makes a card unsafe for a guest
+    withholds the node label (kube-mode-label says so). A large BAR is _fits' to judge."""
     where = v.gpu.primary.address
-    unsafe = codes.unsafe_for_guest(v.findings, codes.PREPARED)
+    refused = codes.refusals(v.findings, codes.PREPARED)
     told = [
-        CheckResult(f.code, Level.WARN, f"{where}: {f.message}", None)
+        CheckResult(
+            f.code,
+            finding_level(f.code, codes.PREPARED),
+            f"{where}: {f.message}",
+            codes.POLICY[f.code].meaning if f in refused else None,
+        )
         for f in v.findings
-        if f.severity is Severity.WARNING and f not in unsafe and f.code != codes.LARGE_BAR
+        if f.severity is not Severity.INFO and f.code != codes.LARGE_BAR
     ]
-    if not unsafe:
-        groups = ", ".join(map(str, v.gpu.groups))
-        return [
-            CheckResult(
-                "group-viable", Level.PASS, f"{where}: IOMMU group {groups} holds only the card"
-            ),
-            *told,
-        ]
-    return [
-        CheckResult(f.code, Level.FAIL, f"{where}: {f.message}", codes.POLICY[f.code].meaning)
-        for f in unsafe
-    ] + told
+    if codes.unsafe_for_guest(v.findings, codes.PREPARED):
+        return told  # a synthetic group (acs-override) "holding only the card" isolates nothing
+    groups = ", ".join(map(str, v.gpu.groups))
+    viable = f"{where}: IOMMU group {groups} holds only the card"
+    return [CheckResult("group-viable", Level.PASS, viable), *told]
 
 
 def _fits(host: Host, v: GpuVerdict, memory_mib: int) -> CheckResult:
@@ -124,23 +126,45 @@ def preflight(host: Host, gpus: tuple[str, ...] = (), memory_mib: int = 8192) ->
     chosen = choose_cards(policy.judge_all(host), gpus, default="nvidia", required=False)
     if not chosen:
         report.checks.append(CheckResult(BOUND, Level.FAIL, "no NVIDIA GPU on this node", None))
+    unsafe: list[str] = []
     for v in chosen:
         card = [_bound(v), *_policy(host, v), _fits(host, v, memory_mib)]
         # a warning the cluster path refuses (laptop-3d in _fits) is told once, as the refusal
         failed = {c.id for c in card if c.level is Level.FAIL}
         report.checks += [c for c in card if c.level is not Level.WARN or c.id not in failed]
+        unsafe += [f.code for f in codes.unsafe_for_guest(v.findings, codes.PREPARED)]
+    report.checks.append(_label(report, unsafe, bindable=bool(chosen)))
     if report.ok:
         report.labels[WORKLOAD_LABEL] = "vm-passthrough"
-        report.checks.append(
-            CheckResult(MODE_LABEL, Level.PASS, f"label the node {WORKLOAD_LABEL}=vm-passthrough")
-        )
-    else:
-        report.checks.append(
-            CheckResult(
-                MODE_LABEL,
-                Level.FAIL,
-                f"not labelled {WORKLOAD_LABEL}=vm-passthrough until the checks above pass",
-                None,
-            )
-        )
     return report
+
+
+def _label(report: Preflight, unsafe: list[str], bindable: bool) -> CheckResult:
+    """The mode label: set when every check passed; withheld over any failure and over a
+    warning that makes a card unsafe for a guest (acs-override), naming them. Where binding
+    is all that is missing, the GPU Operator's own route is named (its vfio-manager binds
+    the cards of a node labelled by hand), so the advice ends where the checks pass."""
+    label = f"{WORKLOAD_LABEL}=vm-passthrough"
+    if report.ok and not unsafe:
+        return CheckResult(MODE_LABEL, Level.PASS, f"label the node {label}")
+    blocking = [
+        c.id
+        for c in report.checks
+        if c.level is Level.FAIL and (c.id != BOUND or not bindable)  # no card: nothing to bind
+    ]
+    if blocking or unsafe:
+        why = " (a card unsafe for a guest is never declared ready)" if unsafe else ""
+        return CheckResult(
+            MODE_LABEL,
+            Level.FAIL,
+            f"not labelled {label}: {', '.join(dict.fromkeys(blocking + unsafe))} above{why}",
+            None,
+        )
+    return CheckResult(
+        MODE_LABEL,
+        Level.FAIL,
+        f"not labelled {label} until the cards are on vfio-pci (kube-vfio-bound above); "
+        "every other check passes",
+        f"bind them as kube-vfio-bound says, or on a GPU Operator cluster label the node "
+        f"{label} yourself: its vfio-manager binds them",
+    )
