@@ -148,6 +148,31 @@ class HostRoot:
         known = self._dir(parent, rel) if parent and name not in (".", "..") else None
         return None if known is None else self._join(f"{known[0]}/{name}")
 
+    def open_dir(self, rel: str) -> int | None:
+        """A descriptor of the directory ``rel``, resolved inside the root as :meth:`real`
+        resolves it, for a reader that takes many files of one directory at once (the
+        caller closes it); None where that does not apply: a directory that is missing or
+        not one, or a root whose subclass watches every read (the snapshot recorder), which
+        is read file by file as before."""
+        cls = type(self)
+        if not (
+            cls.read_bytes is HostRoot.read_bytes
+            and cls.readlink is HostRoot.readlink
+            and cls._saw_link is HostRoot._saw_link
+        ):
+            return None
+        try:
+            if self.is_live and not self.walk_live:
+                path = "/" + rel.strip("/")
+            else:
+                known = self._dir(rel.strip("/"), rel)
+                if known is None:
+                    return None
+                path = self._join(known[0])  # every link in it followed: O_NOFOLLOW holds
+            return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:  # ELOOP past the limit, a permission: the file-by-file path says
+            return None
+
     def abs(self, rel: str) -> str:
         """How ``rel`` is named in messages (joined, not resolved: never opened)."""
         rel = rel.lstrip("/")
