@@ -161,15 +161,23 @@ class HostRoot:
             and cls._saw_link is HostRoot._saw_link
         ):
             return None
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
         try:
             if self.is_live and not self.walk_live:
-                path = "/" + rel.strip("/")
-            else:
-                known = self._dir(rel.strip("/"), rel)
-                if known is None:
-                    return None
-                path = self._join(known[0])  # every link in it followed: O_NOFOLLOW holds
-            return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+                return os.open("/" + rel.strip("/"), flags)
+            # the parent resolved; the last component opened without following it (the
+            # kernel's ELOOP is the check that it is no link), else resolved too
+            known = self._known(rel)
+            if known is not None:
+                try:
+                    return os.open(known, flags)
+                except OSError as exc:
+                    if exc.errno != errno.ELOOP:
+                        return None
+            resolved = self._dir(rel.strip("/"), rel)
+            if resolved is None:
+                return None
+            return os.open(self._join(resolved[0]), flags)  # every link in it followed
         except OSError:  # ELOOP past the limit, a permission: the file-by-file path says
             return None
 
