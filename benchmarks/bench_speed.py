@@ -11,7 +11,9 @@ ratios hold however loaded the machine is:
   beside a `virt-xml-validate` loop over the same files.
 
 Our commands run from a regular install of this checkout (timing.regular_install: no
-editable-install finder at start); commands of one table alternate so they share the load.
+editable-install finder at start), both as ``python -m passthrough`` and as the console script
+pip writes (``passthrough``: no runpy, the installed entry point's cost); commands of one
+table alternate so they share the load.
 Wall time is a median; CPU time (user + system of the process) is what load inflates least.
 
     python benchmarks/bench_speed.py [--runs 15] [--sizes 2000,4000,8000] [--batch 500] [--json]
@@ -41,9 +43,17 @@ VIRT = "virt-xml-validate FILE domain"
 PYTHON = "python -c pass (the interpreter alone)"
 
 
-def start_up(python: str, runs: int) -> dict[str, object]:
+def console_script(tmp: str) -> str:
+    """The three lines pip writes for the ``passthrough`` entry point (pyproject.toml)."""
+    script = Path(tmp) / "passthrough"
+    script.write_text("import sys\nfrom passthrough.cli import main\nsys.exit(main())\n")
+    return str(script)
+
+
+def start_up(python: str, tmp: str, runs: int) -> dict[str, object]:
     commands = {
         "passthrough --version": [python, "-m", "passthrough", "--version"],
+        "passthrough --version (console script)": [python, console_script(tmp), "--version"],
         "passthrough scan --help": [python, "-m", "passthrough", "scan", "--help"],
         PYTHON: [python, "-c", "pass"],
     }
@@ -58,16 +68,10 @@ def scan(python: str, tmp: str, sizes: list[int], runs: int) -> dict[str, object
     out: dict[str, object] = {}
     for size in sizes:
         root, functions = synthetic.build_functions(Path(tmp) / f"host{size}", size)
+        args = ["scan", "--root", str(root), "--json"]
         commands = {
-            "passthrough scan --json": [
-                python,
-                "-m",
-                "passthrough",
-                "scan",
-                "--root",
-                str(root),
-                "--json",
-            ],
+            "passthrough scan --json": [python, "-m", "passthrough", *args],
+            "passthrough scan --json (console script)": [python, console_script(tmp), *args],
             LSPCI: [lspci, "-A", "linux-sysfs", "-O", f"sysfs.path={root}/sys/bus/pci", "-nn"],
         }
         out[str(functions)] = summary(alternate(commands, runs), LSPCI)
@@ -87,6 +91,12 @@ def one_file(python: str, tmp: str, runs: int) -> dict[str, object]:
     commands = {
         "passthrough-validate FILE": [python, str(_wrapper(tmp)), str(GOLDEN)],
         "passthrough validate FILE": [python, "-m", "passthrough", "validate", str(GOLDEN)],
+        "passthrough validate FILE (console script)": [
+            python,
+            console_script(tmp),
+            "validate",
+            str(GOLDEN),
+        ],
         VIRT: ["virt-xml-validate", str(GOLDEN), "domain"],
     }
     return summary(alternate(commands, runs), VIRT)
@@ -134,7 +144,7 @@ def main() -> int:
         python = str(regular_install(tmp))
         report = {
             "load_average": [round(x, 2) for x in os.getloadavg()],
-            "start_up": start_up(python, args.runs),
+            "start_up": start_up(python, tmp, args.runs),
             "scan": scan(python, tmp, sizes, args.runs),
             "validate_one_file": one_file(python, tmp, args.runs),
             "validate_batch": batch(python, tmp, args.batch),

@@ -39,6 +39,11 @@ STYLES = {
 _OURS = "|".join(re.escape(s) for s in (*STYLES.values(), RESET))
 # a carriage return just before a newline only ends the line (a pty's, Ansible's output): kept
 _CONTROL = re.compile(f"({_OURS}|\r\n)|[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f]")
+# The ASCII characters _CONTROL can match (its colours and CR-LF start with one of them):
+# ASCII text without any is returned as it is. The substitution tries the alternation at
+# every position (about 170 ms over scan --json's 1 MB on 2,000 functions); looking for each
+# of these with ``in`` (memchr-fast) takes a few.
+_ASCII_CONTROLS = tuple(chr(c) for c in (*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F))
 
 
 def _escape(m: re.Match[str]) -> str:
@@ -50,6 +55,11 @@ def _escape(m: re.Match[str]) -> str:
 
 def inert(text: str) -> str:
     """``text`` with every control character but newline, tab and CR-LF escaped."""
+    if text.isascii():
+        if not any(c in text for c in _ASCII_CONTROLS):
+            return text
+    elif _CONTROL.search(text) is None:
+        return text
     return _CONTROL.sub(_escape, text)
 
 

@@ -89,12 +89,17 @@ def test_speed_benchmark_reports_each_figure_beside_its_reference() -> None:
     report = json.loads(r.stdout)
     assert report["start_up"]["ratio"]["python -c pass (the interpreter alone)"] == 1.0
     assert report["start_up"]["median_seconds"]["passthrough --version"] > 0
+    assert report["start_up"]["median_seconds"]["passthrough --version (console script)"] > 0
     assert set(report["scan"]) == {"1000", "2000"}
     for figures in report["scan"].values():
         assert figures["ratio"]["lspci -nn (one call)"] == 1.0
         assert figures["median_seconds"]["passthrough scan --json"] > 0
+        assert figures["median_seconds"]["passthrough scan --json (console script)"] > 0
     assert report["scan"]["1000"]["growth_median_cpu_seconds"]["passthrough scan --json"] == 1.0
     assert report["validate_one_file"]["ratio"]["virt-xml-validate FILE domain"] == 1.0
+    assert report["validate_one_file"]["median_seconds"][
+        "passthrough validate FILE (console script)"
+    ]
     batch = report["validate_batch"]
     assert batch["files"] == 3 and batch["passthrough_ok"] is True
     assert batch["virt_xml_validate_failures"] == 0 and batch["speedup"] > 0

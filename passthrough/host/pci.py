@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import posixpath
+import stat
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
@@ -82,8 +84,59 @@ Namer = Callable[[int, int], tuple[str | None, str | None]]
 NamerFactory = Callable[[set[tuple[int, int]]], Namer]
 
 
-def _locate(root: HostRoot, name: str) -> tuple[str, dict[str, str]] | None:
-    """Real device path and uevent variables of one ``sys/bus/pci/devices`` entry."""
+# What every function's directory is asked for: taken at once through one descriptor of the
+# directory (its listing says which exist; no failed open, no lookup from the root per file)
+_EAGER_FILES = ("uevent", "numa_node", "reset_method", "resource", "sriov_totalvfs")
+_EAGER_LINKS = ("iommu_group", "physfn")
+_PAGE = 1 << 16  # sysfs attributes fit in one page; anything longer goes the root's way
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+
+Eager = dict[str, "str | None"]  # name -> text or link's last component; None: absent
+
+
+def _eager(root: HostRoot, real: str) -> Eager:
+    """The files and links of ``real`` that every function is asked for, read through one
+    descriptor of it. What this cannot read as a plain file or link (a link where a file
+    belongs, a device node, an error, a long file) is left out, and the root reads it as it
+    reads any file (containment, bounds, problems noted): the same answers either way."""
+    fd = root.open_dir(real)
+    if fd is None:
+        return {}
+    got: Eager = {}
+    try:
+        for name in _EAGER_LINKS:
+            try:
+                got[name] = posixpath.basename(os.readlink(name, dir_fd=fd).rstrip("/"))
+            except OSError:  # absent, or not a link: what the root's readlink answers too
+                got[name] = None
+        for name in _EAGER_FILES:
+            try:
+                f = os.open(name, _READ, dir_fd=fd)
+            except FileNotFoundError:
+                got[name] = None
+                continue
+            except OSError:
+                continue  # a link (ELOOP), no permission: the root's way
+            try:
+                if stat.S_ISREG(os.fstat(f).st_mode):
+                    data = os.read(f, _PAGE)
+                    if len(data) < _PAGE:
+                        got[name] = data.decode("utf-8", "replace").strip()
+            except OSError:
+                pass
+            finally:
+                os.close(f)
+    finally:
+        os.close(fd)
+    return got
+
+
+Located = tuple[str, dict[str, str], Eager]
+
+
+def _locate(root: HostRoot, name: str) -> Located | None:
+    """Real device path, uevent variables and the eagerly read facts of one
+    ``sys/bus/pci/devices`` entry."""
     link = f"{PCI_DEVICES}/{name}"
     target = root.readlink(link)
     if target is None:
@@ -92,10 +145,13 @@ def _locate(root: HostRoot, name: str) -> tuple[str, dict[str, str]] | None:
         real = root.resolve(link) or link
     else:
         real = posixpath.normpath(posixpath.join(PCI_DEVICES, target))
-    if not root.isdir(real):
+    eager = _eager(root, real)
+    if not eager and not root.isdir(real):
         root.problems.append(f"{link}: dangling link to {target}")
         return None
-    return real, parse_uevent(root.read(f"{real}/uevent"))
+    if "uevent" in eager:
+        return real, parse_uevent(eager["uevent"]), eager
+    return real, parse_uevent(root.read(f"{real}/uevent")), eager
 
 
 def _event_id(event: dict[str, str]) -> tuple[int, int] | None:
@@ -195,18 +251,26 @@ def build_function(
 
 
 class _SysfsFacts:
-    """A function's sysfs directory under a root, and the uevent file read from it."""
+    """A function's sysfs directory under a root, the uevent file and the facts read at
+    once from it (what is not among those is read file by file)."""
 
-    def __init__(self, root: HostRoot, real: str, event: dict[str, str]) -> None:
+    def __init__(
+        self, root: HostRoot, real: str, event: dict[str, str], eager: Eager | None = None
+    ) -> None:
         self.root, self.real, self.uevent = root, real, event
+        self.eager = eager or {}
 
     def event(self, key: str) -> str | None:
         return self.uevent.get(key)
 
     def attr(self, name: str) -> str | None:
+        if name in self.eager:
+            return self.eager[name]
         return self.root.read(f"{self.real}/{name}")
 
     def link(self, name: str) -> str | None:
+        if name in self.eager:
+            return self.eager[name]
         return self.root.link_name(f"{self.real}/{name}")
 
     def where(self, name: str) -> str:
@@ -217,7 +281,7 @@ def read_function(
     root: HostRoot,
     name: str,
     names: Namer | None = None,
-    located: tuple[str, dict[str, str]] | None = None,
+    located: Located | None = None,
 ) -> PciFunction | None:
     """One function from ``sys/bus/pci/devices/NAME``; None (and a problem noted) when
     the entry is a dangling link."""
@@ -226,11 +290,12 @@ def read_function(
         located = _locate(root, name)
         if located is None:
             return None
-    real, event = located
+    real, event, eager = located
+    facts = _SysfsFacts(root, real, event, eager)
     return build_function(
         address,
-        _SysfsFacts(root, real, event),
-        driver=event.get("DRIVER") if event else root.link_name(f"{real}/driver"),
+        facts,
+        driver=event.get("DRIVER") if event else facts.link("driver"),
         parents=parents_from_path(real),
         sysfs_path=real,
         names=names,
@@ -240,7 +305,7 @@ def read_function(
 def read_functions(root: HostRoot, namer_factory: NamerFactory | None = None) -> list[PciFunction]:
     """Every PCI function under the root. ``namer_factory`` receives the IDs seen in the
     uevent files (one pass) and returns the name lookup used while building records."""
-    located: dict[str, tuple[str, dict[str, str]]] = {}
+    located: dict[str, Located] = {}
     for name in root.listdir(PCI_DEVICES):
         if not PciAddress.looks_like(name):
             root.problems.append(f"{PCI_DEVICES}/{echo(name)}: not a PCI address, ignored")
@@ -250,7 +315,7 @@ def read_functions(root: HostRoot, namer_factory: NamerFactory | None = None) ->
             located[name] = found
     namer = None
     if namer_factory is not None:
-        ids = {i for _, event in located.values() if (i := _event_id(event)) is not None}
+        ids = {i for _, event, _ in located.values() if (i := _event_id(event)) is not None}
         namer = namer_factory(ids)
     functions = []
     for name, found in located.items():

@@ -148,6 +148,39 @@ class HostRoot:
         known = self._dir(parent, rel) if parent and name not in (".", "..") else None
         return None if known is None else self._join(f"{known[0]}/{name}")
 
+    def open_dir(self, rel: str) -> int | None:
+        """A descriptor of the directory ``rel``, resolved inside the root as :meth:`real`
+        resolves it, for a reader that takes many files of one directory at once (the
+        caller closes it); None where that does not apply: a directory that is missing or
+        not one, or a root whose subclass watches every read (the snapshot recorder), which
+        is read file by file as before."""
+        cls = type(self)
+        if not (
+            cls.read_bytes is HostRoot.read_bytes
+            and cls.readlink is HostRoot.readlink
+            and cls._saw_link is HostRoot._saw_link
+        ):
+            return None
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+        try:
+            if self.is_live and not self.walk_live:
+                return os.open("/" + rel.strip("/"), flags)
+            # the parent resolved; the last component opened without following it (the
+            # kernel's ELOOP is the check that it is no link), else resolved too
+            known = self._known(rel)
+            if known is not None:
+                try:
+                    return os.open(known, flags)
+                except OSError as exc:
+                    if exc.errno != errno.ELOOP:
+                        return None
+            resolved = self._dir(rel.strip("/"), rel)
+            if resolved is None:
+                return None
+            return os.open(self._join(resolved[0]), flags)  # every link in it followed
+        except OSError:  # ELOOP past the limit, a permission: the file-by-file path says
+            return None
+
     def abs(self, rel: str) -> str:
         """How ``rel`` is named in messages (joined, not resolved: never opened)."""
         rel = rel.lstrip("/")
