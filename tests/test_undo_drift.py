@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from passthrough.cli import main
-from passthrough.execute.apply import SANDBOX, ApplyError, apply
+from passthrough.execute.apply import ApplyError, apply
 from passthrough.execute.journal import JOURNAL, Journal, StepState, Transaction, TxState
+from passthrough.execute.sandbox import SANDBOX
 from passthrough.execute.status import status
 from passthrough.execute.undo import undo
 from passthrough.host.discover import discover

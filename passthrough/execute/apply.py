@@ -11,12 +11,10 @@ killed, each file is entirely old or entirely new (temp file + fsync + rename); 
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import shlex
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +33,8 @@ from passthrough.execute.journal import (
     TxState,
     sha256,
 )
+from passthrough.execute.sandbox import chroot_argv as chroot_argv
+from passthrough.execute.sandbox import sandbox_profile, sandbox_works
 from passthrough.execute.state import BACKUPS, ensure_dir, own
 from passthrough.execute.state import LOCK as LOCK
 from passthrough.execute.state import Busy as Busy
@@ -97,54 +97,6 @@ Runner = Callable[[list[str]], subprocess.CompletedProcess[str]]
 
 def _default_runner(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, check=False)
-
-
-# A root's own tools run in new user, mount and PID namespaces, chrooted into the tree with
-# a /proc of their own, a /dev of six character devices, an empty read-only /sys and no
-# CAP_SYS_CHROOT (execute/sandbox.py says what each part stops). The profile per command:
-# "plain", "grub" (grub-probe also needs the node of the block device holding the tree to
-# find "/", which a user namespace cannot open), or absent: listed for the admin, never run
-# (docs/safety.md, "what runs where").
-SANDBOX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox.py")
-PROFILES: dict[str, str] = {
-    "update-initramfs": "plain",
-    "dracut": "plain",
-    "mkinitcpio": "plain",
-    "kernel-install": "plain",
-    "grubby": "plain",
-    "kernelstub": "plain",
-    "update-grub": "grub",
-    "grub-mkconfig": "grub",
-    "grub2-mkconfig": "grub",
-    "lsinitramfs": "plain",
-    "lsinitrd": "plain",
-    "lsinitcpio": "plain",
-}
-UNSHARE = ("unshare", "--user", "--map-root-user", "--mount", "--pid", "--fork")
-
-
-def sandbox_profile(argv: tuple[str, ...]) -> str | None:
-    """How a command runs inside a tree; None: it cannot run there (proxmox-boot-tool
-    mounts the ESPs by UUID, rpm-ostree needs its daemon): it is listed."""
-    return PROFILES.get(os.path.basename(argv[0])) if argv else None
-
-
-@functools.cache
-def sandbox_works() -> bool:
-    """Whether this kernel lets us make the namespaces (a container may forbid them)."""
-    try:
-        r = subprocess.run([*UNSHARE, "true"], capture_output=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return r.returncode == 0
-
-
-def chroot_argv(root_path: str, argv: tuple[str, ...], profile: str | None = None) -> list[str]:
-    """The sandboxed command line (a command without a profile of its own gets the one
-    given, else the plain one: the tests' own helpers, apt-get and dpkg, run this way)."""
-    profile = sandbox_profile(argv) or profile or "plain"
-    python = sys.executable or "python3"
-    return [*UNSHARE, python, "-I", "-S", SANDBOX, profile, root_path, "--", *argv]
 
 
 def only_listed(root: HostRoot, argv: tuple[str, ...]) -> bool:

@@ -29,14 +29,16 @@ has no such command.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
+import subprocess
 import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 PR_CAPBSET_DROP, CAP_SYS_CHROOT = 24, 18
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
-PROFILES = ("plain", "grub")
+KINDS = ("plain", "grub")
 SEARCH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -109,8 +111,56 @@ def build(profile: str, tree: str) -> None:
     _check(_libc.prctl(PR_CAPBSET_DROP, CAP_SYS_CHROOT, 0, 0, 0), "drop CAP_SYS_CHROOT")
 
 
+# A root's own tools run in new user, mount and PID namespaces, chrooted into the tree with
+# a /proc of their own, a /dev of six character devices, an empty read-only /sys and no
+# CAP_SYS_CHROOT (execute/sandbox.py says what each part stops). The profile per command:
+# "plain", "grub" (grub-probe also needs the node of the block device holding the tree to
+# find "/", which a user namespace cannot open), or absent: listed for the admin, never run
+# (docs/safety.md, "what runs where"). Imported by apply; run as a script, see main().
+SANDBOX = os.path.abspath(__file__)
+PROFILES: dict[str, str] = {
+    "update-initramfs": "plain",
+    "dracut": "plain",
+    "mkinitcpio": "plain",
+    "kernel-install": "plain",
+    "grubby": "plain",
+    "kernelstub": "plain",
+    "update-grub": "grub",
+    "grub-mkconfig": "grub",
+    "grub2-mkconfig": "grub",
+    "lsinitramfs": "plain",
+    "lsinitrd": "plain",
+    "lsinitcpio": "plain",
+}
+UNSHARE = ("unshare", "--user", "--map-root-user", "--mount", "--pid", "--fork")
+
+
+def sandbox_profile(argv: tuple[str, ...]) -> str | None:
+    """How a command runs inside a tree; None: it cannot run there (proxmox-boot-tool
+    mounts the ESPs by UUID, rpm-ostree needs its daemon): it is listed."""
+    return PROFILES.get(os.path.basename(argv[0])) if argv else None
+
+
+@functools.cache
+def sandbox_works() -> bool:
+    """Whether this kernel lets us make the namespaces (a container may forbid them)."""
+    try:
+        r = subprocess.run([*UNSHARE, "true"], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+def chroot_argv(root_path: str, argv: tuple[str, ...], profile: str | None = None) -> list[str]:
+    """The sandboxed command line (a command without a profile of its own gets the one
+    given, else the plain one: the tests' own helpers, apt-get and dpkg, run this way)."""
+    profile = sandbox_profile(argv) or profile or "plain"
+    python = sys.executable or "python3"
+    return [*UNSHARE, python, "-I", "-S", SANDBOX, profile, root_path, "--", *argv]
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[0] not in PROFILES or argv[2] != "--" or not argv[3:]:
+    if len(argv) < 3 or argv[0] not in KINDS or argv[2] != "--" or not argv[3:]:
         print("usage: sandbox.py plain|grub TREE -- ARGV...", file=sys.stderr)
         return 125
     profile, tree, rest = argv[0], argv[1], argv[3:]

@@ -82,10 +82,6 @@ def _paired(
     return out
 
 
-def _inside(insertion: _Hunk[T], deletion: _Hunk[T]) -> bool:
-    return insertion.start == insertion.end and deletion.start < insertion.start < deletion.end
-
-
 def _clash(a: _Hunk[T], b: _Hunk[T]) -> bool:
     if a.start == a.end and b.start == b.end:
         return a.start == b.start  # two insertions at one place: which goes first?
@@ -103,9 +99,8 @@ def merge(
     """``base`` with both changes made, None where they collide. ``resolve`` may settle a
     collision where both replaced the same items one for one, item by item; ``alike`` says
     which items in a changed block are one item changed (paired before the merge).
-    ``keep_inserts``: where ours only deletes a run of items and theirs only inserts
-    inside it, the run goes and their items stay (our words out of a list the admin
-    added to in the middle)."""
+    ``keep_inserts``: where ours only deletes a run and theirs only inserts inside it, the
+    run goes and their items stay."""
     mine, yours = _hunks(base, ours, alike), _hunks(base, theirs, alike)
     chosen = [h for h in mine if not any(_clash(h, y) for y in yours)]
     chosen += [y for y in yours if not any(_clash(h, y) for h in mine)]
@@ -113,7 +108,8 @@ def merge(
         hit = [y for y in yours if _clash(h, y)]
         if not hit:
             continue
-        if keep_inserts and not h.items and all(_inside(y, h) for y in hit):
+        inside = all(y.start == y.end and h.start < y.start < h.end for y in hit)
+        if keep_inserts and not h.items and inside:
             at = h.start
             for y in sorted(hit, key=lambda y: y.start):
                 chosen += [_Hunk(at, y.start, ()), y]
@@ -170,9 +166,7 @@ class _Words:
     words: tuple[str, ...]
     tail: str  # everything after it: ")", a comment
     quote: str | None = None  # a shell value's quoting ('"', "'", ""); None: words as they are
-    # our appending GRUB line: its words are the variable it appends to (as a reference,
-    # first), then the words it lists, so that it merges with an admin's assignment
-    # ``GRUB_CMDLINE_LINUX_DEFAULT="${GRUB_CMDLINE_LINUX_DEFAULT} …"`` put in its place
+    # our GRUB loop line: words are its variable (a reference), then those it lists
     loop: LoopLine | None = None
 
     def render(self, words: Sequence[str], quote: str | None) -> str:
@@ -185,16 +179,18 @@ def _ref(name: str) -> str:
     return OPEN + name + CLOSE  # a reference, as shellvalue.value_words marks it
 
 
+def _adds_nothing(w: _Words | None) -> bool:
+    return w is not None and w.words == (_ref(_name(w)),)
+
+
 def _loop(line: str) -> _Words | None:
-    found = loop_line(line)
-    if found is None:
+    if (found := loop_line(line)) is None:
         return None
     return _Words(found.head, (_ref(found.target), *found.words), found.tail, loop=found)
 
 
 def _render_loop(loop: LoopLine, words: Sequence[str]) -> str | None:
-    """The loop line appending ``words[1:]`` (None: the words do not start with its
-    variable, or hold another reference: no loop line means them)."""
+    """The loop line appending ``words[1:]`` (None: no loop line means them)."""
     if not words or words[0] != _ref(loop.target) or any(OPEN in w for w in words[1:]):
         return None
     return loop.render(words[1:])
@@ -252,7 +248,7 @@ def _name(w: _Words) -> str:
 
 def _same(a: _Words, b: _Words) -> bool:
     """One list of words changed: the same name, or our loop line and an assignment to a
-    variable it reads (either may take its place: both end on the kernel line)."""
+    variable it reads."""
     if _name(a) == _name(b):
         return True
     return any(
@@ -298,18 +294,14 @@ def _alike(path: str) -> Alike[str]:
 
 
 def _with_empty_loop(path: str, original: list[str], written: list[str]) -> list[str]:
-    """``original`` with our loop line, listing nothing, where apply added the line
-    (a drop-in apply created, the block it appended): taking the line out is then taking
-    its words out, and an admin's words on it (or on the assignment that replaced it)
-    merge with that, as with any other word list."""
-    if path in CMDLINE_FILES or "/loader/entries/" in f"/{path}":
-        return original
+    """``original`` with our loop line, listing nothing, where apply added the line:
+    taking the line out is then taking its words out (docs/safety.md)."""
     loops = [(i, w) for i, line in enumerate(written) if (w := _loop(line)) is not None]
-    if len(loops) != 1:
+    if _word_lines(path) is not None or len(loops) != 1:
         return original
     i, ours = loops[0]
-    assert ours.loop is not None
-    if any((w := _words(path, line)) is not None and _same(ours, w) for line in original):
+    found = [w for line in original if (w := _words(path, line)) is not None]
+    if ours.loop is None or any(_same(ours, w) for w in found):
         return original
     matcher = difflib.SequenceMatcher(None, written, original, autojunk=False)
     for _tag, i1, i2, j1, j2 in matcher.get_opcodes():
@@ -317,13 +309,6 @@ def _with_empty_loop(path: str, original: list[str], written: list[str]) -> list
             at = j1 + min(i - i1, j2 - j1)
             return [*original[:at], ours.loop.render([]), *original[at:]]
     return original
-
-
-def _appends_nothing(path: str, line: str) -> bool:
-    """A loop line listing nothing, or ``NAME="${NAME}"``: what is left where our loop
-    line was once our words are out of it and the admin added none."""
-    w = _words(path, line)
-    return w is not None and w.words == (_ref(_name(w)),)
 
 
 # -- files whose lines together are one word list ----------------------------------------
@@ -403,7 +388,8 @@ def take_back(path: str, original: bytes, written: bytes, current: bytes) -> Unp
     base = _with_empty_loop(path, orig_l, wrote_l)
     out = merge(wrote_l, base, cur_l, _word_resolver(path), _alike(path))
     if out is not None and base is not orig_l:
-        out = [line for line in out if line in cur_l or not _appends_nothing(path, line)]
+        # a line that adds nothing (a loop listing nothing, NAME="${NAME}") goes
+        out = [x for x in out if x in cur_l or not _adds_nothing(_words(path, x))]
     is_arg = _word_lines(path)
     if is_arg is not None:
         out = _every_line(path, is_arg, (orig_l, wrote_l, cur_l), out)
