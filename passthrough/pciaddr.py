@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import total_ordering
+from functools import lru_cache, total_ordering
 
 from passthrough.errors import InvalidPciAddress
 
@@ -127,6 +127,7 @@ _LIBVIRT_UINT = re.compile(r"[ \t\n\v\f\r]*\+?(?:(0[xX][0-9a-fA-F]+)|(0[0-7]*)|(
 LIBVIRT_FIELDS = ("domain", "bus", "slot", "function")
 
 
+@lru_cache(maxsize=4096)  # a domain repeats few values (a 10,000-hostdev one: 300)
 def libvirt_uint(text: str) -> int | None:
     """An attribute value as libvirt reads it (base 0), or None where libvirt refuses it:
     ``'10'`` is 10, ``'0x10'`` 16, ``'010'`` 8."""

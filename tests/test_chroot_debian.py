@@ -60,7 +60,8 @@ def _second_kernel(root: Path, release: str) -> str:
         cached = sorted(debs.glob(f"{package}_*.deb"))
     assert cached, f"could not fetch {package}"
     shutil.copy(cached[-1], root / "tmp" / cached[-1].name)
-    _run(chroot_argv(str(root), ("dpkg", "-i", f"/tmp/{cached[-1].name}")))
+    # its postinst runs update-grub through /etc/kernel/postinst.d: grub's sandbox
+    _run(chroot_argv(str(root), ("dpkg", "-i", f"/tmp/{cached[-1].name}"), "grub"))
     (root / "tmp" / cached[-1].name).unlink()
     # what the kernel's postinst does through grub's hook on an installed system
     _run(chroot_argv(str(root), ("update-grub",)))

@@ -699,10 +699,11 @@ def test_control_characters_from_a_journal_reach_no_terminal(command: str, root:
     assert not any(c in out for c in "\x1b\r\x9b"), repr(out)
 
 
-def _with_a_real_shell(root: Path) -> None:
-    """The reading machine's own dash, env and the libraries they load, copied into the
-    root: a full OS tree as far as apply can tell, with a shell that really runs there."""
-    for binary in ("/bin/dash", "/usr/bin/env"):
+def _with_a_real_shell(root: Path, *more: str) -> None:
+    """The reading machine's own dash, env (and ``more`` of its programs) with the
+    libraries they load, copied into the root: a full OS tree as far as apply can tell,
+    with a shell that really runs there."""
+    for binary in ("/bin/dash", "/usr/bin/env", *more):
         out = subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout
         libs = [w for w in out.split() if w.startswith("/")]
         for path in (binary, *libs):
@@ -711,31 +712,51 @@ def _with_a_real_shell(root: Path) -> None:
             shutil.copy2(os.path.realpath(path), dest)
     (root / "bin/sh").unlink(missing_ok=True)
     (root / "bin/sh").symlink_to("dash")
+    for mountpoint in ("proc", "dev", "sys"):
+        (root / mountpoint).mkdir(exist_ok=True)
 
 
 ESCAPES = (
     "/proc/1/root{out}/escaped-via-pid1",
     "/proc/self/root/../../..{out}/escaped-via-self",
 )
+KSM = Path("/sys/kernel/mm/ksm/pages_to_scan")  # a host knob: written, it would change
+SHM = Path(f"/dev/shm/escaped-{MARK}")  # the host's /dev, as the old sandbox bound it in
 
 
 @pytest.mark.root  # chroot, namespaces and mounts
-def test_the_roots_own_tool_cannot_write_outside_through_proc(root: Path, outside: Path) -> None:
-    """Issue 30: the image's own ``update-initramfs`` ran with the host's /proc bound in and
-    wrote outside the tree through /proc/N/root. It now runs as PID 1 of a PID namespace
-    of its own, with a /proc of that namespace: every /proc/N/root it can reach is the
-    tree. The tool still runs (it leaves its mark inside), and the outside is untouched
-    (the fixture hashes it)."""
+def test_the_roots_own_tool_cannot_reach_outside(root: Path, outside: Path) -> None:
+    """Issue 30: the image's own ``update-initramfs`` ran with the host's /proc, /sys and
+    /dev bound in and wrote outside the tree through /proc/N/root. Each hostile tool
+    (update-initramfs in the plain sandbox, update-grub in grub's) now tries every way out
+    it has: /proc/N/root, a host /dev node (the host's /dev/shm, the disk under the tree),
+    a host /sys knob, and a set-user-ID chroot and mknod (root's own way out of a chroot,
+    and a disk node of its own). Every attempt it reports as done lands in
+    /boot/escaped-list; there is none, the outside and the host knobs are unchanged, and
+    the tool did run (its mark inside is owned by root, as the real tool's output is)."""
     assert os.geteuid() == 0, "commands run inside the tree only as root (CI runs as root)"
-    _with_a_real_shell(root)
+    _with_a_real_shell(root, "/usr/sbin/chroot", "/usr/bin/mknod")
+    for setuid in ("usr/sbin/chroot", "usr/bin/mknod"):
+        (root / setuid).chmod(0o4755)
+    disk = subprocess.run(
+        ["findmnt", "-n", "-o", "SOURCE", "-T", str(root)], capture_output=True, text=True
+    ).stdout.strip()
     attempts = [e.format(out=outside) for e in ESCAPES]
+    attempts += [str(SHM), str(KSM), "/sys/escaped"]
+    attempts += [disk] if disk.startswith("/dev/") else []
+
+    def tried(command: str, what: str) -> str:
+        return f"if {command} 2>/dev/null; then echo '{what}' >> /boot/escaped-list; fi"
+
     # echo, not ":": a failed redirection of a special built-in would end the script
-    script = ["#!/bin/sh", *(f'echo x > "{a}" 2>/dev/null' for a in attempts)]
+    script = ["#!/bin/sh", *(tried(f'echo 7 >> "{a}"', a) for a in attempts)]
     script += [
         "for p in /proc/[0-9]*; do",
-        f'  echo x > "$p/root{outside}/escaped-via-any-pid" 2>/dev/null',
+        "  " + tried(f'echo x > "$p/root{outside}/escaped-via-any-pid"', "/proc/N/root"),
         "done",
-        "echo ran > /boot/initrd-tool-ran",
+        tried("/usr/sbin/chroot / /bin/sh -c true", "chroot again"),
+        tried("/usr/bin/mknod /boot/disk b 8 0", "mknod"),
+        "echo ran >> /boot/tool-ran",
     ]
     for name in ("update-initramfs", "update-grub"):
         tool = root / "usr/sbin" / name
@@ -743,7 +764,18 @@ def test_the_roots_own_tool_cannot_write_outside_through_proc(root: Path, outsid
         tool.write_text("\n".join(script) + "\n")
         tool.chmod(0o755)
     (root / "usr/bin/env").chmod(0o755)
-    r = run("apply", "--root", str(root))
+    knob = KSM.read_text() if KSM.exists() else None
+    try:
+        r = run("apply", "--root", str(root))
+        host_now = (KSM.read_text() if KSM.exists() else None, SHM.exists())
+    finally:  # should a way out open again, the host is put back all the same
+        if knob is not None and KSM.read_text() != knob:
+            KSM.write_text(knob)
+        SHM.unlink(missing_ok=True)
+    assert host_now == (knob, False)
     assert r.returncode == 0, r.stderr
-    assert (root / "boot/initrd-tool-ran").read_text() == "ran\n"
+    assert (root / "boot/tool-ran").read_text() == "ran\nran\n"  # both tools ran
+    assert (root / "boot/tool-ran").stat().st_uid == 0
+    escaped = root / "boot/escaped-list"
+    assert not escaped.exists(), escaped.read_text()
     assert not list(outside.glob("escaped-*"))

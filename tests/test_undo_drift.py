@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from passthrough.cli import main
-from passthrough.execute.apply import CHROOT_SCRIPT, ApplyError, apply
+from passthrough.execute.apply import ApplyError, apply
 from passthrough.execute.journal import JOURNAL, Journal, StepState, Transaction, TxState
+from passthrough.execute.sandbox import SANDBOX
 from passthrough.execute.status import status
 from passthrough.execute.undo import undo
 from passthrough.host.discover import discover
@@ -86,9 +87,9 @@ class FakeBootTools:
         self.calls: list[tuple[str, ...]] = []
 
     def __call__(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
-        assert argv[:2] == ["unshare", "--mount"], argv  # apply went through chroot_argv
-        at = argv.index(CHROOT_SCRIPT) + 1
-        root, cmd = Path(argv[at]), tuple(argv[at + 1 :])
+        assert argv[:2] == ["unshare", "--user"], argv  # apply went through chroot_argv
+        at = argv.index(SANDBOX) + 2
+        root, cmd = Path(argv[at]), tuple(argv[at + 2 :])
         self.calls.append(cmd)
         if self.fail == cmd[0]:
             return subprocess.CompletedProcess(argv, 1, "", f"{cmd[0]}: stand-in failure\n")

@@ -8,6 +8,7 @@ the first apply's backup back. Sample-host trees, through the CLI, as an admin r
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,57 @@ def test_the_backup_of_an_edit_between_two_applies_is_kept_and_needed(
     err = capsys.readouterr().err
     assert f"/{CMDLINE} (/{second.relative_to(path)} is gone)" in err, err
     assert (path / CMDLINE).read_bytes() == applied
+
+
+def _kernel_line(root: Path, shell: str) -> list[str]:
+    """What grub-mkconfig gets: /etc/default/grub and grub.d sourced by ``shell``."""
+    script = (
+        '. "$1/etc/default/grub"; for f in "$1"/etc/default/grub.d/*.cfg; do '
+        '[ -e "$f" ] && . "$f"; done; echo "$GRUB_CMDLINE_LINUX $GRUB_CMDLINE_LINUX_DEFAULT"'
+    )
+    r = subprocess.run([shell, "-c", script, shell, str(root)], capture_output=True, text=True)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    return r.stdout.split()
+
+
+ADMIN_FORMS = {
+    # the admin adds a word of theirs to our list
+    "our loop, extended": lambda line, var, words: line.replace(
+        " in ", " in nomodeset 'quiet splash' ", 1
+    ),
+    # the form most guides show, no braces
+    "an assignment": lambda line, var, words: (
+        f"{var}=\"${var} {' '.join(words)} nomodeset 'quiet splash'\""
+    ),
+    "an assignment to the other variable": lambda line, var, words: (
+        f"GRUB_CMDLINE_LINUX=\"$GRUB_CMDLINE_LINUX {' '.join(words)} nomodeset 'quiet splash'\""
+    ),
+}
+
+
+@pytest.mark.parametrize("form", sorted(ADMIN_FORMS))
+def test_our_loop_line_rewritten_after_a_second_apply_keeps_only_the_admins_words(
+    tmp_path: Path, form: str
+) -> None:
+    """Two transactions wrote our drop-in (the second with huge pages); then the admin
+    rewrites our appending line. Undo takes our words out of it through both
+    transactions (takeback reads our loop line itself): sourced by real bash and dash,
+    the GRUB files give the original kernel line plus the admin's words, nothing of ours."""
+    path = build(tmp_path, "consumer-intel", {})
+    before = snapshot_tree(path)
+    original = _cmdline(path).split()
+    assert run("apply", "--root", str(path)) == 0
+    assert run("apply", "--root", str(path), "--hugepages-1g", "2") == 0
+    *header, line = (path / DROPIN).read_text().rstrip("\n").split("\n")
+    ours = loop_words(line)
+    assert ours is not None and "hugepages=2" in ours[1], line
+    admin = ADMIN_FORMS[form](line, ours[0], ours[1])
+    (path / DROPIN).write_text("\n".join([*header, admin]) + "\n")
+    meant = _kernel_line(path, "bash")
+    assert "nomodeset" in meant and "hugepages=2" in meant
+    assert run("undo", "--root", str(path)) == 0
+    for shell in ("bash", "dash"):
+        got = _kernel_line(path, shell)
+        assert got == [w for w in meant if w not in ours[1]], (shell, got)
+        assert set(original) <= set(got) and "nomodeset" in got, got
+    assert changed(before, snapshot_tree(path)) == [DROPIN]

@@ -33,6 +33,8 @@ from passthrough.execute.journal import (
     TxState,
     sha256,
 )
+from passthrough.execute.sandbox import chroot_argv as chroot_argv
+from passthrough.execute.sandbox import sandbox_profile, sandbox_works
 from passthrough.execute.state import BACKUPS, ensure_dir, own
 from passthrough.execute.state import LOCK as LOCK
 from passthrough.execute.state import Busy as Busy
@@ -85,7 +87,7 @@ def command_mode(root: HostRoot) -> CommandMode:
     if root.is_live:
         return "host"
     full_os = root.exists("usr/bin/env") and (root.exists("bin/sh") or root.exists("usr/bin/sh"))
-    if full_os and os.geteuid() == 0:
+    if full_os and os.geteuid() == 0 and sandbox_works():
         return "chroot"
     return "list"
 
@@ -97,38 +99,16 @@ def _default_runner(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, check=False)
 
 
-# Private mount and PID namespaces: the mounts vanish with the process, even if it is
-# killed, and so does every process the command leaves behind. /proc is a new one, of the
-# new PID namespace: the command is its PID 1 once chroot has run, so every /proc/N/root
-# it can see is the tree (the host's /proc would hand it /proc/1/root, the host's /). The
-# host's /sys and /dev are still bound in (grub-probe needs them): not a full sandbox yet
-# (docs/safety.md, "what runs where").
-CHROOT_SCRIPT = (
-    'mount -t proc -o nosuid,nodev,noexec proc "$0/proc" || exit 125; '
-    'for d in sys dev; do mount --rbind "/$d" "$0/$d" || exit 125; done; exec chroot "$0" "$@"'
-)
-
-
-def chroot_argv(root_path: str, argv: tuple[str, ...]) -> list[str]:
-    return [
-        "unshare",
-        "--mount",
-        "--pid",
-        "--fork",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        CHROOT_SCRIPT,
-        root_path,
-        *argv,
-    ]
+def only_listed(root: HostRoot, argv: tuple[str, ...]) -> bool:
+    """Whether a command is listed for the admin rather than run."""
+    mode = command_mode(root)
+    return mode == "list" or (mode == "chroot" and sandbox_profile(argv) is None)
 
 
 def _execute(root: HostRoot, argv: tuple[str, ...], runner: Runner) -> StepState:
-    mode = command_mode(root)
-    if mode == "list":
+    if only_listed(root, argv):
         return StepState.LISTED
+    mode = command_mode(root)
     full = list(argv) if mode == "host" else chroot_argv(root.path, argv)
     try:
         result = runner(full)
@@ -148,7 +128,7 @@ def run_command(
     root: HostRoot, step: Step, runner: Runner, say: Callable[[str], None]
 ) -> ApplyError | None:
     """Run (or list) one command step, recording its outcome on the step."""
-    verb = "list (not run)" if command_mode(root) == "list" else "run"
+    verb = "list (not run)" if only_listed(root, tuple(step.argv)) else "run"
     say(f"{verb} {shlex.join(step.argv)}")
     try:
         step.state = _execute(root, tuple(step.argv), runner)

@@ -5,10 +5,9 @@ Pure functions on text. Apply only ever adds lines to a file it edits (a marker 
 names in /etc/initramfs-tools/modules), or writes whole files of its own (the GRUB drop-in,
 modprobe.d, udev rules). When such a file has changed since, our lines can still be told
 apart as long as each is there exactly as often as apply left it; a kernel-argument line
-someone extended can still lose exactly the arguments we added. Our GRUB appending line
-(``for _passthrough_arg in ARGS; …``) that an admin replaced by an assignment to
-GRUB_CMDLINE_LINUX(_DEFAULT) holding every one of ARGS loses exactly ARGS from it. Anything
-else is ambiguous: the caller refuses and offers ``--force``.
+someone extended can still lose exactly the arguments we added (our GRUB appending line,
+however an admin rewrote it, is takeback's: it reads that line itself). Anything else is
+ambiguous: the caller refuses and offers ``--force``.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from dataclasses import dataclass
 
 from passthrough.plan.kargs import key_of
 from passthrough.plan.shellvalue import render_value, value_words
-from passthrough.plan.shellvars import loop_words
 
 # Files whose whole content is one kernel command line.
 CMDLINE_FILES = frozenset({"etc/kernel/cmdline"})
@@ -60,36 +58,6 @@ def _strip_args(
     return value.head + render_value(kept, value.quote) + value.tail, var
 
 
-def _unloop(
-    out: list[str], wrote_l: list[str], line: str, words: tuple[str, ...]
-) -> list[str] | Ambiguous:
-    """``out`` where the one changed line that assigns a GRUB kernel-line variable and
-    holds our appending ``line``'s ``words`` loses them, written so that it sources to the
-    admin's value minus them (our line read both variables: either may take its place)."""
-    ours = set(words)
-    found = [
-        (i, value)
-        for i, cur in enumerate(out)
-        if cur not in wrote_l
-        and (value := value_words(cur)) is not None
-        and _GRUB_VARS.fullmatch(value.name)
-        and ours & set(value.words)
-    ]
-    if len(found) != 1:
-        how = f"the kernel line is set on {len(found)} changed lines" if found else "was changed"
-        return Ambiguous(f"our line {line!r} {how}")
-    i, value = found[0]
-    lost = [w for w in words if w not in value.words]
-    if lost:
-        return Ambiguous(f"our line {line!r} was changed: {' '.join(lost)} is not in {value.name}")
-    kept = [w for w in value.words if w not in ours]
-    return [
-        *out[:i],
-        value.head + render_value(kept, value.quote) + value.tail,
-        *out[i + 1 :],
-    ]
-
-
 def unpick(
     path: str,
     original: bytes,
@@ -127,15 +95,6 @@ def unpick(
             if orig_l.count(line):
                 return Ambiguous(f"{line!r} was deleted and was also there before")
             out = [x for x in out if x != line]
-            continue
-        loop = None if path in CMDLINE_FILES else loop_words(line)
-        if loop is not None:  # our appending line replaced: our words out of the admin's
-            if dropped:
-                return Ambiguous(f"{loop[0]} was changed and apply had removed arguments")
-            fixed = _unloop(out, wrote_l, line, loop[1])
-            if isinstance(fixed, Ambiguous):
-                return fixed
-            out = fixed
             continue
         # our line was edited: only a kernel-argument line can still be unpicked
         stripped_ours, var = _strip_args(line, path, added, dropped)

@@ -27,7 +27,8 @@ from typing import Generic, TypeVar
 
 from passthrough.execute.drift import CMDLINE_FILES, Ambiguous, Unpicked
 from passthrough.plan.linefiles import cmdline_arg_line, options_line
-from passthrough.plan.shellvalue import render_value, value_words
+from passthrough.plan.shellvalue import CLOSE, OPEN, render_value, value_words
+from passthrough.plan.shellvars import LoopLine, loop_line
 
 T = TypeVar("T")
 Resolve = Callable[[T, T, T], T | None]
@@ -93,16 +94,27 @@ def merge(
     theirs: Sequence[T],
     resolve: Resolve[T] | None = None,
     alike: Alike[T] | None = None,
+    keep_inserts: bool = False,
 ) -> list[T] | None:
     """``base`` with both changes made, None where they collide. ``resolve`` may settle a
     collision where both replaced the same items one for one, item by item; ``alike`` says
-    which items in a changed block are one item changed (paired before the merge)."""
+    which items in a changed block are one item changed (paired before the merge).
+    ``keep_inserts``: where ours only deletes a run and theirs only inserts inside it, the
+    run goes and their items stay."""
     mine, yours = _hunks(base, ours, alike), _hunks(base, theirs, alike)
     chosen = [h for h in mine if not any(_clash(h, y) for y in yours)]
     chosen += [y for y in yours if not any(_clash(h, y) for h in mine)]
     for h in mine:
         hit = [y for y in yours if _clash(h, y)]
         if not hit:
+            continue
+        inside = all(y.start == y.end and h.start < y.start < h.end for y in hit)
+        if keep_inserts and not h.items and inside:
+            at = h.start
+            for y in sorted(hit, key=lambda y: y.start):
+                chosen += [_Hunk(at, y.start, ()), y]
+                at = y.start
+            chosen.append(_Hunk(at, h.end, ()))
             continue
         y = hit[0]
         if len(hit) > 1 or sum(_clash(x, y) for x in mine) > 1:
@@ -154,11 +166,34 @@ class _Words:
     words: tuple[str, ...]
     tail: str  # everything after it: ")", a comment
     quote: str | None = None  # a shell value's quoting ('"', "'", ""); None: words as they are
+    # our GRUB loop line: words are its variable (a reference), then those it lists
+    loop: LoopLine | None = None
 
     def render(self, words: Sequence[str], quote: str | None) -> str:
         if quote is None:
             return self.head + " ".join(words) + self.tail
         return self.head + render_value(tuple(words), quote) + self.tail
+
+
+def _ref(name: str) -> str:
+    return OPEN + name + CLOSE  # a reference, as shellvalue.value_words marks it
+
+
+def _adds_nothing(w: _Words | None) -> bool:
+    return w is not None and w.words == (_ref(_name(w)),)
+
+
+def _loop(line: str) -> _Words | None:
+    if (found := loop_line(line)) is None:
+        return None
+    return _Words(found.head, (_ref(found.target), *found.words), found.tail, loop=found)
+
+
+def _render_loop(loop: LoopLine, words: Sequence[str]) -> str | None:
+    """The loop line appending ``words[1:]`` (None: no loop line means them)."""
+    if not words or words[0] != _ref(loop.target) or any(OPEN in w for w in words[1:]):
+        return None
+    return loop.render(words[1:])
 
 
 def _array(line: str) -> _Words | None:
@@ -179,9 +214,10 @@ def _array(line: str) -> _Words | None:
 
 
 def _assignment(line: str) -> _Words | None:
-    """An array as written, or a one-line assignment as the shell reads its value: words
-    compared by what they mean, not how they are quoted (shellvalue.value_words)."""
-    found = _array(line)
+    """An array as written, our appending GRUB line, or a one-line assignment as the shell
+    reads its value: words compared by what they mean, not how they are quoted
+    (shellvalue.value_words)."""
+    found = _array(line) or _loop(line)
     if found is not None:
         return found
     value = value_words(line)
@@ -207,17 +243,35 @@ def _words(path: str, line: str) -> _Words | None:
 
 
 def _name(w: _Words) -> str:
-    return w.head.split("=")[0].strip()
+    return w.loop.target if w.loop is not None else w.head.split("=")[0].strip()
+
+
+def _same(a: _Words, b: _Words) -> bool:
+    """One list of words changed: the same name, or our loop line and an assignment to a
+    variable it reads."""
+    if _name(a) == _name(b):
+        return True
+    return any(
+        x.loop is not None and _name(y) in x.loop.scope and y.loop is None
+        for x, y in ((a, b), (b, a))
+    )
 
 
 def _word_resolver(path: str) -> Resolve[str]:
     def resolve(base: str, ours: str, theirs: str) -> str | None:
         b, o, t = (_words(path, x) for x in (base, ours, theirs))
-        if b is None or o is None or t is None or len({_name(x) for x in (b, o, t)}) != 1:
+        if b is None or o is None or t is None or not (_same(b, o) and _same(b, t)):
             return None
-        words = merge(b.words, o.words, t.words)
+        loop = b.loop is not None or o.loop is not None or t.loop is not None
+        words = merge(b.words, o.words, t.words, keep_inserts=loop)
         if words is None:
             return None
+        if loop or o.loop is not None or t.loop is not None:
+            # the form of the admin's line if they changed it, else the one going back
+            form = o if (t.head, t.tail, t.quote) == (b.head, b.tail, b.quote) else t
+            if form.loop is not None:
+                return _render_loop(form.loop, words)
+            return _Words(form.head, (), form.tail).render(words, form.quote)
         # what frames the words goes back too, unless the admin changed it
         head = o.head if t.head == b.head else t.head
         tail = o.tail if t.tail == b.tail else t.tail
@@ -229,13 +283,32 @@ def _word_resolver(path: str) -> Resolve[str]:
 
 def _alike(path: str) -> Alike[str]:
     """Two lines are one line changed when both are word lists of one name (the same
-    variable, both ``options`` lines, both command lines)."""
+    variable, both ``options`` lines, both command lines; our loop line and an assignment
+    to a variable it reads)."""
 
     def alike(a: str, b: str) -> bool:
         wa, wb = _words(path, a), _words(path, b)
-        return wa is not None and wb is not None and _name(wa) == _name(wb)
+        return wa is not None and wb is not None and _same(wa, wb)
 
     return alike
+
+
+def _with_empty_loop(path: str, original: list[str], written: list[str]) -> list[str]:
+    """``original`` with our loop line, listing nothing, where apply added the line:
+    taking the line out is then taking its words out (docs/safety.md)."""
+    loops = [(i, w) for i, line in enumerate(written) if (w := _loop(line)) is not None]
+    if _word_lines(path) is not None or len(loops) != 1:
+        return original
+    i, ours = loops[0]
+    found = [w for line in original if (w := _words(path, line)) is not None]
+    if ours.loop is None or any(_same(ours, w) for w in found):
+        return original
+    matcher = difflib.SequenceMatcher(None, written, original, autojunk=False)
+    for _tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if i1 <= i < i2:
+            at = j1 + min(i - i1, j2 - j1)
+            return [*original[:at], ours.loop.render([]), *original[at:]]
+    return original
 
 
 # -- files whose lines together are one word list ----------------------------------------
@@ -312,7 +385,11 @@ def take_back(path: str, original: bytes, written: bytes, current: bytes) -> Unp
         cur_l = current.decode().split("\n")
     except UnicodeDecodeError:
         return Ambiguous("not text")
-    out = merge(wrote_l, orig_l, cur_l, _word_resolver(path), _alike(path))
+    base = _with_empty_loop(path, orig_l, wrote_l)
+    out = merge(wrote_l, base, cur_l, _word_resolver(path), _alike(path))
+    if out is not None and base is not orig_l:
+        # a line that adds nothing (a loop listing nothing, NAME="${NAME}") goes
+        out = [x for x in out if x in cur_l or not _adds_nothing(_words(path, x))]
     is_arg = _word_lines(path)
     if is_arg is not None:
         out = _every_line(path, is_arg, (orig_l, wrote_l, cur_l), out)

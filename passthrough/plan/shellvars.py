@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 
 from passthrough.plan.kargs import UnsafeCmdline
 from passthrough.plan.shellvalue import (
@@ -65,16 +66,45 @@ def append_missing(target: str, seen: Collection[str], words: list[str]) -> str:
     )
 
 
-def loop_words(line: str) -> tuple[str, tuple[str, ...]] | None:
-    """Our appending line (``append_missing``) as (the variable it appends to, the words it
-    lists), or None where ``line`` is not one."""
-    m = APPEND_MISSING.fullmatch(line.strip())
+@dataclass(frozen=True)
+class LoopLine:
+    """Our appending line taken apart: what stands before its list of words (indent and
+    ``for _passthrough_arg in ``), the words, what follows them, the variable it appends
+    to and the variables whose words it looks through (``scope``)."""
+
+    head: str
+    words: tuple[str, ...]
+    tail: str
+    target: str
+    scope: tuple[str, ...]
+
+    def render(self, words: Sequence[str]) -> str:
+        """The same line listing ``words`` (as ``append_missing`` quotes them)."""
+        return self.head + " ".join(shlex.quote(w) for w in words) + self.tail
+
+
+def loop_line(line: str) -> LoopLine | None:
+    """Our appending line (``append_missing``) taken apart, or None where ``line`` is not
+    one: the one reader of that line, for the planner and for undo's take-back."""
+    body = line.strip()
+    m = APPEND_MISSING.fullmatch(body)
     if m is None:
         return None
     try:
-        return m[3], tuple(shlex.split(m[1]))
+        words = tuple(shlex.split(m[1]))
     except ValueError:
         return None
+    lead = line[: len(line) - len(line.lstrip())]
+    trail = line[len(line.rstrip()) :]
+    scope = tuple(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", m[2]))
+    return LoopLine(lead + body[: m.start(1)], words, body[m.end(1) :] + trail, m[3], scope)
+
+
+def loop_words(line: str) -> tuple[str, tuple[str, ...]] | None:
+    """Our appending line as (the variable it appends to, the words it lists), or None
+    where ``line`` is not one."""
+    found = loop_line(line)
+    return None if found is None else (found.target, found.words)
 
 
 Reader = Callable[[str], str | None]  # an absolute path → its text (None: no such file)

@@ -63,7 +63,11 @@ class Step:
 
     def first(self, parent: Element | None) -> Element | None:
         """The first child of ``parent`` that fits (None where none does)."""
-        return None if parent is None else next((c for c in parent if self.fits(c)), None)
+        if parent is None:
+            return None
+        if self.attr is None and self.tag != "*":
+            return next(parent.iterchildren(self.tag), None)  # the same, found by lxml
+        return next((c for c in parent if self.fits(c)), None)
 
     def find_or_make(self, parent: Element) -> Element:
         found = self.first(parent)

@@ -129,8 +129,9 @@ def _guest_slots(ctx: _Ctx, devs: list[Hostdev]) -> None:
     slots: dict[Slot, dict[int, Device]] = {}
     dom = Domain.of(ctx.doc)
     alias = dom.console_alias
+    read = {d.element: d.guest for d in devs}  # each hostdev's guest address, read once
     for device in dom.devices:
-        a = device.guest
+        a = read[device.element] if device.element in read else device.guest  # noqa: SIM401 (lazy)
         if a is None or (alias is not None and device.element is alias.element):
             continue
         if a in seen:
