@@ -6,8 +6,10 @@ A file of ours that the host's boot tool never reads (upstream grub-mkconfig and
 without passthrough while apply said "reboot". So after the regeneration commands ran,
 each source the boot reads is checked, one function each:
 
-- ``check_grub``: the ``linux`` line of the first ``menuentry`` of grub.cfg — what
-  ``GRUB_DEFAULT=0``, and ``saved`` before anything was saved, boot;
+- ``check_grub``: the ``linux`` line of the entry grub.cfg's ``default`` names
+  (``GRUB_DEFAULT`` as grub-mkconfig wrote it: a number, a title or id, a ``>`` path into
+  submenus, ``saved`` from grubenv, whose ``next_entry`` wins for the next boot), read by
+  :mod:`.nextboot_grub`; a default it cannot resolve is named as not checked;
 - ``check_loader_entries``: every loader entry that can boot (the BLS ``options`` lines,
   written by us or by kernel-install from /etc/kernel/cmdline);
 - ``check_initramfs``: each new image's listing by the root's own tool (``lsinitramfs``,
@@ -19,12 +21,12 @@ what is there and lacks ours is a failure.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from passthrough.errors import EXIT_NEXT_BOOT, PassthroughError
+from passthrough.execute import nextboot_grub
 from passthrough.execute.apply import Runner, _default_runner, chroot_argv, command_mode
 from passthrough.execute.journal import StepState, Transaction
 from passthrough.host.root import HostRoot
@@ -35,7 +37,6 @@ from passthrough.plan.kargs import key_of
 from passthrough.plan.vfio import MODPROBE
 
 GRUB_CFGS = ("boot/grub/grub.cfg", "boot/grub2/grub.cfg")
-LINUX_COMMANDS = ("linux", "linuxefi", "linux16")
 # the listing tool of each initramfs generator, and where its images are (dracut names
 # them initrd.img-R beside Debian's kernels); a rescue image is built once, never again
 LISTERS = {
@@ -55,26 +56,6 @@ class NextBoot:
     not_run: list[list[str]] = field(default_factory=list)  # regenerations that did not run
 
 
-def grub_default(text: str) -> list[str] | None:
-    """The arguments on the ``linux`` line of grub.cfg's first ``menuentry`` (after the
-    kernel's path); None when there is no such entry."""
-    inside = False
-    for line in text.split("\n"):
-        try:
-            words = shlex.split(line, comments=True)
-        except ValueError:
-            continue  # an unbalanced quote in a script line: no linux line of a menuentry
-        if not words:
-            continue
-        if words[0] == "menuentry":
-            inside = True
-        elif inside and words[0] in LINUX_COMMANDS:
-            return words[2:]
-        elif inside and words[0] == "}":
-            return None  # the first entry boots no Linux kernel
-    return None
-
-
 def lacking(args: list[str], record: PlanRecord) -> list[str]:
     """The arguments of ``record`` that ``args`` does not give the kernel: one of ours
     missing or overridden by a later value, or a key we dropped still there."""
@@ -90,14 +71,15 @@ def check_grub(root: HostRoot, record: PlanRecord, out: NextBoot) -> None:
         text = root.read(rel)
         if text is None:
             continue
-        args = grub_default(text)
-        if args is None:
-            # a grub.cfg that reads BLS entries (blscfg) or boots no Linux first: not ours
-            # to judge, and no failure of ours either
-            out.unchecked.append(f"/{rel} (its first menuentry has no linux line)")
+        grubenv = root.read(rel.rsplit("/", 1)[0] + "/grubenv")
+        choice = nextboot_grub.choose(text, grubenv)
+        if choice.args is None:
+            # a grub.cfg that reads BLS entries (blscfg), a default naming no entry or a
+            # submenu: not ours to guess, and named as not checked
+            out.unchecked.append(f"/{rel} (could not tell which entry boots: {choice.unclear})")
             return
-        if gone := lacking(args, record):
-            out.missing.append(f"/{rel} (first menuentry): {' '.join(gone)}")
+        if gone := lacking(choice.args, record):
+            out.missing.append(f"/{rel} ({choice.entry}): {' '.join(gone)}")
         out.checked.append("/" + rel)
         return
     out.unchecked.append("grub.cfg (no /boot/grub/grub.cfg or /boot/grub2/grub.cfg)")
