@@ -11,7 +11,11 @@ each source the boot reads is checked, one function each:
   submenus, ``saved`` from grubenv, whose ``next_entry`` wins for the next boot), read by
   :mod:`.nextboot_grub`; a default it cannot resolve is named as not checked;
 - ``check_loader_entries``: every loader entry that can boot (the BLS ``options`` lines,
-  written by us or by kernel-install from /etc/kernel/cmdline);
+  written by us or by kernel-install from /etc/kernel/cmdline) and every unified kernel
+  image's ``.cmdline`` section in ``EFI/Linux`` (:mod:`.nextboot_pe`);
+- ``check_kernelstub``: kernelstub's configuration and the loader entries it wrote;
+- ``check_proxmox``: each ESP of /etc/kernel/proxmox-boot-uuids, its loader entries
+  where it is mounted (/var/tmp/espmounts/UUID), named as not read where it is not;
 - ``check_initramfs``: each new image's listing by the root's own tool (``lsinitramfs``,
   ``lsinitrd``, ``lsinitcpio``): the vfio-pci module and our modprobe.d file inside.
 
@@ -21,12 +25,13 @@ what is there and lacks ours is a failure.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from passthrough.errors import EXIT_NEXT_BOOT, PassthroughError
-from passthrough.execute import nextboot_grub
+from passthrough.execute import nextboot_grub, nextboot_pe
 from passthrough.execute.apply import Runner, _default_runner, chroot_argv, command_mode
 from passthrough.execute.journal import StepState, Transaction
 from passthrough.host.root import HostRoot
@@ -85,15 +90,111 @@ def check_grub(root: HostRoot, record: PlanRecord, out: NextBoot) -> None:
     out.unchecked.append("grub.cfg (no /boot/grub/grub.cfg or /boot/grub2/grub.cfg)")
 
 
-def check_loader_entries(root: HostRoot, record: PlanRecord, out: NextBoot) -> None:
-    entries = loaderentries.bootable(root)
-    if not entries:
-        out.unchecked.append("loader entries (none on /efi, /boot or /boot/efi)")
-        return
+def check_entries(
+    root: HostRoot, entries: list[loaderentries.Entry], record: PlanRecord, out: NextBoot
+) -> None:
     for entry in entries:
         if gone := lacking(entry.arguments(), record):
             out.missing.append(f"/{entry.path}: {' '.join(gone)}")
         out.checked.append("/" + entry.path)
+
+
+def check_ukis(root: HostRoot, record: PlanRecord, out: NextBoot) -> bool:
+    """Each unified kernel image in ``EFI/Linux`` of an ESP: the command line its
+    ``.cmdline`` section carries (kernel-install built it in from /etc/kernel/cmdline).
+    True when there was one."""
+    images = sorted(
+        {i for m in loaderentries.ESP_MOUNTS for i in root.glob(f"{m}/EFI/Linux/*.efi")}
+    )
+    for image in images:
+        try:
+            args = nextboot_pe.cmdline(root.real(image))
+        except (OSError, nextboot_pe.NotPE) as exc:
+            out.unchecked.append(f"/{image} (not a readable PE image: {exc})")
+            continue
+        if args is None:
+            out.unchecked.append(f"/{image} (no .cmdline section: the loader gives the line)")
+            continue
+        if gone := lacking(args, record):
+            out.missing.append(f"/{image} (.cmdline): {' '.join(gone)}")
+        out.checked.append("/" + image)
+    return bool(images)
+
+
+def check_loader_entries(root: HostRoot, record: PlanRecord, out: NextBoot) -> None:
+    entries = loaderentries.bootable(root)
+    ukis = check_ukis(root, record, out)
+    if not entries and not ukis:
+        out.unchecked.append("loader entries (none on /efi, /boot or /boot/efi)")
+        return
+    check_entries(root, entries, record, out)
+
+
+KERNELSTUB = "etc/kernelstub/configuration"
+# the entries kernelstub writes, named after the OS: Pop_OS-current.conf, Pop_OS-oldkern.conf
+KERNELSTUB_ENTRIES = ("*-current.conf", "*-oldkern.conf")
+
+
+def check_kernelstub(root: HostRoot, record: PlanRecord, out: NextBoot) -> None:
+    """kernelstub's configuration (``user.kernel_options``, what ``kernelstub -a`` saved)
+    and the loader entries it wrote from it on its ESP (``user.esp_path``)."""
+    text = root.read(KERNELSTUB)
+    try:
+        user = json.loads(text or "")["user"]
+        options, esp = user["kernel_options"], user.get("esp_path", "/boot/efi")
+        if not isinstance(options, list) or not isinstance(esp, str):
+            raise TypeError
+    except (ValueError, KeyError, TypeError, AttributeError):
+        out.unchecked.append(f"/{KERNELSTUB} (absent or not kernelstub's JSON)")
+        return
+    if gone := lacking([str(o) for o in options], record):
+        out.missing.append(f"/{KERNELSTUB} (user kernel_options): {' '.join(gone)}")
+    out.checked.append("/" + KERNELSTUB)
+    mount = esp.strip("/")
+    entries = [
+        loaderentries.Entry(path, mount, root.read(path) or "")
+        for pattern in KERNELSTUB_ENTRIES
+        for path in sorted(root.glob(f"{mount}/loader/entries/{pattern}"))
+    ]
+    if not entries:
+        out.unchecked.append(f"kernelstub's loader entries (none in {esp}/loader/entries)")
+    check_entries(root, entries, record, out)
+
+
+PROXMOX_UUIDS = "etc/kernel/proxmox-boot-uuids"
+# where proxmox-boot-tool mounts each ESP it syncs, in a mount namespace of its own: after
+# a refresh it is unmounted again, and the ESP is read only where it is mounted there
+ESPMOUNTS = "var/tmp/espmounts"
+
+
+def check_proxmox(root: HostRoot, record: PlanRecord, out: NextBoot) -> None:
+    """Each ESP proxmox-boot-tool keeps in sync (/etc/kernel/proxmox-boot-uuids): its
+    loader entries where it is mounted, and named as not read where it is not."""
+    text = root.read(PROXMOX_UUIDS)
+    esps = [line.split() for line in (text or "").split("\n") if line.strip()]
+    if not esps:
+        out.unchecked.append(f"the ESPs (no /{PROXMOX_UUIDS})")
+        return
+    for words in esps:
+        uuid, mode = words[0], (words[1:] or ["systemd-boot"])[0]
+        folder = f"{ESPMOUNTS}/{uuid}/loader/entries"
+        if mode == "grub":
+            out.unchecked.append(f"ESP {uuid} (synced for GRUB: its grub.cfg is the root's)")
+        elif not root.isdir(folder):
+            out.unchecked.append(
+                f"ESP {uuid} (not mounted at /{ESPMOUNTS}/{uuid}: its loader entries were not read)"
+            )
+        else:
+            paths = sorted(root.glob(f"{folder}/*.conf"))
+            mount = f"{ESPMOUNTS}/{uuid}"
+            check_entries(
+                root,
+                [loaderentries.Entry(p, mount, root.read(p) or "") for p in paths],
+                record,
+                out,
+            )
+            if not paths:
+                out.unchecked.append(f"ESP {uuid} (mounted, no loader entries)")
 
 
 def _listing(root: HostRoot, argv: tuple[str, ...], runner: Runner) -> str | None:
@@ -161,7 +262,8 @@ def check_initramfs(root: HostRoot, kind: InitramfsKind, runner: Runner, out: Ne
 CHECKS: dict[BootloaderKind, Callable[[HostRoot, PlanRecord, NextBoot], None]] = {
     BootloaderKind.GRUB: check_grub,
     BootloaderKind.SYSTEMD_BOOT: check_loader_entries,
-    BootloaderKind.PROXMOX: check_loader_entries,
+    BootloaderKind.PROXMOX: check_proxmox,
+    BootloaderKind.KERNELSTUB: check_kernelstub,
 }
 
 
