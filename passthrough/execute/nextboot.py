@@ -6,10 +6,16 @@ A file of ours that the host's boot tool never reads (upstream grub-mkconfig and
 without passthrough while apply said "reboot". So after the regeneration commands ran,
 each source the boot reads is checked, one function each:
 
-- ``check_grub``: the ``linux`` line of the first ``menuentry`` of grub.cfg — what
-  ``GRUB_DEFAULT=0``, and ``saved`` before anything was saved, boot;
+- ``check_grub``: the ``linux`` line of the entry grub.cfg's ``default`` names
+  (``GRUB_DEFAULT`` as grub-mkconfig wrote it: a number, a title or id, a ``>`` path into
+  submenus, ``saved`` from grubenv, whose ``next_entry`` wins for the next boot), read by
+  :mod:`.nextboot_grub`; a default it cannot resolve is named as not checked;
 - ``check_loader_entries``: every loader entry that can boot (the BLS ``options`` lines,
-  written by us or by kernel-install from /etc/kernel/cmdline);
+  written by us or by kernel-install from /etc/kernel/cmdline) and every unified kernel
+  image's ``.cmdline`` section in ``EFI/Linux`` (:mod:`.nextboot_pe`);
+- ``check_kernelstub``: kernelstub's configuration and the loader entries it wrote;
+- ``check_proxmox``: each ESP of /etc/kernel/proxmox-boot-uuids, its loader entries
+  where it is mounted (/var/tmp/espmounts/UUID), named as not read where it is not;
 - ``check_initramfs``: each new image's listing by the root's own tool (``lsinitramfs``,
   ``lsinitrd``, ``lsinitcpio``): the vfio-pci module and our modprobe.d file inside.
 
@@ -19,12 +25,13 @@ what is there and lacks ours is a failure.
 
 from __future__ import annotations
 
-import shlex
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from passthrough.errors import EXIT_NEXT_BOOT, PassthroughError
+from passthrough.execute import nextboot_grub, nextboot_pe
 from passthrough.execute.apply import Runner, _default_runner, chroot_argv, command_mode
 from passthrough.execute.journal import StepState, Transaction
 from passthrough.host.root import HostRoot
@@ -35,7 +42,6 @@ from passthrough.plan.kargs import key_of
 from passthrough.plan.vfio import MODPROBE
 
 GRUB_CFGS = ("boot/grub/grub.cfg", "boot/grub2/grub.cfg")
-LINUX_COMMANDS = ("linux", "linuxefi", "linux16")
 # the listing tool of each initramfs generator, and where its images are (dracut names
 # them initrd.img-R beside Debian's kernels); a rescue image is built once, never again
 LISTERS = {
@@ -55,26 +61,6 @@ class NextBoot:
     not_run: list[list[str]] = field(default_factory=list)  # regenerations that did not run
 
 
-def grub_default(text: str) -> list[str] | None:
-    """The arguments on the ``linux`` line of grub.cfg's first ``menuentry`` (after the
-    kernel's path); None when there is no such entry."""
-    inside = False
-    for line in text.split("\n"):
-        try:
-            words = shlex.split(line, comments=True)
-        except ValueError:
-            continue  # an unbalanced quote in a script line: no linux line of a menuentry
-        if not words:
-            continue
-        if words[0] == "menuentry":
-            inside = True
-        elif inside and words[0] in LINUX_COMMANDS:
-            return words[2:]
-        elif inside and words[0] == "}":
-            return None  # the first entry boots no Linux kernel
-    return None
-
-
 def lacking(args: list[str], record: PlanRecord) -> list[str]:
     """The arguments of ``record`` that ``args`` does not give the kernel: one of ours
     missing or overridden by a later value, or a key we dropped still there."""
@@ -90,28 +76,125 @@ def check_grub(root: HostRoot, record: PlanRecord, out: NextBoot) -> None:
         text = root.read(rel)
         if text is None:
             continue
-        args = grub_default(text)
-        if args is None:
-            # a grub.cfg that reads BLS entries (blscfg) or boots no Linux first: not ours
-            # to judge, and no failure of ours either
-            out.unchecked.append(f"/{rel} (its first menuentry has no linux line)")
+        grubenv = root.read(rel.rsplit("/", 1)[0] + "/grubenv")
+        choice = nextboot_grub.choose(text, grubenv)
+        if choice.args is None:
+            # a grub.cfg that reads BLS entries (blscfg), a default naming no entry or a
+            # submenu: not ours to guess, and named as not checked
+            out.unchecked.append(f"/{rel} (could not tell which entry boots: {choice.unclear})")
             return
-        if gone := lacking(args, record):
-            out.missing.append(f"/{rel} (first menuentry): {' '.join(gone)}")
+        if gone := lacking(choice.args, record):
+            out.missing.append(f"/{rel} ({choice.entry}): {' '.join(gone)}")
         out.checked.append("/" + rel)
         return
     out.unchecked.append("grub.cfg (no /boot/grub/grub.cfg or /boot/grub2/grub.cfg)")
 
 
-def check_loader_entries(root: HostRoot, record: PlanRecord, out: NextBoot) -> None:
-    entries = loaderentries.bootable(root)
-    if not entries:
-        out.unchecked.append("loader entries (none on /efi, /boot or /boot/efi)")
-        return
+def check_entries(
+    root: HostRoot, entries: list[loaderentries.Entry], record: PlanRecord, out: NextBoot
+) -> None:
     for entry in entries:
         if gone := lacking(entry.arguments(), record):
             out.missing.append(f"/{entry.path}: {' '.join(gone)}")
         out.checked.append("/" + entry.path)
+
+
+def check_ukis(root: HostRoot, record: PlanRecord, out: NextBoot) -> bool:
+    """Each unified kernel image in ``EFI/Linux`` of an ESP: the command line its
+    ``.cmdline`` section carries (kernel-install built it in from /etc/kernel/cmdline).
+    True when there was one."""
+    images = sorted(
+        {i for m in loaderentries.ESP_MOUNTS for i in root.glob(f"{m}/EFI/Linux/*.efi")}
+    )
+    for image in images:
+        try:
+            args = nextboot_pe.cmdline(root.real(image))
+        except (OSError, nextboot_pe.NotPE) as exc:
+            out.unchecked.append(f"/{image} (not a readable PE image: {exc})")
+            continue
+        if args is None:
+            out.unchecked.append(f"/{image} (no .cmdline section: the loader gives the line)")
+            continue
+        if gone := lacking(args, record):
+            out.missing.append(f"/{image} (.cmdline): {' '.join(gone)}")
+        out.checked.append("/" + image)
+    return bool(images)
+
+
+def check_loader_entries(root: HostRoot, record: PlanRecord, out: NextBoot) -> None:
+    entries = loaderentries.bootable(root)
+    ukis = check_ukis(root, record, out)
+    if not entries and not ukis:
+        out.unchecked.append("loader entries (none on /efi, /boot or /boot/efi)")
+        return
+    check_entries(root, entries, record, out)
+
+
+KERNELSTUB = "etc/kernelstub/configuration"
+# the entries kernelstub writes, named after the OS: Pop_OS-current.conf, Pop_OS-oldkern.conf
+KERNELSTUB_ENTRIES = ("*-current.conf", "*-oldkern.conf")
+
+
+def check_kernelstub(root: HostRoot, record: PlanRecord, out: NextBoot) -> None:
+    """kernelstub's configuration (``user.kernel_options``, what ``kernelstub -a`` saved)
+    and the loader entries it wrote from it on its ESP (``user.esp_path``)."""
+    text = root.read(KERNELSTUB)
+    try:
+        user = json.loads(text or "")["user"]
+        options, esp = user["kernel_options"], user.get("esp_path", "/boot/efi")
+        if not isinstance(options, list) or not isinstance(esp, str):
+            raise TypeError
+    except (ValueError, KeyError, TypeError, AttributeError):
+        out.unchecked.append(f"/{KERNELSTUB} (absent or not kernelstub's JSON)")
+        return
+    if gone := lacking([str(o) for o in options], record):
+        out.missing.append(f"/{KERNELSTUB} (user kernel_options): {' '.join(gone)}")
+    out.checked.append("/" + KERNELSTUB)
+    mount = esp.strip("/")
+    entries = [
+        loaderentries.Entry(path, mount, root.read(path) or "")
+        for pattern in KERNELSTUB_ENTRIES
+        for path in sorted(root.glob(f"{mount}/loader/entries/{pattern}"))
+    ]
+    if not entries:
+        out.unchecked.append(f"kernelstub's loader entries (none in {esp}/loader/entries)")
+    check_entries(root, entries, record, out)
+
+
+PROXMOX_UUIDS = "etc/kernel/proxmox-boot-uuids"
+# where proxmox-boot-tool mounts each ESP it syncs, in a mount namespace of its own: after
+# a refresh it is unmounted again, and the ESP is read only where it is mounted there
+ESPMOUNTS = "var/tmp/espmounts"
+
+
+def check_proxmox(root: HostRoot, record: PlanRecord, out: NextBoot) -> None:
+    """Each ESP proxmox-boot-tool keeps in sync (/etc/kernel/proxmox-boot-uuids): its
+    loader entries where it is mounted, and named as not read where it is not."""
+    text = root.read(PROXMOX_UUIDS)
+    esps = [line.split() for line in (text or "").split("\n") if line.strip()]
+    if not esps:
+        out.unchecked.append(f"the ESPs (no /{PROXMOX_UUIDS})")
+        return
+    for words in esps:
+        uuid, mode = words[0], (words[1:] or ["systemd-boot"])[0]
+        folder = f"{ESPMOUNTS}/{uuid}/loader/entries"
+        if mode == "grub":
+            out.unchecked.append(f"ESP {uuid} (synced for GRUB: its grub.cfg is the root's)")
+        elif not root.isdir(folder):
+            out.unchecked.append(
+                f"ESP {uuid} (not mounted at /{ESPMOUNTS}/{uuid}: its loader entries were not read)"
+            )
+        else:
+            paths = sorted(root.glob(f"{folder}/*.conf"))
+            mount = f"{ESPMOUNTS}/{uuid}"
+            check_entries(
+                root,
+                [loaderentries.Entry(p, mount, root.read(p) or "") for p in paths],
+                record,
+                out,
+            )
+            if not paths:
+                out.unchecked.append(f"ESP {uuid} (mounted, no loader entries)")
 
 
 def _listing(root: HostRoot, argv: tuple[str, ...], runner: Runner) -> str | None:
@@ -179,7 +262,8 @@ def check_initramfs(root: HostRoot, kind: InitramfsKind, runner: Runner, out: Ne
 CHECKS: dict[BootloaderKind, Callable[[HostRoot, PlanRecord, NextBoot], None]] = {
     BootloaderKind.GRUB: check_grub,
     BootloaderKind.SYSTEMD_BOOT: check_loader_entries,
-    BootloaderKind.PROXMOX: check_loader_entries,
+    BootloaderKind.PROXMOX: check_proxmox,
+    BootloaderKind.KERNELSTUB: check_kernelstub,
 }
 
 
