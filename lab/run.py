@@ -89,6 +89,8 @@ NESTED_TIMEOUT = 1500
 # ignores and still shows in /proc/cmdline
 ADMIN_ARG = "lab.admin_edit=1"
 ADMIN_GRUB = "/etc/default/grub"
+# the line the admin's sed edits: GRUB_CMDLINE_LINUX_DEFAULT with its value in double quotes
+ADMIN_LINE = r'^(GRUB_CMDLINE_LINUX_DEFAULT="[^"]*)"$'
 
 
 class LabFailed(Exception):
@@ -97,6 +99,15 @@ class LabFailed(Exception):
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def with_admin_edit(text: str) -> str:
+    """``text`` (an /etc/default/grub) as the admin's sed leaves it: ``ADMIN_ARG`` at the end
+    of the GRUB_CMDLINE_LINUX_DEFAULT line."""
+    edited, n = re.subn(ADMIN_LINE, rf'\1 {ADMIN_ARG}"', text, flags=re.M)
+    if n != 1:
+        raise LabFailed(f"{ADMIN_GRUB} has no single GRUB_CMDLINE_LINUX_DEFAULT line: {text}")
+    return edited
 
 
 class Lab:
@@ -604,28 +615,35 @@ class Lab:
         text = self.sh(f"cat {ADMIN_GRUB}").stdout
         if f"{_sha256(text)}  {ADMIN_GRUB}" not in self.baseline.splitlines():
             raise LabFailed(f"{ADMIN_GRUB} changed between the baseline and the admin's edit")
-        # the admin's sed, and what it must leave: the line with one more argument
-        pattern = r'^(GRUB_CMDLINE_LINUX_DEFAULT="[^"]*)"$'
-        edited, n = re.subn(pattern, rf'\1 {ADMIN_ARG}"', text, flags=re.M)
-        if n != 1:
-            raise LabFailed(f"{ADMIN_GRUB} has no single GRUB_CMDLINE_LINUX_DEFAULT line: {text}")
-        self.admin_grub = _sha256(edited)
+        self.admin_grub = _sha256(with_admin_edit(text))
+        linux = self.admin_sed("update-grub")
+        return {"ours": self.ours, "grub_cfg": " ".join(linux)}
+
+    def admin_sed(self, regenerate: str) -> list[str]:
+        """The admin's sed on /etc/default/grub as it is now (one more argument on
+        GRUB_CMDLINE_LINUX_DEFAULT; the file must then be ``with_admin_edit`` of it), then
+        ``regenerate``; the default entry's linux line, which must carry the admin's argument
+        and ours."""
+        want = _sha256(with_admin_edit(self.sh(f"cat {ADMIN_GRUB}").stdout))
         r = self.sh(
             f'sed -i \'s/^\\(GRUB_CMDLINE_LINUX_DEFAULT="[^"]*\\)"$/\\1 {ADMIN_ARG}"/\' '
-            f"{ADMIN_GRUB} && sha256sum {ADMIN_GRUB} && update-grub"
+            f"{ADMIN_GRUB} && sha256sum {ADMIN_GRUB} && {regenerate}"
         )
-        if r.returncode != 0 or not r.stdout.startswith(self.admin_grub):
+        if r.returncode != 0 or not r.stdout.startswith(want):
             raise LabFailed(f"the admin's edit: {r.stdout.strip()[:200]} {r.stderr[-500:]}")
-        # the default entry (GRUB_DEFAULT=0) is the first linux line; recovery entries take
-        # GRUB_CMDLINE_LINUX only
-        linux = [
-            ln.split()
-            for ln in self.sh("cat /boot/grub/grub.cfg").stdout.splitlines()
-            if ln.split()[:1] == ["linux"]
-        ]
-        if not linux or ADMIN_ARG not in linux[0] or not set(self.ours) <= set(linux[0]):
-            raise LabFailed(f"update-grub did not put the admin's argument and ours: {linux[:1]}")
-        return {"ours": self.ours, "grub_cfg": " ".join(linux[0])}
+        linux = self.default_linux()
+        if ADMIN_ARG not in linux or not set(self.ours) <= set(linux):
+            raise LabFailed(f"{regenerate} did not put the admin's argument and ours: {linux}")
+        return linux
+
+    def default_linux(self) -> list[str]:
+        """The words of the default GRUB entry's linux line in /boot/grub/grub.cfg: the first
+        one (GRUB_DEFAULT=0; recovery entries take GRUB_CMDLINE_LINUX only)."""
+        cfg = self.sh("cat /boot/grub/grub.cfg").stdout.splitlines()
+        linux = next((ln.split() for ln in cfg if ln.split()[:1] == ["linux"]), None)
+        if linux is None:
+            raise LabFailed("/boot/grub/grub.cfg has no linux line")
+        return linux
 
     def admin_cmdline(self) -> dict[str, Any]:
         """After the break's reboot: the admin's argument and ours, theirs first (our drop-in

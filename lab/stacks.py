@@ -310,8 +310,7 @@ class StackLab(Lab):
         """The command line the next boot takes: the default GRUB entry's linux line, or
         the options of systemd-boot's loader entry for this kernel."""
         if self.stack.esp_tree is image.grub_esp:
-            cfg = self.sh("cat /boot/grub/grub.cfg").stdout.splitlines()
-            return next((ln.strip() for ln in cfg if ln.split()[:1] == ["linux"]), "")
+            return " ".join(self.default_linux())
         entry = f"/boot/efi/loader/entries/{MACHINE_ID.strip()}-$(uname -r).conf"
         text = self.sh(f"cat {entry}").stdout.splitlines()
         return next((ln.strip() for ln in text if ln.split()[:1] == ["options"]), "")
