@@ -100,8 +100,8 @@ plan:
   type: dict
 functions:
   description:
-    - the card functions (PCI addresses) the change hands to vfio-pci (present) or gives back
-      to the host (absent): a guest holding one of them is in the way of the reboot
+    - "the card functions (PCI addresses) the change hands to vfio-pci (present) or gives back
+      to the host (absent); a guest holding one of them is in the way of the reboot"
   returned: success
   type: list
   elements: str
