@@ -14,13 +14,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import libvirt
 import pytest
 
+from passthrough.cli import main
 from passthrough.provision.runner import run, summary_table
 from tests.kube_standin import Cluster, StandIn, pod
 from tests.test_ansible import _inventory, _root
@@ -140,25 +140,40 @@ def test_a_guest_holding_another_card_does_not_stop_the_reboot(
     )
 
 
-def test_outside_the_reboot_window_nothing_changes(tmp_path: Path) -> None:
-    """A window that starts an hour from now and spans midnight where it must: the host is
-    refused before its plan is applied."""
-    now = datetime.now(UTC)
-    window = "-".join(
-        f"{(now.hour + h) % 24:02d}:{now.minute:02d}" for h in (1, 2)
-    )  # e.g. 23:10-00:10
-    inv, root = _host(tmp_path, passthrough_host_libvirt_uri="", passthrough_reboot_window=window)
+def _applied(tmp_path: Path, **extra: Any) -> tuple[Path, Path]:
+    """The host with 0000:18:00.0 handed over by an earlier apply (the CLI's, quicker than a
+    play), to be undone by the play (state absent)."""
+    inv, root = _host(tmp_path, passthrough_host_state="absent", **extra)
+    argv = ["apply", "--root", str(root), "--gpu", "0000:18:00.0", "--yes", "--quiet"]
+    assert main(argv) == 0
+    return inv, root
+
+
+def test_undo_refuses_a_running_guest_holding_the_card_by_default(
+    tmp_path: Path, guest: libvirt.virDomain
+) -> None:
+    """state absent gives the card back to the host at the reboot: the guest holding it is in
+    the way as it is for an apply, so the undo is refused naming it, and nothing is undone."""
+    inv, root = _applied(tmp_path)
     result = run(str(inv), "host.yml")
     assert not result.ok
-    assert f"outside {window} (passthrough_host_reboot_window)" in (
-        result.hosts["h"].reason or ""
-    ), summary_table(result)
-    assert not (root / "etc/default/grub.d/99-passthrough.cfg").exists()
-    inside = f"{now.hour:02d}:00-{(now.hour + 1) % 24:02d}:00"
-    inv, root = _host(
-        tmp_path / "in", passthrough_host_libvirt_uri="", passthrough_reboot_window=inside
-    )
-    assert run(str(inv), "host.yml").ok
+    reason = result.hosts["h"].reason or ""
+    assert "guests: gpu-guest running with the cards" in reason, summary_table(result)
+    assert guest.isActive() and _events() == []
+    assert "vfio-pci" in (root / "etc/modprobe.d/passthrough-vfio.conf").read_text()
+
+
+def test_undo_with_the_opt_in_stops_the_guest_and_starts_it_after(
+    tmp_path: Path, guest: libvirt.virDomain
+) -> None:
+    """state absent with passthrough_guests=stop: the guest is shut down, the changes undone,
+    and the guest started again (libvirt's lifecycle events)."""
+    inv, root = _applied(tmp_path, passthrough_guests="stop")
+    result = run(str(inv), "host.yml")
+    assert result.ok, summary_table(result)
+    assert not (root / "etc/modprobe.d/passthrough-vfio.conf").exists()
+    assert guest.isActive()
+    assert _events() == [libvirt.VIR_DOMAIN_EVENT_STOPPED, libvirt.VIR_DOMAIN_EVENT_STARTED]
 
 
 @pytest.fixture

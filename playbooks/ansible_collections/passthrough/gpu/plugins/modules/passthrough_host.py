@@ -98,6 +98,13 @@ plan:
   description: the plan as passthrough plan --json prints it
   returned: when state is present
   type: dict
+functions:
+  description:
+    - "the card functions (PCI addresses) the change hands to vfio-pci (present) or gives back
+      to the host (absent); a guest holding one of them is in the way of the reboot"
+  returned: success
+  type: list
+  elements: str
 codes:
   description: "on a safety-policy refusal, its codes (docs/discovery.md \"Safety policy\")"
   returned: failure
@@ -171,11 +178,18 @@ def main() -> None:
             from passthrough.execute.undo import undo
 
             pending = Journal.load(root).live()
+            # the cards the applied changes bound: undone, they go back to the host's drivers
+            given_back = sorted({f for tx in pending if tx.record for f in tx.record.functions})
             if module.check_mode or not pending:
-                module.exit_json(changed=bool(pending), reboot_required=bool(pending))
+                module.exit_json(
+                    changed=bool(pending), reboot_required=bool(pending), functions=given_back
+                )
             restored = undo(root).changed
             module.exit_json(
-                changed=bool(restored), reboot_required=bool(restored), restored=restored
+                changed=bool(restored),
+                reboot_required=bool(restored),
+                restored=restored,
+                functions=given_back,
             )
         host = discover(root)
         opts = plan_options(root, values(p, module=True), via="module")
@@ -200,6 +214,7 @@ def main() -> None:
             "changed": not plan.empty,
             "reboot_required": plan.reboot,
             "plan": plan.to_json(root),
+            "functions": list(plan.functions),
             "diff": diff,
         }
         if module.check_mode or plan.empty:
