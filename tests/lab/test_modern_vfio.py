@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.modernvfio]
 
 def test_iommufd_and_vfio_cdev_on_a_current_kernel(tmp_path: Path) -> None:
     result = run_lab_script(
-        tmp_path, "modern.py", [], [*TOOLS, "dpkg-deb", "depmod"], 2400, "modern"
+        tmp_path, "modern.py", [], [*TOOLS, "dpkg-deb", "depmod"], 3600, "modern"
     )
     # a kernel with iommufd: Ubuntu 24.04's newest generic (no Debian kernel has it)
     major, minor = (int(x) for x in result["kernel"].split(".")[:2])
