@@ -166,15 +166,10 @@ class LabMachine:
         ]
 
     def boot_args(self) -> list[str]:
-        if self.kernel is not None and self.initrd is not None:
-            return [
-                "-kernel",
-                str(self.kernel),
-                "-initrd",
-                str(self.initrd),
-                "-append",
-                self.append,
-            ]
+        if self.kernel is not None:
+            # no initrd: a kernel with its root's drivers built in (lab/modern.py)
+            initrd = ["-initrd", str(self.initrd)] if self.initrd is not None else []
+            return ["-kernel", str(self.kernel), *initrd, "-append", self.append]
         # UEFI: OVMF reads the ESP, GRUB reads /boot/grub/grub.cfg from the disk
         vars_copy = self.work / "OVMF_VARS.fd"
         if not vars_copy.exists():

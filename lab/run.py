@@ -111,6 +111,8 @@ def with_admin_edit(text: str) -> str:
 
 
 class Lab:
+    boot_wait = 600.0  # seconds for the first SSH banner
+
     def __init__(self, work: Path, artifacts: Path, say: Callable[[str], None] = print) -> None:
         self.work = work
         self.artifacts = artifacts
@@ -183,7 +185,7 @@ class Lab:
             self.work, img, kernel, initrd, APPEND if kernel else "", key, self.accel
         )
         self.machine.start()
-        seconds = self.machine.wait_ssh()
+        seconds = self.machine.wait_ssh(self.boot_wait)
         if not library:
             return seconds
         # the library and its template, on python3's path as an installed package would be
