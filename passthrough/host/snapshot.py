@@ -102,6 +102,14 @@ class RecordingRoot(HostRoot):
             self._note(rel)
         return found
 
+    def isfile(self, rel: str) -> bool:
+        # a loader entry's kernel: its presence decides whether the entry can boot, its
+        # bytes are never read (kept as a marker)
+        found = super().isfile(rel)
+        if found:
+            self._note(rel)
+        return found
+
     def listdir(self, rel: str) -> list[str]:
         names = super().listdir(rel)
         if names or super().isdir(rel):
