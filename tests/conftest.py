@@ -15,7 +15,7 @@ import pytest
 from hypothesis import settings
 
 from passthrough import fakehost
-from passthrough.execute.apply import chroot_argv
+from passthrough.execute.sandbox import chroot_argv
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -62,8 +62,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     if args.json:
         dump({"root": root.path, **result.to_json()}, "undo")
     elif result.changed or result.commands:
-        # a file apply created has no original: undo removed it (it is gone from the root now)
-        removed = [p for p in result.restored if not root.exists(p)]
+        removed = result.removed
         put_back = len(result.restored) - len(removed)
         parts = [f"Restored {count(put_back, 'file')}"] if put_back or not removed else []
         if removed:
@@ -75,11 +74,11 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
         if result.forced:
             parts.append(f"put {len(result.forced)} back over later changes (--force)")
         print("; ".join(parts) + ".")
-        back = "eboot to return to the original kernel arguments and drivers."
+        back = "reboot to return to the original kernel arguments and drivers."
         if result.listed:
-            say_listed(command_mode(root), result.listed, "Then r" + back)
+            say_listed(command_mode(root), result.listed, f"Then {back}")
         else:
-            print("R" + back)
+            print(back.capitalize())
     else:
         print("Nothing to undo.")
     return EXIT_OK

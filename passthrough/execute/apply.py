@@ -33,8 +33,7 @@ from passthrough.execute.journal import (
     TxState,
     sha256,
 )
-from passthrough.execute.sandbox import chroot_argv as chroot_argv
-from passthrough.execute.sandbox import sandbox_profile, sandbox_works
+from passthrough.execute.sandbox import chroot_argv, sandbox_profile, sandbox_works
 from passthrough.execute.state import BACKUPS, ensure_dir, own
 from passthrough.execute.state import LOCK as LOCK
 from passthrough.execute.state import Busy as Busy

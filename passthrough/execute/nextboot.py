@@ -32,8 +32,9 @@ from typing import Any
 
 from passthrough.errors import EXIT_NEXT_BOOT, PassthroughError
 from passthrough.execute import nextboot_grub, nextboot_pe
-from passthrough.execute.apply import Runner, _default_runner, chroot_argv, command_mode
+from passthrough.execute.apply import Runner, _default_runner, command_mode
 from passthrough.execute.journal import StepState, Transaction
+from passthrough.execute.sandbox import chroot_argv
 from passthrough.host.root import HostRoot
 from passthrough.model import BootloaderKind, InitramfsKind
 from passthrough.plan import loaderentries

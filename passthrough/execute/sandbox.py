@@ -2,7 +2,7 @@
 """The sandbox a root's own tools run in (``apply --root TREE`` as root).
 
 Run as a script, by the reading machine's own Python, as PID 1 of new user, mount and PID
-namespaces (``unshare``, see ``apply.chroot_argv``)::
+namespaces (``unshare``, see ``chroot_argv`` below)::
 
     python3 -I -S sandbox.py plain|grub TREE -- ARGV...
 

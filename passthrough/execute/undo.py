@@ -112,6 +112,7 @@ class UndoResult:
     restored: list[str] = field(default_factory=list)  # back to the original bytes
     unpicked: list[str] = field(default_factory=list)  # changed since: only our lines removed
     forced: list[str] = field(default_factory=list)  # changed since: later changes lost
+    removed: list[str] = field(default_factory=list)  # of restored: apply created it, now gone
     commands: list[Step] = field(default_factory=list)  # regenerations and inverse commands
 
     @property
@@ -231,6 +232,8 @@ def _files(
                 )
             else:
                 say(f"restore /{d.path}" if d.content is not None else f"remove /{d.path}")
+                if d.content is None:
+                    result.removed.append(d.path)
             _put(journal, tx, d)
             lists = {"drifted": result.forced, "unpick": result.unpicked}
             lists["stranger"] = result.unpicked
