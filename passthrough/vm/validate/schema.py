@@ -135,12 +135,11 @@ class SchemaFault:
 
 
 Errors = frozenset[tuple[str, str]]  # (path, message) as libxml2 reports them
+Ordered = tuple[tuple[str, str], ...]  # the same, in libxml2's order
 
 
-def _errors(rng: Any, doc: Any) -> Errors:
-    if rng.validate(doc):
-        return frozenset()
-    return frozenset((e.path or "", e.message or "") for e in rng.error_log)
+def _errors_of(rng: Any) -> Ordered:
+    return tuple((e.path or "", e.message or "") for e in rng.error_log)
 
 
 def _children(el: Any) -> list[Any]:
@@ -148,15 +147,47 @@ def _children(el: Any) -> list[Any]:
     return list(reversed([c for c in el if isinstance(c.tag, str)]))
 
 
-def _errors_without(rng: Any, work: Any, el: Any, group: list[Any]) -> Errors:
-    """The errors with ``group`` (children of ``el``) taken away; then put back as they were."""
-    kids = list(el)
-    for child in group:
-        el.remove(child)
-    try:
-        return _errors(rng, work)
-    finally:
-        el[:] = kids  # one pass: inserting each back at its index would cost n per child
+class _Work:
+    """The copy of the document the search takes apart, and every validation of it made
+    since it last changed: a validation of 10,000 <hostdev> costs a third of a second, and
+    the search asks the same question more than once (the document as it is, for the
+    message; the document without the element found, which is the next round's start)."""
+
+    def __init__(self, rng: Any, doc: Any, first: Ordered) -> None:
+        self.rng = rng
+        self.doc = doc
+        self.ordered = first  # the errors of the document as it is now
+        self.base: Errors = frozenset(first)
+        # (parent, removed children) → errors; holds the elements so their ids stay theirs
+        self._memo: dict[tuple[int, tuple[int, ...]], tuple[Any, list[Any], Ordered]] = {}
+
+    def _validate(self) -> Ordered:
+        return () if self.rng.validate(self.doc) else _errors_of(self.rng)
+
+    def without(self, el: Any, group: list[Any]) -> Errors:
+        """The errors with ``group`` (children of ``el``) taken away; then put back as
+        they were."""
+        key = (id(el), tuple(id(c) for c in group))
+        if key not in self._memo:
+            kids = list(el)
+            for child in group:
+                el.remove(child)
+            try:
+                found = self._validate()
+            finally:
+                el[:] = kids  # one pass: inserting each back at its index costs n per child
+            self._memo[key] = (el, group, found)
+        return frozenset(self._memo[key][2])
+
+    def remove(self, el: Any) -> Errors:
+        """Take ``el`` out for good; the errors of what is left."""
+        parent = el.getparent()
+        known = self._memo.get((id(parent), (id(el),)))
+        parent.remove(el)
+        self._memo.clear()
+        self.ordered = known[2] if known is not None else self._validate()
+        self.base = frozenset(self.ordered)
+        return self.base
 
 
 # Up to this many children, one by one: cheap, and of two duplicates the later one is
@@ -164,7 +195,7 @@ def _errors_without(rng: Any, work: Any, el: Any, group: list[Any]) -> Errors:
 _ONE_BY_ONE = 32
 
 
-def _fixing_child(rng: Any, work: Any, el: Any, fixed: Callable[[Errors], bool]) -> Any:
+def _fixing_child(work: _Work, el: Any, fixed: Callable[[Errors], bool]) -> Any:
     """The child of ``el`` whose removal ``fixed`` the errors, or None.
 
     Halving first: ``el`` keeps only one half of the children; if that alone fixes the
@@ -176,42 +207,41 @@ def _fixing_child(rng: Any, work: Any, el: Any, fixed: Callable[[Errors], bool])
     acting together), the children are tried one by one as before."""
     kids = _children(el)
     if len(kids) <= _ONE_BY_ONE:
-        return next((c for c in kids if fixed(_errors_without(rng, work, el, [c]))), None)
+        return next((c for c in kids if fixed(work.without(el, [c]))), None)
     group = kids
     while len(group) > 1:
         later, earlier = group[: len(group) // 2], group[len(group) // 2 :]
         keep = {id(c) for c in later}
         others = [c for c in kids if id(c) not in keep]
-        group = earlier if fixed(_errors_without(rng, work, el, others)) else later
-    if group and fixed(_errors_without(rng, work, el, group)):
+        group = earlier if fixed(work.without(el, others)) else later
+    if group and fixed(work.without(el, group)):
         return group[0]
     for child in kids:
-        if child is not (group[0] if group else None) and fixed(
-            _errors_without(rng, work, el, [child])
-        ):
+        if child is not (group[0] if group else None) and fixed(work.without(el, [child])):
             return child
     return None
 
 
-def _descend(rng: Any, work: Any, start: Any, fixed: Callable[[Errors], bool]) -> Any:
+def _descend(work: _Work, start: Any, fixed: Callable[[Errors], bool]) -> Any:
     """From ``start``, step into the child whose removal ``fixed`` the errors, until none
     does: that element is the one at fault."""
     el = start
-    while (child := _fixing_child(rng, work, el, fixed)) is not None:
+    while (child := _fixing_child(work, el, fixed)) is not None:
         el = child
     return el
 
 
-def _culprit(rng: Any, work: Any, base: Errors) -> Any:
+def _culprit(work: _Work) -> Any:
     # One fault: taking the element at fault (or its ancestor) away removes errors.
-    el = _descend(rng, work, work, lambda after: after < base)
-    if el is not work:
+    base, top_el = work.base, work.doc
+    el = _descend(work, top_el, lambda after: after < base)
+    if el is not top_el:
         return el
     # Several faults under different children: libxml2 names the first failing child of
     # the root in its message ("Extra element features in interleave"); inside that child,
     # the element at fault is the one whose removal clears the blame on it.
-    root = work.getroottree().getpath(work)
-    tree = work.getroottree()
+    tree = top_el.getroottree()
+    root = tree.getpath(top_el)
 
     def blamed(top: Any, errors: Errors) -> bool:
         word = re.compile(rf"\b{re.escape(str(top.tag))}\b")
@@ -221,11 +251,11 @@ def _culprit(rng: Any, work: Any, base: Errors) -> Any:
             for path, msg in errors
         )
 
-    named = [top for top in reversed(_children(work)) if blamed(top, base)]
+    named = [top for top in reversed(_children(top_el)) if blamed(top, base)]
     if named:  # document order: libxml2 names the first
         top = named[0]
-        return _descend(rng, work, top, lambda after: not blamed(top, after))
-    return work  # e.g. a required element missing: the root is at fault
+        return _descend(work, top, lambda after: not blamed(top, after))
+    return top_el  # e.g. a required element missing: the root is at fault
 
 
 def faults(rng: Any, doc: Any) -> list[SchemaFault]:
@@ -234,35 +264,33 @@ def faults(rng: Any, doc: Any) -> list[SchemaFault]:
         return []
     import copy  # only for an invalid file: valid ones are the start-up that matters
 
-    first = [e.message for e in rng.error_log]
-    work = copy.deepcopy(doc)
+    first = _errors_of(rng)
+    copied = copy.deepcopy(doc)
+    # the copy's errors are the document's own (same paths, same messages): not asked again
+    work = _Work(rng, copied, first)
     # map copies back to the caller's elements (lxml keeps one proxy while referenced)
-    origin = dict(zip(work.iter(), doc.iter(), strict=True))
+    origin = dict(zip(copied.iter(), doc.iter(), strict=True))
     out: list[SchemaFault] = []
-    base = _errors(rng, work)
-    while base and len(out) < MAX_FAULTS:
-        el = _culprit(rng, work, base)
-        message = _message(rng, work, el)
-        if el is work and first and first[0] not in message:
-            message += f" ({first[0]})"
+    while work.base and len(out) < MAX_FAULTS:
+        el = _culprit(work)
+        message = _message(work, el)
+        if el is copied and first and first[0][1] not in message:
+            message += f" ({first[0][1]})"
         out.append(SchemaFault(origin[el], message))
-        parent = el.getparent()
-        if parent is None:
+        if el.getparent() is None:
             break  # the root itself: nothing to take away
-        parent.remove(el)  # then look for the next fault
-        after = _errors(rng, work)
-        if after == base:
+        before = work.base
+        if work.remove(el) == before:  # then look for the next fault
             break
-        base = after
     return sorted(out, key=lambda f: f.element.sourceline or 0)
 
 
-def _message(rng: Any, work: Any, el: Any) -> str:
+def _message(work: _Work, el: Any) -> str:
     """Name the element as written; add libxml2's words only when they are about it
-    (its own messages about the parent would mislead)."""
-    path = work.getroottree().getpath(el)
-    rng.validate(work)
-    mine = [e.message for e in rng.error_log if e.path == path]
+    (its own messages about the parent would mislead). The errors are those of the
+    document as it is (the search puts back all it takes away)."""
+    path = el.getroottree().getpath(el)
+    mine = [msg for p, msg in work.ordered if p == path]
     attrs = "".join(f" {k}='{v}'" for k, v in el.attrib.items())
     said = f": {mine[0]}" if mine else ""
     return f"the schema rejects <{el.tag}{attrs}> here{said}"
