@@ -15,6 +15,7 @@ import io
 import json
 import os
 import shutil
+import shlex
 import signal
 import stat
 import subprocess
@@ -779,3 +780,39 @@ def test_the_roots_own_tool_cannot_reach_outside(root: Path, outside: Path) -> N
     escaped = root / "boot/escaped-list"
     assert not escaped.exists(), escaped.read_text()
     assert not list(outside.glob("escaped-*"))
+
+
+@pytest.mark.root  # a user namespace of our own whose kernel limit we may lower
+def test_a_kernel_refusing_the_sandbox_lists_the_roots_tools(root: Path, outside: Path) -> None:
+    """Issue 30, item 3: where the sandbox cannot be built, the root's own tools are listed
+    for the admin and never run. The kernel really refuses here: apply runs as root of a
+    user namespace whose limit of nested user namespaces is 0 (``user.max_user_namespaces``
+    is per namespace), so the sandbox's ``unshare --user`` fails as it does in a container
+    that forbids namespaces. The image's tool would leave a mark if it ran: it left none,
+    and apply names the reason and the commands."""
+    assert os.geteuid() == 0
+    _with_a_real_shell(root)
+    for name in ("update-initramfs", "update-grub"):
+        tool = root / "usr/sbin" / name
+        tool.parent.mkdir(parents=True, exist_ok=True)
+        tool.write_text(f"#!/bin/sh\necho {name} >> /boot/tool-ran\n")
+        tool.chmod(0o755)
+    inner = shlex.join([*PT, "apply", "--root", str(root), "--yes"])
+    limit = "echo 0 > /proc/sys/user/max_user_namespaces"
+    r = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "sh", "-c", f"{limit} && exec {inner}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert not (root / "boot/tool-ran").exists()  # the image's code never ran
+    lines = r.stdout.splitlines()
+    first = lines.index(
+        "Not run (this kernel refuses the user, mount and PID namespaces of the sandbox): "
+        "run them inside the root first:"
+    )
+    assert "  update-initramfs -u -k all" in lines[first + 1 :]
+    assert "  update-grub" in lines[first + 1 :]
+    # and our own files were written all the same: the same transaction as elsewhere
+    assert (root / "etc/modprobe.d").is_dir() and any((root / "etc/modprobe.d").iterdir())

@@ -29,8 +29,7 @@ def test_list_mode_apply_says_run_the_commands_first_then_reboot(
     out = run_cli(["apply", "--root", str(root), "--yes"]).stdout
     lines = out.splitlines()
     first = lines.index(
-        "Not run (list mode: --root is not a full OS tree, or not root): "
-        "run them inside the root first:"
+        "Not run (--root is not a full OS tree): run them inside the root first:"
     )
     assert lines[first + 1 : first + 3] == [
         "  mkinitcpio -P",

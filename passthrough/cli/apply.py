@@ -51,7 +51,7 @@ def add_parser(sub: Subparsers) -> None:
 
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.execute import nextboot
-    from passthrough.execute.apply import apply, apply_json, command_mode, listed
+    from passthrough.execute.apply import apply, apply_json, listed, why_listed
     from passthrough.plan.actions import plan_text
 
     root, plan = planned(args, stack, changing="apply")
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     if now:
         print("What the next boot gets is not checked: the commands below did not run here.")
         say_listed(
-            command_mode(root),
+            why_listed(root),
             now,
             "Then reboot, and run `passthrough verify`."
             if plan.reboot

@@ -238,15 +238,13 @@ def warn(text: str) -> None:
     sys.stderr.write(f"warning: {text}\n")
 
 
-def say_listed(mode: str, argvs: list[list[str]], then: str) -> None:
-    """Commands a change could only list (not a full OS tree, or not root), to run inside
-    the root first; ``then`` (the reboot) is said after them: it comes only after them."""
+def say_listed(why: str, argvs: list[list[str]], then: str) -> None:
+    """Commands a change could only list (``why``: not a full OS tree, not root, no
+    sandbox here), to run inside the root first; ``then`` (the reboot) is said after them:
+    it comes only after them."""
     import shlex
 
-    print(
-        f"Not run ({mode} mode: --root is not a full OS tree, or not root): "
-        "run them inside the root first:"
-    )
+    print(f"Not run ({why}): run them inside the root first:")
     for argv in argvs:
         print("  " + shlex.join(argv))
     print(then)

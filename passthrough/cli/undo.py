@@ -49,7 +49,7 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
-    from passthrough.execute.apply import command_mode
+    from passthrough.execute.apply import why_listed
     from passthrough.execute.status import status, status_text
     from passthrough.execute.undo import undo
     from passthrough.host.root import HostRoot
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
         print("; ".join(parts) + ".")
         back = "reboot to return to the original kernel arguments and drivers."
         if result.listed:
-            say_listed(command_mode(root), result.listed, f"Then {back}")
+            say_listed(why_listed(root), result.listed, f"Then {back}")
         else:
             print(back.capitalize())
     else:

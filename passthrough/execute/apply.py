@@ -81,14 +81,28 @@ def saved(journal: Journal) -> str | None:
 CommandMode = Literal["host", "chroot", "list"]
 
 
+def _full_os(root: HostRoot) -> bool:
+    return root.exists("usr/bin/env") and (root.exists("bin/sh") or root.exists("usr/bin/sh"))
+
+
 def command_mode(root: HostRoot) -> CommandMode:
     """ "host" on the live root, "chroot" for a full OS tree when we may chroot, else "list"."""
     if root.is_live:
         return "host"
-    full_os = root.exists("usr/bin/env") and (root.exists("bin/sh") or root.exists("usr/bin/sh"))
-    if full_os and os.geteuid() == 0 and sandbox_works():
+    if _full_os(root) and os.geteuid() == 0 and sandbox_works():
         return "chroot"
     return "list"
+
+
+def why_listed(root: HostRoot) -> str:
+    """Why a root's commands are listed for the admin instead of run, in a few words."""
+    if not _full_os(root):
+        return "--root is not a full OS tree"
+    if os.geteuid() != 0:
+        return "not run as root"
+    if not sandbox_works():
+        return "this kernel refuses the user, mount and PID namespaces of the sandbox"
+    return "they cannot run in the sandbox"
 
 
 Runner = Callable[[list[str]], subprocess.CompletedProcess[str]]
