@@ -28,9 +28,7 @@ def test_list_mode_apply_says_run_the_commands_first_then_reboot(
     shutil.copytree(hosts["turing-desktop"], root, symlinks=True)
     out = run_cli(["apply", "--root", str(root), "--yes"]).stdout
     lines = out.splitlines()
-    first = lines.index(
-        "Not run (--root is not a full OS tree): run them inside the root first:"
-    )
+    first = lines.index("Not run (--root is not a full OS tree): run them inside the root first:")
     assert lines[first + 1 : first + 3] == [
         "  mkinitcpio -P",
         "  kernel-install add 6.11.5-arch1-1 /usr/lib/modules/6.11.5-arch1-1/vmlinuz",
@@ -180,3 +178,17 @@ def test_every_commands_help_opens_with_a_description_and_has_examples() -> None
         assert "examples:\n" in text, f"{path}: no examples"
     got = run_cli(["vm", "start", "--help"])
     assert got.stdout.split("\n\n")[1] == "Start a defined domain."
+
+
+def test_undo_json_names_the_files_it_removed_apart(hosts: dict[str, Path], tmp_path: Path) -> None:
+    """The files apply created are in `restored` (put back as before: absent) and, apart,
+    in `removed`; the CLI's sentence and the JSON come from the same decisions."""
+    import json
+
+    root = _applied(hosts, tmp_path)
+    got = run_cli(["undo", "--root", str(root), "--yes", "--json"])
+    assert got.returncode == 0, got.stderr
+    out = json.loads(got.stdout)
+    assert out["removed"] == ["/etc/modprobe.d/passthrough-vfio.conf"]
+    assert set(out["removed"]) < set(out["restored"]) and len(out["restored"]) == 3
+    assert not (root / "etc/modprobe.d/passthrough-vfio.conf").exists()

@@ -127,6 +127,7 @@ class UndoResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "restored": ["/" + p for p in self.restored],
+            "removed": ["/" + p for p in self.removed],
             "unpicked": ["/" + p for p in self.unpicked],
             "forced": ["/" + p for p in self.forced],
             "commands": [s.to_json() for s in self.commands],
