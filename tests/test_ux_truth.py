@@ -192,3 +192,7 @@ def test_undo_json_names_the_files_it_removed_apart(hosts: dict[str, Path], tmp_
     assert out["removed"] == ["/etc/modprobe.d/passthrough-vfio.conf"]
     assert set(out["removed"]) < set(out["restored"]) and len(out["restored"]) == 3
     assert not (root / "etc/modprobe.d/passthrough-vfio.conf").exists()
+    # status names it the same way: removed, not "restored"
+    shown = run_cli(["status", "--root", str(root)]).stdout.splitlines()
+    assert "  removed   /etc/modprobe.d/passthrough-vfio.conf  [undone]" in shown
+    assert "  restored  /etc/kernel/cmdline  [undone]" in shown

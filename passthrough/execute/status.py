@@ -15,7 +15,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from passthrough.execute.files import read_file, temp_of
-from passthrough.execute.journal import Journal, Step, StepKind, StepState, TxKind, TxState, sha256
+from passthrough.execute.journal import (
+    Journal,
+    Step,
+    StepKind,
+    StepState,
+    Transaction,
+    TxKind,
+    TxState,
+    sha256,
+)
 from passthrough.execute.newentries import StrangeEntry, strangers
 from passthrough.host.root import HostRoot
 
@@ -28,6 +37,17 @@ class FileStatus:
     # recreated-since, unknown, undone, superseded; cut-off (an undo's write that a kill
     # or a full disk interrupted: the next undo finishes it)
     drift: str
+
+
+def _created_by(transactions: list[Transaction], ids: list[str]) -> set[str]:
+    """The paths the earliest of these transactions to touch each found absent."""
+    first: dict[str, bool] = {}
+    for tx in transactions:
+        if tx.id in ids:
+            for s in tx.file_steps():
+                if s.path is not None and s.path not in first:
+                    first[s.path] = s.existed
+    return {p for p, existed in first.items() if not existed}
 
 
 @dataclass(frozen=True)
@@ -109,7 +129,12 @@ def status(root: HostRoot) -> Status:
                 drift = _drift(root, s) if live else "undone"
             files.append(FileStatus(s.path or "", change, drift))
         if tx.kind is TxKind.UNDO:
-            files = [FileStatus(p, "restored", "undone") for p in tx.restored]
+            # a file none of the undone applies found there was removed, not restored
+            created = _created_by(journal.transactions, tx.undid)
+            files = [
+                FileStatus(p, "removed" if p in created else "restored", "undone")
+                for p in tx.restored
+            ]
             # a write this undo journaled and never saw through: the next undo finishes it
             files += [
                 FileStatus(s.path or "", "restoring", "cut-off")
