@@ -14,8 +14,8 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import shlex
+import shutil
 import signal
 import stat
 import subprocess
