@@ -7,6 +7,7 @@ are sourced with ``env -i`` in a temporary directory, with stand-ins first on PA
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -80,3 +81,42 @@ def modprobe_ids(root: Path) -> list[str]:
         if m:
             ids = m[1].split(",")  # the module keeps the last value
     return ids
+
+
+def proxmox_first_line(root: Path) -> list[str]:
+    """What proxmox-boot-tool puts on each ESP entry's ``options``: the first line of
+    /etc/kernel/cmdline as it is (its ``get_first_line``: no comment handling, the rest of
+    the file unread)."""
+    data = (root / "etc/kernel/cmdline").read_text()
+    return data.split("\n", 1)[0].split()
+
+
+def grubenv(root: Path) -> dict[str, str]:
+    """/boot/grub2/grubenv's variables (``name=value`` lines; ``#`` lines and the padding
+    are none)."""
+    path = root / "boot/grub2/grubenv"
+    text = path.read_text() if path.exists() else ""
+    pairs = [ln.partition("=") for ln in text.split("\n") if ln and not ln.startswith("#")]
+    return {k: v for k, _eq, v in pairs}
+
+
+def bls_options(root: Path, entry: Path) -> list[str]:
+    """A BLS entry's command line as GRUB's blscfg makes it: every ``options`` line joined,
+    ``$name``/``${name}`` taken from grubenv (unset: empty)."""
+    env = grubenv(root)
+    words: list[str] = []
+    for line in entry.read_text().split("\n"):
+        if re.match(r"options(\s|$)", line):
+            line = re.sub(
+                r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: env.get(m[1], ""), line[7:]
+            )
+            words += line.split()
+    return words
+
+
+def kernelstub_options(root: Path) -> list[str]:
+    """The options kernelstub writes into its entries: ``user.kernel_options`` (``default``'s
+    where there is no ``user``), a string split at blanks as its config.py does."""
+    data = json.loads((root / "etc/kernelstub/configuration").read_text())
+    opts = data.get("user", data.get("default", {}))["kernel_options"]
+    return opts.split() if isinstance(opts, str) else [str(o) for o in opts]

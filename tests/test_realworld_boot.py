@@ -116,6 +116,15 @@ def refused(
     assert tree(path) == before
 
 
+def planned(path: Path, opts: PlanOptions, capsys: pytest.CaptureFixture[str]) -> Plan | None:
+    """The plan, or None where it is refused (and the CLI refuses alike: see ``refused``)."""
+    try:
+        return make_plan(HostRoot(str(path)), discover(str(path)), opts)[0]
+    except PassthroughError as error:
+        refused(path, opts, error, capsys)
+        return None
+
+
 def expect_args(before: list[str], after: list[str], change: ArgChange, append_all: bool) -> None:
     stay = kept(before, change)
     added = [a for a in change.set.values() if append_all or a not in stay]
@@ -359,14 +368,21 @@ def test_realworld_boot_file(
     shutil.copytree(template(sample, tmp_path_factory, upstream), path, symlinks=True)
     shape = SHAPES[host_kind](path, tmp_path, BOOT / name, origin, variant)
     shape.place()
+    exercise(shape, path, opts, capsys)
+
+
+def exercise(
+    shape: Shape, path: Path, opts: PlanOptions, capsys: pytest.CaptureFixture[str]
+) -> bool:
+    """Plan, apply, the tool's own reading, an admin's edit, undo byte for byte (True) — or
+    the CLI's one-line refusal with nothing written (False). tests/test_collected_boot.py
+    runs its cases through it too."""
     before_tree = tree(path)
     before = shape.read()
     root = HostRoot(str(path))
-    try:
-        plan, _ = make_plan(root, discover(str(path)), opts)
-    except PassthroughError as error:
-        refused(path, opts, error, capsys)
-        return
+    plan = planned(path, opts, capsys)
+    if plan is None:
+        return False
     apply(root, plan, plan.record())
     shape.expect(before, shape.read(), plan)
     assert make_plan(root, discover(str(path)), opts)[0].empty
@@ -381,3 +397,4 @@ def test_realworld_boot_file(
         file.unlink()
     undo(root)
     assert tree(path) == before_tree
+    return True

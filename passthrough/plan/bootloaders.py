@@ -8,6 +8,7 @@ Each knows where its configured arguments live (``configured``) and how to chang
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -62,7 +63,43 @@ class Grubby(Bootloader):
             raise UnsafeCmdline("/boot/loader/entries", "no BLS entry found")
         rel = f"boot/loader/entries/{chosen}"
         text = utf8_text(self.root.read_bytes(rel), "/" + rel) or ""
-        return arguments(text, options_line, is_options=True)
+        return [
+            word
+            for arg in arguments(text, options_line, is_options=True)
+            for word in self._expanded(arg, rel)
+        ]
+
+    GRUBENV = "boot/grub2/grubenv"
+    _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+    def _expanded(self, arg: str, rel: str) -> list[str]:
+        """An ``options`` word as GRUB's blscfg expands it: ``$kernelopts`` (RHEL 8, Fedora
+        30-33: the arguments live in grubenv, which grubby edits) and ``$tuned_params`` are
+        variables of /boot/grub2/grubenv. One grubenv does not set is empty, as in GRUB,
+        unless grub.cfg names it (it may set it there): then the line cannot be told."""
+        m = self._VAR.fullmatch(arg)
+        if m is None:
+            if "$" in arg:
+                raise UnsafeCmdline("/" + rel, f"options word {arg!r} uses a GRUB variable")
+            return [arg]
+        name = m[1] or m[2]
+        env = self._grubenv()
+        if name in env:
+            return env[name].split()
+        if any(name in (self.root.read(cfg) or "") for cfg in self._grub_cfgs()):
+            raise UnsafeCmdline(
+                "/" + rel, f"${name} is not in /{self.GRUBENV} but grub.cfg names it"
+            )
+        return []
+
+    def _grubenv(self) -> dict[str, str]:
+        text = utf8_text(self.root.read_bytes(self.GRUBENV), "/" + self.GRUBENV) or ""
+        lines = [ln.partition("=") for ln in text.split("\n") if not ln.startswith("#")]
+        return {k: v for k, eq, v in lines if eq}
+
+    def _grub_cfgs(self) -> list[str]:
+        efi = [f"boot/efi/EFI/{d}/grub.cfg" for d in self.root.listdir("boot/efi/EFI")]
+        return ["boot/grub2/grub.cfg", *efi]
 
     def actions(self, change: ArgChange) -> list[Action]:
         argv = ["grubby", "--update-kernel=ALL"]
@@ -190,7 +227,40 @@ class KernelCmdlineFile(Bootloader):
 
 
 class Proxmox(KernelCmdlineFile):
+    """proxmox-boot-tool copies the **first line** of /etc/kernel/cmdline, as it is (a ``#``
+    is no comment there), into the ``options`` of each ESP's entries, and stops where that
+    line has no ``root=``: a second line is read by nothing."""
+
     name = BootloaderKind.PROXMOX
+
+    def _first_line(self) -> tuple[str, str] | None:
+        """The first line and the rest (from its newline on), or None without the file."""
+        text = self._read(self.PATH)
+        if text is None:
+            return None
+        first, newline, rest = text.partition("\n")
+        if "root=" not in first:
+            raise UnsafeCmdline(
+                "/" + self.PATH,
+                "proxmox-boot-tool reads only its first line, which has no root= (it stops "
+                "there); put your whole command line on the first line",
+            )
+        return first, newline + rest
+
+    def configured(self) -> list[str]:
+        split = self._first_line()
+        return split[0].split() if split is not None else super().configured()
+
+    def actions(self, change: ArgChange) -> list[Action]:
+        split = self._first_line()
+        if split is None:
+            return super().actions(change)
+        first, rest = split
+        new = edit_lines(first, change, lambda _line: True, "") + rest
+        return [
+            WriteFile(self.PATH, new.encode(), "kernel arguments for the next boot"),
+            self.regenerate(),
+        ]
 
     def regenerate(self) -> Run:
         return Run(
@@ -209,10 +279,17 @@ class Kernelstub(Bootloader):
     def configured(self) -> list[str]:
         try:
             data = json.loads(self.root.read(self.CONFIG) or "{}")
-            opts = data.get("user", {}).get("kernel_options", [])
+            # kernelstub copies "default" where there is no "user" section
+            opts = data.get("user", data.get("default", {})).get("kernel_options", [])
         except (json.JSONDecodeError, AttributeError, RecursionError):
             # RecursionError: nested past what json can read (about 1,000 levels)
             raise UnsafeCmdline("/" + self.CONFIG, "is not the JSON kernelstub writes") from None
+        if isinstance(opts, str):
+            # an old configuration (config_rev < 3) or an OEM's holds one string: kernelstub
+            # splits it at blanks, and joins again a quoted option split there
+            if '"' in opts:
+                raise UnsafeCmdline("/" + self.CONFIG, "kernel_options is a string with quotes")
+            return opts.split()
         return [str(o) for o in opts]
 
     def actions(self, change: ArgChange) -> list[Action]:
