@@ -113,7 +113,10 @@ def boot_files(desc: Description, w: Writer) -> None:
         _arch_entries(desc, w, base + rest)
     elif bl == "proxmox-boot-tool":
         w.file("usr/sbin/proxmox-boot-tool", "#!/bin/sh\n", exe)
-        w.file("usr/sbin/update-grub", "#!/bin/sh\n", exe)
+        # GRUB is installed beside it (the ESPs may be kept for GRUB), with Proxmox's
+        # grub.d header, through which update-grub runs `proxmox-boot-tool refresh`
+        _grub(desc, w)
+        w.file("etc/grub.d/000_proxmox_boot_header", "#!/bin/sh\nproxmox-boot-tool refresh\n", exe)
         w.file("etc/kernel/proxmox-boot-uuids", "5B2C-1A7E\n")
         w.file("etc/kernel/cmdline", " ".join(base + rest) + "\n")
     elif bl == "kernelstub":

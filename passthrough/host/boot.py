@@ -6,6 +6,7 @@ only below it."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from passthrough.errors import MalformedHostData
 from passthrough.host.facts import read_distro
@@ -99,12 +100,40 @@ def read_grub(root: HostRoot) -> GrubReading:
     return GrubReading(script, False, why, regenerate, grub_cfg)
 
 
+PBT_UUIDS = "etc/kernel/proxmox-boot-uuids"
+PBT_HEADER = "etc/grub.d/000_proxmox_boot_header"
+
+
+def _proxmox_grub(root: HostRoot, grub: GrubReading, pbt: str, uefi: bool) -> GrubReading:
+    """proxmox-boot-tool keeping its ESPs for GRUB: each ESP's grub.cfg is update-grub's,
+    made from /etc/default/grub, and update-grub reaches the ESPs through Proxmox's grub.d
+    header (it runs ``proxmox-boot-tool refresh``); without that header it cannot."""
+    how = "booted by BIOS" if not uefi else "GRUB booted it: no LoaderInfo EFI variable"
+    if not root.exists(PBT_HEADER):
+        why = (
+            f"{pbt} keeps the ESPs for GRUB ({how}), and /{PBT_HEADER} is missing: "
+            "update-grub would not refresh the ESPs, so what the next boot reads cannot be told"
+        )
+        return replace(grub, dropins=None, why=why)
+    why = (
+        f"{grub.why}; {pbt} keeps the ESPs for GRUB ({how}): update-grub refreshes them "
+        f"(/{PBT_HEADER})"
+    )
+    return replace(grub, why=why)
+
+
 def read_boot(root: HostRoot, kernel: Kernel) -> Boot:
     uefi = root.isdir("sys/firmware/efi")
     evidence: list[str] = []
     kind = BootloaderKind.UNKNOWN
     grub: GrubReading | None = None
-    sd_booted = any(n.startswith(LOADER_INFO_VAR) for n in root.listdir("sys/firmware/efi/efivars"))
+    efivars = root.listdir("sys/firmware/efi/efivars")
+    sd_booted = any(n.startswith(LOADER_INFO_VAR) for n in efivars)
+    # proxmox-boot-tool writes systemd-boot entries from /etc/kernel/cmdline only on a UEFI
+    # boot whose ESPs hold no GRUB; booted by BIOS, or by GRUB (EFI variables there and no
+    # LoaderInfo among them), it runs update-grub for each ESP: /etc/default/grub counts
+    pbt_grub = not uefi or (bool(efivars) and not sd_booted)
+    pbt = _tool(root, "proxmox-boot-tool") if root.exists(PBT_UUIDS) else None
     bls_entries = [e for e in root.listdir("boot/loader/entries") if e.endswith(".conf")]
 
     if nixos := _nixos(root):
@@ -113,7 +142,7 @@ def read_boot(root: HostRoot, kernel: Kernel) -> Boot:
     elif root.exists("run/ostree-booted") or kernel.arg("ostree") is not None:
         kind = BootloaderKind.RPM_OSTREE
         evidence.append("/run/ostree-booted or ostree= on the command line")
-    elif (pbt := _tool(root, "proxmox-boot-tool")) and root.exists("etc/kernel/proxmox-boot-uuids"):
+    elif pbt and not pbt_grub:
         kind = BootloaderKind.PROXMOX
         evidence.append(f"{pbt} with /etc/kernel/proxmox-boot-uuids")
     elif (ks := _tool(root, "kernelstub")) and root.exists("etc/kernelstub/configuration"):
@@ -132,6 +161,9 @@ def read_boot(root: HostRoot, kernel: Kernel) -> Boot:
         kind = BootloaderKind.GRUB
         grub = read_grub(root)
         evidence += [f"/etc/default/grub with {ug or mk}", grub.why]
+        if pbt:
+            grub = _proxmox_grub(root, grub, pbt, uefi)
+            evidence[-1] = grub.why
     elif uefi and root.exists("etc/kernel/cmdline") and _tool(root, "bootctl"):
         kind = BootloaderKind.SYSTEMD_BOOT
         evidence.append("/etc/kernel/cmdline with bootctl")
