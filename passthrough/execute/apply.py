@@ -33,6 +33,7 @@ from passthrough.execute.journal import (
     TxState,
     sha256,
 )
+from passthrough.execute.journal import last_applied as last_applied
 from passthrough.execute.sandbox import chroot_argv, sandbox_profile, sandbox_works
 from passthrough.execute.state import BACKUPS, ensure_dir, own
 from passthrough.execute.state import LOCK as LOCK
@@ -335,14 +336,6 @@ def apply(
             )
         prune_backups(journal)
         return tx
-
-
-def last_applied(root: HostRoot) -> PlanRecord | None:
-    """The plan record of the newest complete apply, for verify."""
-    for tx in reversed(Journal.load(root).transactions):
-        if tx.kind is TxKind.APPLY and tx.state is TxState.COMPLETE and tx.record:
-            return tx.record
-    return None
 
 
 def listed(tx: Transaction | None) -> list[list[str]]:
