@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from passthrough.errors import EXIT_HOST_STEP, PassthroughError
 from passthrough.execute import files
+from passthrough.execute.applied import last_applied as last_applied
 from passthrough.execute.files import Attrs, read_file, remove
 from passthrough.execute.journal import (
     Journal,
@@ -33,7 +34,6 @@ from passthrough.execute.journal import (
     TxState,
     sha256,
 )
-from passthrough.execute.journal import last_applied as last_applied
 from passthrough.execute.sandbox import chroot_argv, sandbox_profile, sandbox_works
 from passthrough.execute.state import BACKUPS, ensure_dir, own
 from passthrough.execute.state import LOCK as LOCK

@@ -399,13 +399,3 @@ class Journal:
                     s.error = "cut off before it changed the file"
                     found = True
         return found
-
-
-def last_applied(root: HostRoot) -> PlanRecord | None:
-    """The plan record of the newest complete apply, for verify and for a new plan's
-    selection (here, beside the journal it reads: a plan that changes nothing needs the
-    journal but none of apply's machinery)."""
-    for tx in reversed(Journal.load(root).transactions):
-        if tx.kind is TxKind.APPLY and tx.state is TxState.COMPLETE and tx.record:
-            return tx.record
-    return None
