@@ -80,6 +80,7 @@ def _profile(argv: list[str], env: dict[str, str]) -> dict[str, float]:
 
 def measure(tmp: Path, hosts: int, forks: int, runs: int, env: dict[str, str]) -> dict[str, Any]:
     tmp.mkdir()
+    load_before = [round(x, 2) for x in os.getloadavg()]
     inv = str(_fleet(tmp, hosts))
     play = [str(BIN / "ansible-playbook"), "--forks", str(forks), "-i", inv]
     first = run_once([*play, HOST_PLAY], env)  # installs the venv (canary) and applies
@@ -93,6 +94,7 @@ def measure(tmp: Path, hosts: int, forks: int, runs: int, env: dict[str, str]) -
         k: round(v / hosts, 3) for k, v in report["median_seconds"].items()
     }
     report["first_run_seconds"] = round(first[0], 1)
+    report["load_average_before"] = load_before
     report["load_average"] = [round(x, 2) for x in os.getloadavg()]
     tasks = _profile([*play, HOST_PLAY], env)
     total = sum(tasks.values()) or 1.0
@@ -123,14 +125,17 @@ def main() -> None:
         print(json.dumps(reports, indent=2))
         return
     print(f"forks {args.forks}, {args.runs} alternating runs each (cpus: {os.cpu_count()})")
-    print(f"{'hosts':>5} {'ping':>8} {'no-op':>8} {'x wall':>7} {'x CPU':>6} {'/host':>7}  load")
+    print(
+        f"{'hosts':>5} {'ping':>8} {'no-op':>8} {'x wall':>7} {'x CPU':>6} {'/host':>7}  load (before, after)"
+    )
     for hosts in sizes:
         r = reports[str(hosts)]
         med, ratio = r["median_seconds"], r["ratio"]
         print(
             f"{hosts:>5} {med['ping play']:7.1f}s {med['host.yml no-op']:7.1f}s"
             f" {ratio['host.yml no-op']:7.2f} {r['cpu_ratio'].get('host.yml no-op', 0):6.2f}"
-            f" {r['per_host_seconds']['host.yml no-op']:6.2f}s  {r['load_average']}"
+            f" {r['per_host_seconds']['host.yml no-op']:6.2f}s"
+            f"  {r['load_average_before']} {r['load_average']}"
         )
         print("        where the no-op's task time goes: " + json.dumps(r["task_share"]))
 

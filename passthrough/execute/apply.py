@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from passthrough.errors import EXIT_HOST_STEP, PassthroughError
 from passthrough.execute import files
+from passthrough.execute.applied import last_applied as last_applied
 from passthrough.execute.files import Attrs, read_file, remove
 from passthrough.execute.journal import (
     Journal,
@@ -349,14 +350,6 @@ def apply(
             )
         prune_backups(journal)
         return tx
-
-
-def last_applied(root: HostRoot) -> PlanRecord | None:
-    """The plan record of the newest complete apply, for verify."""
-    for tx in reversed(Journal.load(root).transactions):
-        if tx.kind is TxKind.APPLY and tx.state is TxState.COMPLETE and tx.record:
-            return tx.record
-    return None
 
 
 def listed(tx: Transaction | None) -> list[list[str]]:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from passthrough.errors import PassthroughError, quote
-from passthrough.execute.apply import last_applied
+from passthrough.execute.applied import last_applied
 from passthrough.host.root import HostRoot
 from passthrough.model import PciAddress
 from passthrough.plan.build import PlanOptions

@@ -7,7 +7,7 @@ import shlex
 
 from passthrough.analysis.viability import find_gpus
 from passthrough.errors import count
-from passthrough.execute.apply import last_applied
+from passthrough.execute.applied import last_applied
 from passthrough.execute.journal import Journal, TxKind, TxState
 from passthrough.execute.status import status
 from passthrough.host.modalias import is_vfio

@@ -250,7 +250,7 @@ def _rendered(module: AnsibleModule) -> tuple[str, Any]:
     )
     spec = build_spec(host, opts)
     if p["require_handed_over"]:
-        from passthrough.execute.apply import last_applied
+        from passthrough.execute.applied import last_applied
         from passthrough.host.modalias import is_vfio
         from passthrough.host.root import HostRoot
 

@@ -16,6 +16,7 @@ import hashlib
 import importlib.metadata
 import os
 import shlex
+import stat
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleError
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
 HERE = Path(__file__).resolve()
@@ -77,18 +79,52 @@ def _version(repo: Path) -> str:
     raise AnsibleError(f"no __version__ in {repo}/passthrough/__init__.py")
 
 
+def _sources(repo: Path) -> list[tuple[Path, os.stat_result]]:
+    """The checkout's files that go onto the hosts, in a fixed order, with their stat."""
+    found = []
+    for tree in ("passthrough", "templates"):
+        for top, dirs, names in os.walk(repo / tree):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in names:
+                path = Path(top, name)
+                st = path.stat()
+                if stat.S_ISREG(st.st_mode):
+                    found.append((path, st))
+    return sorted(found, key=lambda f: f[0])
+
+
 def identity() -> str:
     """``VERSION+sha256`` of what goes onto the hosts: a checkout's package and templates, or
-    an installed distribution's RECORD (which lists every file with its hash)."""
+    an installed distribution's RECORD (which lists every file with its hash).
+
+    A checkout's content hash is kept in the cache under a key made of every file's name,
+    size, inode and modification and change times: each host's task asks (a worker process
+    each), and stating the files costs a fraction of reading and hashing them all again."""
     repo = _checkout()
     digest = hashlib.sha256()
     if repo is not None:
-        for tree in ("passthrough", "templates"):
-            for path in sorted((repo / tree).rglob("*")):
-                if path.is_file() and "__pycache__" not in path.parts:
-                    digest.update(str(path.relative_to(repo)).encode() + b"\0")
-                    digest.update(path.read_bytes())
-        return f"{_version(repo)}+{digest.hexdigest()[:16]}"
+        sources = _sources(repo)
+        key = hashlib.sha256(str(repo).encode())
+        for path, st in sources:
+            stamp = (st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+            key.update(f"{path.relative_to(repo)}\0{stamp}\0".encode())
+        cached = CACHE.parent / "identity" / key.hexdigest()
+        try:
+            return cached.read_text()
+        except OSError:
+            pass
+        for path, _st in sources:
+            digest.update(str(path.relative_to(repo)).encode() + b"\0")
+            digest.update(path.read_bytes())
+        found = f"{_version(repo)}+{digest.hexdigest()[:16]}"
+        try:  # written whole or not at all: a fork reading it sees no half
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=cached.parent, delete=False) as tmp:
+                tmp.write(found)
+            os.replace(tmp.name, cached)
+        except OSError:
+            pass  # no cache: the next host hashes again
+        return found
     dist = _installed()
     if dist is None:
         raise AnsibleError(
@@ -173,6 +209,9 @@ class RuntimeAction(ActionBase):  # type: ignore[misc] # Ansible is untyped
     ) -> dict[str, Any]:
         task_vars = task_vars or {}
         result: dict[str, Any] = super().run(tmp, task_vars)
+        wrong = self._role_arguments(task_vars)
+        if wrong:
+            return {**result, **wrong}
         mode = self._var(task_vars, "passthrough_runtime", "venv")
         if mode == "none":
             result.update(self._execute_module(task_vars=task_vars))
@@ -194,6 +233,29 @@ class RuntimeAction(ActionBase):  # type: ignore[misc] # Ansible is untyped
             result["changed"] = True
             result["runtime_installed"] = ident
         return result
+
+    def _role_arguments(self, task_vars: dict[str, Any]) -> dict[str, Any] | None:
+        """A role's argument specs checked here, in this task's own worker, where the role was
+        brought in without Ansible's check (``import_role`` with ``rolespec_validate: false``,
+        as host.yml does: Ansible's check is a task, a worker process per host, of its own).
+        The same validator and the same message as Ansible's ``validate_argument_spec``."""
+        role = getattr(self._task, "_role", None)
+        if role is None or getattr(role, "_should_validate", True):
+            return None  # not in a role, or Ansible's own task has checked it already
+        specs = role._get_role_argspecs()  # meta/argument_specs.yml, as Ansible reads it
+        entry = specs.get(role._from_files.get("tasks", "main")) or {}
+        spec = entry.get("options") or {}
+        if not spec:
+            return None
+        given = self._templar.template({k: task_vars[k] for k in spec if k in task_vars})
+        checked = ArgumentSpecValidator(spec).validate(given, validate_role_argument_spec=True)
+        if not checked.error_messages:
+            return None
+        return {
+            "failed": True,
+            "msg": "Validation of arguments failed:\n" + "\n".join(checked.error_messages),
+            "argument_errors": checked.error_messages,
+        }
 
     def _probe(self, venv: str, requires: list[str]) -> tuple[str, list[str]]:
         """(the identity the host's venv holds, the modules of ``requires`` it cannot import):
