@@ -43,16 +43,24 @@ def test_a_prepared_host_costs_one_module_call(tmp_path: Path) -> None:
         for h in again.hosts.values():
             assert (h.ok, h.changed, h.skipped) == (2, 0, 0), summary_table(again)
         assert "Validating arguments" not in log.read_text()
+    # a bad value given to the role's variable, and one reaching it through the role's
+    # default template ("{{ passthrough_reboot_ok | default(false) }}"): both checked
     bad = _root(tmp_path, "bad", "consumer-intel")
+    via = _root(tmp_path, "via", "consumer-intel")
     inv = _inventory(
         tmp_path,
-        {**hosts, "bad": {"passthrough_root": str(bad), "passthrough_host_reboot_ok": "maybe"}},
+        {
+            **hosts,
+            "bad": {"passthrough_root": str(bad), "passthrough_host_reboot_ok": "maybe"},
+            "via": {"passthrough_root": str(via), "passthrough_reboot_ok": "perhaps"},
+        },
     )
     mixed = run(str(inv), "host.yml", extravars={"passthrough_max_fail_percentage": 100})
-    reason = mixed.hosts["bad"].reason or ""
-    assert mixed.hosts["bad"].failed and "passthrough_host_reboot_ok" in reason, reason
-    assert "is not a valid boolean" in reason
-    assert not (bad / DROPIN).exists()
+    for name, root, said in (("bad", bad, "'maybe'"), ("via", via, "'perhaps'")):
+        reason = mixed.hosts[name].reason or ""
+        assert mixed.hosts[name].failed and "passthrough_host_reboot_ok" in reason, reason
+        assert "is not a valid boolean" in reason and said in reason, reason
+        assert not (root / DROPIN).exists()
     assert all(mixed.hosts[n].failed == 0 for n in hosts), summary_table(mixed)
 
 
@@ -98,3 +106,34 @@ def test_the_library_identity_is_hashed_again_only_when_a_file_changes(
     assert runtime.identity() not in ("", first)
     module.write_text("A = 1\n")
     assert runtime.identity() == first
+
+
+def test_what_every_worker_works_out_alike_is_worked_out_once_per_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The identity and the role's argument specs: kept in the run's own local temporary
+    directory (each host's task is a worker process), worked out again in another run; and
+    worked out each time where Ansible gave no such directory."""
+    sys.path.insert(0, str(REPO / "playbooks"))
+    from ansible import constants as C
+    from ansible_collections.passthrough.gpu.plugins.plugin_utils import runtime
+
+    calls: list[int] = []
+
+    def compute() -> str:
+        calls.append(1)
+        return f"answer {len(calls)}"
+
+    run_dir = tmp_path / "ansible-local-1"
+    run_dir.mkdir()
+    monkeypatch.setattr(C, "DEFAULT_LOCAL_TMP", str(run_dir), raising=False)
+    assert runtime.per_run("x", compute) == "answer 1"
+    assert runtime.per_run("x", compute) == "answer 1" and len(calls) == 1
+    assert runtime.per_run("y", compute) == "answer 2"  # another name, its own answer
+    other = tmp_path / "ansible-local-2"  # the next run
+    other.mkdir()
+    monkeypatch.setattr(C, "DEFAULT_LOCAL_TMP", str(other))
+    assert runtime.per_run("x", compute) == "answer 3"
+    monkeypatch.setattr(C, "DEFAULT_LOCAL_TMP", str(tmp_path / "gone"))
+    assert runtime.per_run("x", compute) == "answer 4"
+    assert runtime.per_run("x", compute) == "answer 5"

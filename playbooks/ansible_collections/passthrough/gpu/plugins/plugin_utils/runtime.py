@@ -14,6 +14,7 @@ import base64
 import fcntl
 import hashlib
 import importlib.metadata
+import json
 import os
 import shlex
 import stat
@@ -21,9 +22,11 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ansible import constants as C
 from ansible.errors import AnsibleError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
@@ -135,6 +138,43 @@ def identity() -> str:
     return f"{dist.version}+{digest.hexdigest()[:16]}"
 
 
+def per_run(name: str, compute: Callable[[], str]) -> str:
+    """``compute()``, once per ``ansible-playbook`` run: each host's task is a worker process
+    of its own, so what every worker would work out alike (the identity: a stat of each of
+    the library's files; the role's argument specs: Ansible's YAML loader) is kept in the
+    run's own local temporary directory (Ansible makes it per process, the workers share it,
+    and it is removed when the run ends). Without that directory it is worked out here."""
+    folder = getattr(C, "DEFAULT_LOCAL_TMP", None)
+    if not folder or not os.path.isdir(folder):
+        return compute()
+    path = os.path.join(folder, f"passthrough-{name}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        pass
+    found = compute()
+    try:  # written whole or not at all: a worker reading it sees no half
+        with tempfile.NamedTemporaryFile("w", dir=folder, delete=False) as tmp:
+            tmp.write(found)
+        os.replace(tmp.name, path)
+    except OSError:
+        pass
+    return found
+
+
+def _templated(templar: Any, value: Any) -> bool:
+    """Whether ``value`` holds a template anywhere (only those are worth the templar's time:
+    it costs about a millisecond a value even on a plain one)."""
+    if isinstance(value, str):
+        return bool(templar.is_possibly_template(value))
+    if isinstance(value, dict):
+        return any(_templated(templar, v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_templated(templar, v) for v in value)
+    return False
+
+
 def _pack(dist: importlib.metadata.Distribution, out: Path) -> Path:
     """A wheel of an installed pure-Python distribution, from its RECORD."""
     base = Path(str(dist.locate_file("")))
@@ -219,7 +259,10 @@ class RuntimeAction(ActionBase):  # type: ignore[misc] # Ansible is untyped
         if mode != "venv":
             return {**result, "failed": True, "msg": f"passthrough_runtime: {mode!r}: venv or none"}
         venv = str(self._var(task_vars, "passthrough_runtime_venv", DEFAULT_VENV))
-        ident = str(self._var(task_vars, "passthrough_runtime_identity", "") or identity())
+        ident = str(
+            self._var(task_vars, "passthrough_runtime_identity", "")
+            or per_run("identity", identity)
+        )
         requires = REQUIRES.get(self._task.action.rsplit(".", 1)[-1], [])
         have, lacking = self._probe(venv, requires)
         installed = None
@@ -242,12 +285,19 @@ class RuntimeAction(ActionBase):  # type: ignore[misc] # Ansible is untyped
         role = getattr(self._task, "_role", None)
         if role is None or getattr(role, "_should_validate", True):
             return None  # not in a role, or Ansible's own task has checked it already
-        specs = role._get_role_argspecs()  # meta/argument_specs.yml, as Ansible reads it
+        # meta/argument_specs.yml, as Ansible reads it, once per run (a role's path names it)
+        key = hashlib.sha256(str(role._role_path).encode()).hexdigest()[:16]
+        specs = json.loads(
+            per_run(f"argspecs-{key}", lambda: json.dumps(role._get_role_argspecs()))
+        )
         entry = specs.get(role._from_files.get("tasks", "main")) or {}
         spec = entry.get("options") or {}
         if not spec:
             return None
-        given = self._templar.template({k: task_vars[k] for k in spec if k in task_vars})
+        given = {
+            k: self._templar.template(v) if _templated(self._templar, v) else v
+            for k, v in ((k, task_vars[k]) for k in spec if k in task_vars)
+        }
         checked = ArgumentSpecValidator(spec).validate(given, validate_role_argument_spec=True)
         if not checked.error_messages:
             return None
