@@ -2,7 +2,8 @@
 """The host role's no-op run against a ping play at several fleet sizes, side by side, in one run.
 
 Each host is a sample root (consumer-intel) reached through Ansible's local connection, as
-tests/test_ansible.py makes them, with the system's python3 and the collection's venv runtime
+tests/test_ansible.py makes them (or, with --ssh, over SSH: each host a network namespace with
+its own address and sshd, sshfleet.py; as root), with the system's python3 and the collection's venv runtime
 (one venv path for every host: they share this machine, and the rolling play's canary installs
 it, so every other host goes through the same runtime check a fleet host does, installed). Per
 size, each a whole ansible-playbook process (forks 2 by default), run alternately so that both
@@ -15,7 +16,7 @@ see the same machine load:
 Then one no-op run per size under ansible.posix.profile_tasks, whose task times say where the
 cost goes (summed over the batches, as a share of the run's task time).
 
-    python benchmarks/bench_fleet.py [--sizes 10,50,100] [--forks 2] [--runs 3] [--json]
+    python benchmarks/bench_fleet.py [--sizes 10,50,100] [--forks 2] [--runs 3] [--ssh] [--json]
 
 Not a test: it prints a table (and --json) for docs/fleet.md, with the load average.
 """
@@ -23,6 +24,7 @@ Not a test: it prints a table (and --json) for docs/fleet.md, with the load aver
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+import sshfleet
 from timing import ENV, alternate, run_once, summary
 
 from passthrough import fakehost
@@ -47,15 +50,22 @@ PING = [{"name": "ping", "hosts": "gpu_hosts", "gather_facts": False, "tasks": [
 TASK_TIME = re.compile(r"^(.*?) -{2,} (\d+\.\d+)s$")
 
 
-def _fleet(tmp: Path, hosts: int) -> Path:
-    """``hosts`` fresh roots and an inventory naming them, one venv path for all."""
+def _fleet(tmp: Path, hosts: int, ssh: dict[str, str] | None = None) -> Path:
+    """``hosts`` fresh roots and an inventory naming them, one venv path for all; reached
+    through the local connection, or over SSH (``ssh``: the client's settings, each host at
+    its own address, sshfleet.py)."""
     template = fakehost.build(fakehost.load("consumer-intel"), tmp / "template")
     entries = {}
     for i in range(hosts):
         root = tmp / f"h{hosts}-{i:03d}"
         shutil.copytree(template, root, symlinks=True)
+        how: dict[str, str] = (
+            {"ansible_connection": "local"}
+            if ssh is None
+            else {**ssh, "ansible_connection": "ssh", "ansible_host": sshfleet.address(i)}
+        )
         entries[f"host-{i:03d}"] = {
-            "ansible_connection": "local",
+            **how,
             "ansible_python_interpreter": "/usr/bin/python3",
             "passthrough_root": str(root),
             "passthrough_runtime_venv": str(tmp / "venv"),
@@ -78,10 +88,17 @@ def _profile(argv: list[str], env: dict[str, str]) -> dict[str, float]:
     return dict(tasks)
 
 
-def measure(tmp: Path, hosts: int, forks: int, runs: int, env: dict[str, str]) -> dict[str, Any]:
+def measure(
+    tmp: Path,
+    hosts: int,
+    forks: int,
+    runs: int,
+    env: dict[str, str],
+    ssh: dict[str, str] | None = None,
+) -> dict[str, Any]:
     tmp.mkdir()
     load_before = [round(x, 2) for x in os.getloadavg()]
-    inv = str(_fleet(tmp, hosts))
+    inv = str(_fleet(tmp, hosts, ssh))
     play = [str(BIN / "ansible-playbook"), "--forks", str(forks), "-i", inv]
     first = run_once([*play, HOST_PLAY], env)  # installs the venv (canary) and applies
     samples = alternate(
@@ -108,23 +125,39 @@ def main() -> None:
     ap.add_argument("--sizes", default="10,50,100", help="host counts, comma-separated")
     ap.add_argument("--forks", type=int, default=2)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument(
+        "--ssh",
+        action="store_true",
+        help="reach the hosts over SSH, each in a network namespace of its own (root, sshd)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.ssh and (why := sshfleet.missing()):
+        sys.exit(f"--ssh: {why}")
     tmp = Path(tempfile.mkdtemp(prefix="passthrough-bench-fleet-"))
     env = {**ENV, "XDG_CACHE_HOME": str(tmp / "cache"), "ANSIBLE_NOCOLOR": "1"}
     env.pop("ANSIBLE_CONFIG", None)
     sizes = [int(s) for s in args.sizes.split(",")]
-    reports: dict[str, Any] = {"setup": {"forks": args.forks, "runs": args.runs}}
+    reports: dict[str, Any] = {"setup": {"forks": args.forks, "runs": args.runs, "ssh": args.ssh}}
     try:
         (tmp / "ping.yml").write_text(json.dumps(PING))
         for hosts in sizes:
-            reports[str(hosts)] = measure(tmp / str(hosts), hosts, args.forks, args.runs, env)
+            with contextlib.ExitStack() as stack:
+                ssh = (
+                    stack.enter_context(sshfleet.hosts(hosts, tmp / f"ssh{hosts}"))
+                    if args.ssh
+                    else None
+                )
+                reports[str(hosts)] = measure(
+                    tmp / str(hosts), hosts, args.forks, args.runs, env, ssh
+                )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
         print(json.dumps(reports, indent=2))
         return
-    print(f"forks {args.forks}, {args.runs} alternating runs each (cpus: {os.cpu_count()})")
+    how = "over SSH, a network namespace per host" if args.ssh else "local connection"
+    print(f"{how}, forks {args.forks}, {args.runs} alternating runs each (cpus: {os.cpu_count()})")
     print(
         f"{'hosts':>5} {'ping':>8} {'no-op':>8} {'x wall':>7} {'x CPU':>6} {'/host':>7}  load (before, after)"
     )
