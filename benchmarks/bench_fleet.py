@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -134,6 +135,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.ssh and (why := sshfleet.missing()):
         sys.exit(f"--ssh: {why}")
+    # a kill (timeout, Ctrl-C) unwinds like an exit: the namespaces and daemons go away
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tmp = Path(tempfile.mkdtemp(prefix="passthrough-bench-fleet-"))
     env = {**ENV, "XDG_CACHE_HOME": str(tmp / "cache"), "ANSIBLE_NOCOLOR": "1"}
     env.pop("ANSIBLE_CONFIG", None)

@@ -121,10 +121,15 @@ def hosts(count: int, work: Path) -> Iterator[dict[str, str]]:
         }
     finally:
         for i in range(count):
-            pid = _pid(work, i)
+            pid = _pid(work, i, tries=1)
             if pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
+        for ns in names:  # and each session sshd forked for a login (ControlPersist keeps them)
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+            for pid in pids.stdout.split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGTERM)
         for ns in names:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
             subprocess.run(["ip", "link", "del", f"v{ns}"], capture_output=True, check=False)
@@ -132,8 +137,8 @@ def hosts(count: int, work: Path) -> Iterator[dict[str, str]]:
             subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
 
 
-def _pid(work: Path, i: int) -> int:
-    for _ in range(100):
+def _pid(work: Path, i: int, tries: int = 100) -> int:
+    for _ in range(tries):
         try:
             return int((work / f"sshd-{i}.pid").read_text())
         except (OSError, ValueError):
