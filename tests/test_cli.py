@@ -358,6 +358,16 @@ def test_start_up_imports_no_command_implementation(argv: tuple[str, ...]) -> No
         assert r.stdout.strip() == "passthrough 0.1.0"
 
 
+@pytest.mark.parametrize("files", [["a.xml"], ["vm one.xml", "x=y.xml", "ü.xml", "validate"]])
+def test_validate_with_file_names_alone_gets_the_parsers_namespace(files: list[str]) -> None:
+    """``passthrough validate FILE...`` skips building the parser; what it runs with is
+    what the parser would have given (every default, the same run function)."""
+    from passthrough.cli import build_parser, command_module
+
+    parsed = build_parser("validate", listing=True).parse_args(["validate", *files])
+    assert vars(command_module("validate").files_only(files)) == vars(parsed)
+
+
 @pytest.mark.parametrize(
     "command", ["plan", "apply", "bind", "render", "kubevirt", "vm", "validate"]
 )

@@ -124,11 +124,14 @@ def _main(argv: Sequence[str] | None) -> int:
     if words and not words[0].startswith("-") and words[0] not in COMMANDS:
         sys.stderr.write(f"passthrough: error: {unknown_command(words[0])}\n")
         return EXIT_USAGE
-    parser = build_parser(words[0] if words else None, listing=True)
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return EXIT_USAGE
+    if words[:1] == ["validate"] and words[1:] and not any(w.startswith("-") for w in words):
+        args = command_module("validate").files_only(words[1:])  # no parser to build
+    else:
+        parser = build_parser(words[0] if words else None, listing=True)
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return EXIT_USAGE
     verbosity(args)
     # temporary directories (unpacked snapshots, samples): removed whatever happens
     stack = contextlib.ExitStack()
