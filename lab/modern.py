@@ -3,7 +3,7 @@
 (/dev/vfio/devices/vfioN) on a real kernel under QEMU with the emulated Intel IOMMU, and
 the toolkit's check, bind and release on it.
 
-    python lab/modern.py [--keep WORKDIR] [--json]
+    python lab/modern.py [--keep WORKDIR] [--json] [--nested]
 
 Which kernel: no Debian kernel is built with CONFIG_IOMMUFD (Debian 13's 6.12, its
 backports' 7.3 and sid's 7.2 all have "# CONFIG_IOMMUFD is not set", and
@@ -25,7 +25,8 @@ Stages (each prints its time):
            stand-in card and of the second card: each function on vfio-pci with its /dev/vfio/devices/vfioN, the
            node's numbers those of sysfs' vfio-dev/vfioN/dev
   ready    `passthrough check --json`: `iommufd` PASS, naming /dev/iommu and each node
-  nested   `passthrough render --iommufd` for the card, `validate --host-root /`, the guest
+  nested   (only with --nested; not yet seen to finish within its 1500 s under TCG inside
+           TCG) `passthrough render --iommufd` for the card, `validate --host-root /`, the guest
            started by the lab host's libvirt: its QEMU's iommufd object and vfio-pci
            devices and the files behind their fds (/proc), then the guest's own view of both
            functions printed by its busybox init on its serial port
@@ -268,6 +269,8 @@ class ModernLab(Lab):
     def __init__(self, work: Path, artifacts: Path, say: Callable[[str], None] = print) -> None:
         super().__init__(work, artifacts, say)
         self.release = ""
+        # the nested guest on iommufd (--nested): not yet seen to reach its init in time
+        self.nested = False
         self.before: dict[str, str] = {}
 
     def build_modern(self) -> tuple[Path, Path, Path]:
@@ -545,7 +548,11 @@ class ModernLab(Lab):
             display = bound["display"]
             nodes = {**bound["cdevs"], **display["cdevs"]}
             ready = self.stage("ready", lambda: self.ready(nodes))
-            guest = self.stage("nested", lambda: self.nested_iommufd(bound["cdevs"]))
+            guest = (
+                self.stage("nested", lambda: self.nested_iommufd(bound["cdevs"]))
+                if self.nested
+                else None
+            )
             second = display["address"]
             released = self.stage("release", lambda: self.release_card(second, display["before"]))
             again = self.stage("rebind", lambda: self.rebind(second))
@@ -566,8 +573,16 @@ class ModernLab(Lab):
 
 
 def main() -> int:
-    args = run.parser(__doc__).parse_args()
-    return run.lab_main(args, "modern", lambda w, a, say: ModernLab(w, a, say).run())
+    p = run.parser(__doc__)
+    p.add_argument("--nested", action="store_true", help="also the nested guest on iommufd")
+    args = p.parse_args()
+
+    def modern_lab(work: Path, artifacts: Path, say: Callable[[str], None]) -> dict[str, Any]:
+        lab = ModernLab(work, artifacts, say)
+        lab.nested = args.nested
+        return lab.run()
+
+    return run.lab_main(args, "modern", modern_lab)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,9 @@
 #                                 mode leaves out (tens of minutes each; docs/testing.md)
 #   bash scripts/setup.sh modernvfio
 #                                 install what the tests need, then boot a current kernel on a
-#                                 Debian sid userland and prove iommufd, the vfio cdev and a
-#                                 nested guest on iommufd there (lab/modern.py, tens of minutes
-#                                 under TCG; left out of the test mode: docs/lab.md)
+#                                 Debian sid userland and prove iommufd, the vfio cdev, check's
+#                                 PASS and a live release/bind there (lab/modern.py, tens of
+#                                 minutes under TCG; left out of the test mode: docs/lab.md)
 # Safe to re-run: apt and pip skip what is already there.
 set -euo pipefail
 

@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The modern vfio stack on a real current kernel (lab/modern.py): iommufd's /dev/iommu and
 the vfio device cdev under QEMU's emulated Intel IOMMU, on a Debian sid userland (QEMU and
-libvirt new enough for iommufd); `check` WARN then PASS, a nested guest started by the lab
-host's libvirt on the iommufd backend that sees the card, `release` of a second card back to
-its own driver and `bind` again, each read back inside the lab machine."""
+libvirt new enough for iommufd); `check` WARN then PASS, `release` of a second card back to its
+own driver and `bind` again, each read back inside the lab machine. The nested guest on
+iommufd (`--nested`) is not in it yet: see docs/lab.md."""
 
 from __future__ import annotations
 
@@ -105,21 +105,9 @@ def test_iommufd_and_vfio_cdev_on_a_current_kernel(tmp_path: Path) -> None:
     for a, n in nodes.items():
         assert f"{a} → {n}" in iommufd["summary"]
     assert iommufd["level"] == "PASS" and iommufd["summary"].startswith("/dev/iommu, ")
-    # the nested guest on iommufd: the QEMU the lab host's libvirt started has one iommufd
-    # object whose fd is /dev/iommu, and each function is a vfio-pci device on that object
-    # whose fd is the function's own cdev; the legacy container /dev/vfio/vfio is not open
-    nested = result["nested"]
-    qemu = nested["qemu"]
-    assert list(qemu["iommufd"].values()) == ["/dev/iommu"]
-    assert sorted(qemu["vfio_pci"]) == CARD
-    for a, dev in qemu["vfio_pci"].items():
-        assert dev["fd"] == nodes[a] and dev["iommufd"] in qemu["iommufd"]
-    assert qemu["fds"] == sorted(["/dev/iommu", *nodes.values()])
-    # and the nested guest's own init sees both functions with the host's IDs and class
-    guest = nested["guest"]
-    assert sorted(guest) == CARD and len({g["guest"] for g in guest.values()}) == 2
-    assert guest[CARD[0]]["id"] == "1b36:0100" and guest[CARD[1]]["id"] == "1b36:000d"
-    assert all(g["bars"] for g in guest.values())
+    # the nested guest on iommufd is not in the run (lab/modern.py --nested: not yet seen to
+    # reach its init in time under TCG inside TCG)
+    assert result["nested"] is None
     # the second card (a bochs-display on its own port) was on bochs-drm at boot and went to
     # vfio-pci with its own cdev, named by the PASS as well
     display = bound["display"]
@@ -139,7 +127,6 @@ def test_iommufd_and_vfio_cdev_on_a_current_kernel(tmp_path: Path) -> None:
         "check",
         "bind",
         "ready",
-        "nested",
         "release",
         "rebind",
     }
