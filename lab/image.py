@@ -70,20 +70,24 @@ def _run(argv: list[str], timeout: int = 1800) -> str:
 
 
 def cached_debootstrap(
-    cache: Path, prefix: str, packages: str, recipe: str, prepare: Callable[[Path], None]
+    cache: Path,
+    prefix: str,
+    packages: str,
+    recipe: str,
+    prepare: Callable[[Path], None],
+    suite: str = "bookworm",
 ) -> Path:
-    """A Debian 12 tree debootstrapped once into ``cache`` and kept under a name derived
-    from ``recipe``, so changing the recipe rebuilds it. ``prepare`` finishes the tree
-    before it is marked complete (an interrupted build is started over)."""
+    """A Debian tree (``suite``, Debian 12 by default) debootstrapped once into ``cache``
+    and kept under a name derived from ``recipe``, so changing the recipe rebuilds it.
+    ``prepare`` finishes the tree before it is marked complete (an interrupted build is
+    started over)."""
     path = cache / f"{prefix}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
     if (path / ".complete").exists():
         return path
     tmp = path.with_suffix(".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)
-    _run(
-        ["debootstrap", "--variant=minbase", f"--include={packages}", "bookworm", str(tmp), MIRROR]
-    )
+    _run(["debootstrap", "--variant=minbase", f"--include={packages}", suite, str(tmp), MIRROR])
     prepare(tmp)
     (tmp / ".complete").write_text(recipe + "\n")
     tmp.rename(path)

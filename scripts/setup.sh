@@ -11,9 +11,10 @@
 #                                 stacks (dracut, systemd-boot) for real: the one tier the test
 #                                 mode leaves out (tens of minutes each; docs/testing.md)
 #   bash scripts/setup.sh modernvfio
-#                                 install what the tests need, then boot a current kernel and
-#                                 prove iommufd and the vfio cdev on it (lab/modern.py, about
-#                                 10 minutes under TCG; left out of the test mode: docs/lab.md)
+#                                 install what the tests need, then boot a current kernel on a
+#                                 Debian sid userland and prove iommufd, the vfio cdev, check's
+#                                 PASS and a live release/bind there (lab/modern.py, tens of
+#                                 minutes under TCG; left out of the test mode: docs/lab.md)
 # Safe to re-run: apt and pip skip what is already there.
 set -euo pipefail
 
