@@ -1,24 +1,27 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The fast boot check of a boot stack (lab/stacks.py's dracut and systemd-boot trees): what
-the next boot really gets after `apply --root` and after `undo --root`, without SSH or a
-running system.
+"""The fast boot check of a boot stack (lab/stacks.py's dracut and systemd-boot trees, and the
+lab's own tree with upstream GRUB as lab/grub_upstream.py makes it): what the next boot
+really gets after `apply --root` and after `undo --root`, without SSH or a running system.
 
-    python lab/bootcheck.py STACK [--keep WORKDIR] [--artifacts DIR] [--json]
+    python lab/bootcheck.py dracut|systemd-boot|upstream-grub [--keep WORKDIR]
+                            [--artifacts DIR] [--json]
 
 The stages, each timed:
-  tree     the stack's cached tree (lab/stacks.py's recipe) copied to the work directory; a
+  tree     the stack's cached tree (lab/stacks.py's recipe; the lab's tree with upstream's
+           grub-mkconfig and no update-grub for upstream-grub) copied to the work directory; a
            small checking init as the admin's own kernel argument (``init=``, with the root by
            label) in the stack's baseline command line (GRUB_CMDLINE_LINUX or
            /etc/kernel/cmdline); the lab's emulated card described under the copy's /sys
            (the same IDs, classes and functions QEMU presents, lab/machine.py STAND_INS)
   apply    `passthrough plan --root COPY` and `apply --root COPY --yes` with the card by
-           address, natively, as root: the stack's own tools (dracut and update-grub,
-           update-initramfs and kernel-install) run in the toolkit's sandbox
+           address (upstream-grub: `--iommu-only`, our line in /etc/default/grub), natively,
+           as root: the stack's own tools (dracut and update-grub, update-initramfs and
+           kernel-install, grub-mkconfig) run in the toolkit's sandbox
   boot     one UEFI boot through OVMF and the stack's own bootloader and initramfs with the
            lab's QEMU devices; the checking init prints /proc/cmdline, each function's bound
            driver and whether vfio-pci was loaded (nothing after the initramfs loads a
            module), then powers off. Every argument the plan added is on the command line,
-           both card functions are on vfio-pci
+           both card functions are on vfio-pci (--iommu-only: neither is)
   undo     `undo --root COPY --yes`: /etc byte-identical to before apply
   boot     the same boot: none of our arguments, the card not on vfio-pci
 On failure the console logs and every command's output stay in the artifacts directory.
@@ -36,17 +39,30 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import image
 import machine
-from run import CARD, CARD_FUNCTIONS, REPO, LabFailed, lab_main, parser
-from stacks import STACKS, Stack, _mounted
+from grub_upstream import MARKER, REGENERATE, upstream_tune
+from run import (
+    ADMIN_ARG,
+    ADMIN_GRUB,
+    CARD,
+    CARD_FUNCTIONS,
+    REPO,
+    LabFailed,
+    lab_main,
+    parser,
+    with_admin_edit,
+)
+from stacks import STACKS, _esp_from_boot_efi, _mounted
 
 sys.path.insert(0, str(REPO))
 from passthrough import fakehost
+from passthrough.execute.sandbox import chroot_argv
 
 CHECK_INIT = "/usr/local/sbin/lab-check"
 BEGIN, END = "LAB-CHECK-BEGIN", "LAB-CHECK-END"
@@ -111,6 +127,75 @@ LAB_PCI: list[dict[str, Any]] = [
 ]
 
 
+# dracut's modules a generic image of the lab's machine (a virtio disk with ext4, a serial
+# console) does not need; the largest is drm with every GPU driver of the kernel. An admin's
+# own choice, as any dracut.conf.d file is: our drop-in still adds vfio-pci to the image
+LAB_OMIT = (
+    "plymouth drm i18n bluetooth lvm dm dmraid mdraid crypt multipath btrfs nvdimm nvmf biosdevname"
+)
+
+
+def _dracut_generic(root: Path) -> None:
+    """dracut's own images host-only in a tree would be made for the build machine (the
+    sandbox's /sys is empty): generic, as the tree's first image was made, without the
+    dracut modules the lab's machine does not use (a smaller image: less to build and to
+    load under TCG)."""
+    (root / "etc/dracut.conf.d/90-lab.conf").write_text(
+        f'hostonly="no"\nomit_dracutmodules+=" {LAB_OMIT} "\n'
+    )
+
+
+def _as_is(root: Path) -> None:
+    """Nothing to change: initramfs-tools' default MODULES=most needs no /sys."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one boot check applies to and how."""
+
+    name: str
+    tree: Callable[[], Path]  # the cached tree
+    grub: bool  # the lab's standalone GRUB on the ESP; else systemd-boot from /boot/efi
+    esp_mib: int
+    initramfs: str  # the tree's initramfs tool (the sysfs description names it)
+    tune: Callable[[Path], None]  # the copy, before its baseline
+    plan: tuple[str, ...]  # what plan and apply are asked for
+    binds: bool  # whether the plan binds the card to vfio-pci
+    # the admin's own edit of /etc/default/grub after apply and their grub-mkconfig
+    # (lab/run.py ADMIN_ARG): it boots with ours, undo keeps it
+    admin_edit: bool = False
+
+
+TARGETS = {
+    "dracut": Target(
+        "dracut", STACKS["dracut"].tree, True, 64, "dracut", _dracut_generic, ("--gpu", CARD), True
+    ),
+    "systemd-boot": Target(
+        "systemd-boot",
+        STACKS["systemd-boot"].tree,
+        False,
+        256,
+        "initramfs-tools",
+        _as_is,
+        ("--gpu", CARD),
+        True,
+    ),
+    # the lab's tree with upstream's grub-mkconfig (reads /etc/default/grub only) and no
+    # update-grub, as lab/grub_upstream.py boots it; kernel arguments only
+    "upstream-grub": Target(
+        "upstream-grub",
+        image.tree,
+        True,
+        64,
+        "initramfs-tools",
+        upstream_tune,
+        ("--iommu-only",),
+        False,
+        admin_edit=True,
+    ),
+}
+
+
 def _sha_tree(root: Path, top: str) -> dict[str, str]:
     """Every regular file under ``root/top`` by its hash (links and all)."""
     out: dict[str, str] = {}
@@ -154,7 +239,7 @@ class BootCheck:
     """One stack: its tree applied and undone by the CLI natively, each state booted once."""
 
     def __init__(
-        self, stack: Stack, work: Path, artifacts: Path, say: Callable[[str], None] = print
+        self, stack: Target, work: Path, artifacts: Path, say: Callable[[str], None] = print
     ) -> None:
         self.stack = stack
         self.work = work
@@ -163,9 +248,10 @@ class BootCheck:
         self.timings: dict[str, float] = {}
         self.log: list[str] = []
         self.root = work / "tree"
-        self.grub = stack.esp_tree is image.grub_esp
+        self.grub = stack.grub
         self.ours: list[str] = []
         self.etc: dict[str, str] = {}
+        self.original_grub = ""  # /etc/default/grub as the baseline has it
 
     def stage(self, name: str, fn: Callable[[], Any]) -> Any:
         self.say(f"[lab] {name} ...")
@@ -184,11 +270,10 @@ class BootCheck:
         init = self.root / CHECK_INIT.lstrip("/")
         init.write_text(CHECK_SCRIPT)
         init.chmod(0o755)
+        self.stack.tune(self.root)
         if self.grub:
             # where update-grub writes the menu (grub-install makes it on a real host)
             (self.root / "boot/grub").mkdir(exist_ok=True)
-            # dracut's own images host-only in a tree would be made for the build machine
-            (self.root / "etc/dracut.conf.d/90-lab.conf").write_text('hostonly="no"\n')
             grub = self.root / "etc/default/grub"
             text = grub.read_text()
             old = 'GRUB_CMDLINE_LINUX="console=ttyS0 no_timer_check"'
@@ -203,6 +288,8 @@ class BootCheck:
         release = image.release_of(self.root)
         self.describe(release)
         self.etc = _sha_tree(self.root, "etc")
+        if self.grub:
+            self.original_grub = (self.root / ADMIN_GRUB.lstrip("/")).read_text()
         return {"release": release, "baseline": baseline.strip()}
 
     def describe(self, release: str) -> None:
@@ -221,7 +308,7 @@ class BootCheck:
             "boot": {
                 "uefi": True,
                 "bootloader": "grub" if self.grub else "systemd-boot",
-                "initramfs": "dracut" if self.grub else "initramfs-tools",
+                "initramfs": self.stack.initramfs,
             },
             "kvm": False,
             "pci": LAB_PCI,
@@ -269,24 +356,51 @@ class BootCheck:
 
     def apply(self) -> dict[str, Any]:
         root = str(self.root)
-        r = self.pt("plan", "--root", root, "--gpu", CARD, "--json")
+        r = self.pt("plan", "--root", root, *self.stack.plan, "--json")
         if r.returncode != 0:
             raise LabFailed(f"plan: rc={r.returncode} {r.stderr.strip()[-800:]}")
         plan: dict[str, Any] = json.loads(r.stdout)
         self.ours = list(plan["kernel_args"]["set"])
         commands = [a["argv"] for a in plan["actions"] if "argv" in a]
-        r = self.pt("apply", "--root", root, "--gpu", CARD, "--yes", "--json")
+        r = self.pt("apply", "--root", root, *self.stack.plan, "--yes", "--json")
         if r.returncode != 0:
             raise LabFailed(f"apply: rc={r.returncode} {r.stderr.strip()[-1500:]}")
         if not self.ours:
             raise LabFailed(f"the plan adds no kernel arguments: {plan['kernel_args']}")
+        dropin = self.root / "etc/default/grub.d/99-passthrough.cfg"
+        grub = self.root / "etc/default/grub"
         return {
             "bootloader": plan["bootloader"],
             "initramfs": plan["initramfs"],
             "binding": plan["binding"],
             "args": self.ours,
             "commands": commands,
+            "writes": [a["path"] for a in plan["actions"] if a["kind"] == "write"],
+            "grub_dropin": dropin.exists(),
+            "grub_marker": self.grub and MARKER in grub.read_text(),
         }
+
+    def admin(self) -> dict[str, Any]:
+        """The admin's sed on /etc/default/grub as apply left it (``ADMIN_ARG`` at the end of
+        GRUB_CMDLINE_LINUX_DEFAULT) and their grub-mkconfig, in the sandbox as apply runs it;
+        after undo the file must be the original with that edit."""
+        grub = self.root / ADMIN_GRUB.lstrip("/")
+        grub.write_text(with_admin_edit(grub.read_text()))
+        # what undo must leave: the first file with the admin's edit
+        self.etc[ADMIN_GRUB.lstrip("/")] = hashlib.sha256(
+            with_admin_edit(self.original_grub).encode()
+        ).hexdigest()
+        r = subprocess.run(
+            chroot_argv(str(self.root), tuple(REGENERATE)),
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        self.log.append(f"$ {' '.join(REGENERATE)}\n[rc={r.returncode}]\n{r.stdout}\n{r.stderr}")
+        if r.returncode != 0:
+            raise LabFailed(f"the admin's grub-mkconfig: {r.stderr.strip()[-800:]}")
+        return {"default_grub": grub.read_text()}
 
     def undo(self) -> dict[str, Any]:
         r = self.pt("undo", "--root", str(self.root), "--yes", "--json")
@@ -319,7 +433,7 @@ class BootCheck:
             "",
             src=self.root,
             tune=lambda _staging: None,
-            esp_tree=self._grub_esp if self.grub else s.esp_tree,
+            esp_tree=self._grub_esp if self.grub else _esp_from_boot_efi,
             esp_mib=s.esp_mib,
             users=(),
         )
@@ -345,18 +459,27 @@ class BootCheck:
     def applied(self) -> dict[str, Any]:
         got = self.boot("applied")
         missing = [a for a in self.ours if a not in got["cmdline"]]
+        if self.stack.admin_edit and ADMIN_ARG not in got["cmdline"]:
+            missing.append(ADMIN_ARG)
         if missing or f"init={CHECK_INIT}" not in got["cmdline"]:
             raise LabFailed(f"the applied boot's /proc/cmdline lacks {missing}: {got['cmdline']}")
         on = {a: got["drivers"].get(a, "absent") for a in CARD_FUNCTIONS}
-        if any(d != "vfio-pci" for d in on.values()) or not got["vfio_pci_module"]:
+        bound = all(d == "vfio-pci" for d in on.values()) and got["vfio_pci_module"]
+        if self.stack.binds and not bound:
             raise LabFailed(f"the applied boot has the card on {on}: {got}")
+        if not self.stack.binds and ("vfio-pci" in on.values() or got["vfio_pci_module"]):
+            raise LabFailed(f"kernel arguments only, yet the card is on {on}: {got}")
         return got
 
     def undone(self) -> dict[str, Any]:
         got = self.boot("undone")
         left = [a for a in self.ours if a in got["cmdline"]]
-        if left or f"init={CHECK_INIT}" not in got["cmdline"]:
-            raise LabFailed(f"the undone boot's /proc/cmdline has {left}: {got['cmdline']}")
+        kept = [f"init={CHECK_INIT}"] + ([ADMIN_ARG] if self.stack.admin_edit else [])
+        lost = [a for a in kept if a not in got["cmdline"]]
+        if left or lost:
+            raise LabFailed(
+                f"the undone boot's /proc/cmdline has {left}, lacks {lost}: {got['cmdline']}"
+            )
         on = {a: got["drivers"].get(a, "absent") for a in CARD_FUNCTIONS}
         if "absent" in on.values() or "vfio-pci" in on.values() or got["vfio_pci_module"]:
             raise LabFailed(f"the undone boot has the card on {on}, vfio_pci loaded: {got}")
@@ -373,6 +496,10 @@ class BootCheck:
         try:
             tree = self.stage("tree: copy, checking init, the card's sysfs", self.tree)
             applied = self.stage("plan, apply --root", self.apply)
+            if self.stack.admin_edit:
+                applied["admin"] = self.stage(
+                    "admin edits /etc/default/grub, grub-mkconfig", self.admin
+                )
             on = self.stage("boot after apply", self.applied)
             undone = self.stage("undo --root", self.undo)
             off = self.stage("boot after undo", self.undone)
@@ -395,9 +522,9 @@ class BootCheck:
 
 def main() -> int:
     ap = parser(__doc__)
-    ap.add_argument("stack", choices=sorted(STACKS))
+    ap.add_argument("stack", choices=sorted(TARGETS))
     args = ap.parse_args()
-    stack = STACKS[args.stack]
+    stack = TARGETS[args.stack]
     return lab_main(
         args,
         f"lab: boot check {stack.name}",

@@ -23,13 +23,20 @@ BEGIN, END = "@@capture-begin", "@@capture-end"
 
 def dump(devices: str) -> str:
     """Shell printing each PCI function's IDs and sysfs ``resource`` lines as ``@@`` lines:
-    the guest's view in its init, and the lab host's view of the same functions."""
+    the guest's view in its init, and the lab host's view of the same functions. Shell
+    builtins only (no process per file) and no line for an empty resource: in the nested
+    guest (TCG inside TCG) every fork and every byte on the serial port costs."""
+    z = "0x0000000000000000"
     return (
         f"for d in {devices}; do\n"
         "  a=${d##*/}\n"
-        '  echo "@@dev $a $(cat $d/vendor) $(cat $d/device) $(cat $d/class)"\n'
+        "  read v < $d/vendor; read p < $d/device; read c < $d/class\n"
+        '  echo "@@dev $a $v $p $c"\n'
         "  i=0\n"
-        '  while read s e f; do echo "@@res $a $i $s $e $f"; i=$((i+1)); done < $d/resource\n'
+        "  while read s e f; do\n"
+        f'    [ "$s $e $f" = "{z} {z} {z}" ] || echo "@@res $a $i $s $e $f"\n'
+        "    i=$((i+1))\n"
+        "  done < $d/resource\n"
         "done\n"
     )
 
@@ -41,7 +48,9 @@ INIT = f"""#!/bin/busybox sh
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 echo {BEGIN}
+read up _ < /proc/uptime; echo "@@uptime init $up"
 {dump("/sys/bus/pci/devices/*")}dmesg | grep -iE 'BAR |root bus resource|no space|failed to assign' | sed 's/^/@@dmesg /'
+read up _ < /proc/uptime; echo "@@uptime end $up"
 echo {END}
 poweroff -f
 """
@@ -134,13 +143,14 @@ class GuestFunction:
     vendor: int
     device: int
     class_code: int
-    # (start, end, flags) per resource line, as the kernel prints them
-    resources: list[tuple[int, int, int]] = field(default_factory=list)
+    # (start, end, flags) by the resource line's index, as the kernel prints them; an empty
+    # line (all zero) is not printed, so not here
+    resources: dict[int, tuple[int, int, int]] = field(default_factory=dict)
 
     def bar(self, index: int) -> tuple[int, int] | None:
         """(start, size) of BAR ``index``, or None: no BAR there, or one the kernel could not
         place (it zeroes the whole resource then; its log says which)."""
-        if index >= len(self.resources):
+        if index not in self.resources:
             return None
         start, end, flags = self.resources[index]
         if not flags and not start and not end:
@@ -167,8 +177,8 @@ def parse_capture(text: str) -> Capture:
             _, addr, vendor, device, cls = line.split()
             functions[addr] = GuestFunction(addr, int(vendor, 16), int(device, 16), int(cls, 16))
         elif line.startswith("@@res "):
-            _, addr, _index, start, end, flags = line.split()
-            functions[addr].resources.append((int(start, 16), int(end, 16), int(flags, 16)))
+            _, addr, index, start, end, flags = line.split()
+            functions[addr].resources[int(index)] = (int(start, 16), int(end, 16), int(flags, 16))
         elif line.startswith("@@dmesg "):
             dmesg.append(line[len("@@dmesg ") :])
     return Capture(functions, dmesg)

@@ -53,8 +53,10 @@ MODULE_TIERS: dict[str, tuple[str, ...]] = {
     "test_realworld_boot.py": ("realworld",),
     # libvirt's own test domains, fetched by setup.sh test into the test cache
     "test_libvirt_corpus.py": ("realworld",),
-    # the other boot stacks on a real boot: tens of minutes each, not in CI's run
+    # the other boot stacks on a real boot over SSH (apply inside the booted host): tens of
+    # minutes each, not in CI's run; CI boots each of them in tests/lab/test_boot_check.py
     "test_boot_stacks.py": ("lab", "bootstacks"),
+    "test_upstream_grub.py": ("lab", "bootstacks"),
 }
 NAME_TIERS: dict[str, tuple[str, ...]] = {
     "test_guest_role_": ("fleet",),  # tests/test_guest.py: the guest role's real playbook runs

@@ -14,6 +14,7 @@ from .script import TOOLS, UEFI_TOOLS, run_lab_script
 
 pytestmark = pytest.mark.lab
 CHECK_INIT = "init=/usr/local/sbin/lab-check"
+ADMIN_ARG = "lab.admin_edit=1"
 
 
 @pytest.mark.parametrize(
@@ -61,6 +62,45 @@ def test_boot_check_apply_boot_undo_boot(
     assert list(result["timings"]) == [
         "tree: copy, checking init, the card's sysfs",
         "plan, apply --root",
+        "boot after apply",
+        "undo --root",
+        "boot after undo",
+    ]
+
+
+def test_boot_check_upstream_grub(tmp_path: Path) -> None:
+    """The lab's tree with upstream's grub-mkconfig (no grub.d) and no update-grub: plan
+    --iommu-only writes our marked line into /etc/default/grub, apply's grub-mkconfig puts
+    ours on the entry the boot takes; the admin's later sed and grub-mkconfig boot with ours;
+    undo takes ours back and keeps the admin's edit (the script compares /etc by hash: every
+    file as before apply, /etc/default/grub the original with the admin's edit)."""
+    tools = [*TOOLS, *UEFI_TOOLS, "grub-mkstandalone"]
+    result = run_lab_script(
+        tmp_path, "bootcheck.py", ["upstream-grub"], tools, 1800, "bootcheck-upstream-grub"
+    )
+    applied = result["apply"]
+    assert applied["bootloader"] == "grub"
+    assert applied["writes"] == ["/etc/default/grub"]
+    assert applied["commands"] == [["grub-mkconfig", "-o", "/boot/grub/grub.cfg"]]
+    assert applied["grub_marker"] and not applied["grub_dropin"]
+    assert "iommu=pt" in applied["args"]
+    on = result["applied"]
+    assert set(applied["args"]) <= set(on["cmdline"]) and CHECK_INIT in on["cmdline"]
+    # the admin's arguments before ours, which our line appends to their value
+    words = on["cmdline"]
+    assert ADMIN_ARG in words
+    assert words.index(ADMIN_ARG) < min(words.index(a) for a in applied["args"])
+    assert words.index(CHECK_INIT) < min(words.index(a) for a in applied["args"])
+    # kernel arguments only: nothing binds the card
+    assert not on["vfio_pci_module"]
+    assert all(on["drivers"][a] != "vfio-pci" for a in ("0000:01:00.0", "0000:01:00.1"))
+    off = result["undone"]
+    assert not set(applied["args"]) & set(off["cmdline"])
+    assert CHECK_INIT in off["cmdline"] and ADMIN_ARG in off["cmdline"]
+    assert list(result["timings"]) == [
+        "tree: copy, checking init, the card's sysfs",
+        "plan, apply --root",
+        "admin edits /etc/default/grub, grub-mkconfig",
         "boot after apply",
         "undo --root",
         "boot after undo",
