@@ -268,6 +268,42 @@ def test_a_kernel_install_entry_without_our_arguments_stops_before_reboot(
     assert main(["undo", "--root", str(path)]) == 0
 
 
+# what Debian 12's kernel-install writes when the tree's ESP is a plain folder, not a mount
+# point: its 90-loaderentry.install names the files from `stat -c %m` of the ESP, here the
+# tree's /, so the entry says /boot/efi/... where the loader, reading the ESP, finds nothing
+KERNEL_INSTALL_PLAIN_ESP = """#!/bin/sh
+read -r line < /etc/kernel/cmdline
+: > /boot/efi/debian/$2/linux
+printf 'title Debian\\nlinux /boot/efi/debian/%s/linux\\noptions %s\\n' "$2" "$line" \\
+    > /boot/efi/loader/entries/debian-$2.conf
+"""
+
+
+@pytest.mark.root
+def test_an_entry_whose_kernel_the_loader_cannot_find_stops_before_reboot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kernel-install in a tree whose ESP is not mounted wrote an entry with our arguments
+    but with paths from the tree's /: systemd-boot on the ESP cannot load that kernel. Not
+    "reboot": exit 5 naming the entry and where its kernel is not, and undo takes it back."""
+    path = build(tmp_path, "turing-desktop", {})
+    runnable(path)
+    (path / "usr/bin/kernel-install").write_text(KERNEL_INSTALL_PLAIN_ESP)
+    # (the tree has a shell and env only: the stand-in's folders are made here)
+    (path / "boot/efi/loader/entries").mkdir(parents=True)
+    (path / "boot/efi/debian/6.11.5-arch1-1").mkdir(parents=True)
+    capsys.readouterr()
+    assert main(["apply", "--root", str(path)]) == 5
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    entries = sorted((path / "boot/efi/loader/entries").glob("*.conf"))
+    assert entries, "the stand-in wrote no entry"
+    for entry in entries:
+        assert "iommu=pt" in entry.read_text()  # our arguments are there, the kernel is not
+        assert f"/boot/efi/loader/entries/{entry.name}: its kernel /boot/efi/debian/" in line
+    assert "is not on the partition at /boot/efi" in line and "`passthrough undo`" in line
+    assert main(["undo", "--root", str(path)]) == 0
+
+
 @pytest.mark.root
 def test_hand_written_entries_are_checked_too(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -126,7 +126,17 @@ def check_loader_entries(root: HostRoot, record: PlanRecord, out: NextBoot) -> N
     entries = loaderentries.bootable(root)
     ukis = check_ukis(root, record, out)
     if not entries and not ukis:
-        out.unchecked.append("loader entries (none on /efi, /boot or /boot/efi)")
+        # entries whose kernel is not where the loader looks (relative to the entry's own
+        # partition): kernel-install run in a tree whose ESP is a plain folder, not a mount
+        # point, names its files from the tree's / (``linux /boot/efi/...``) -- nothing boots
+        stranded = [e for e in loaderentries.all_entries(root) if e.kernel is not None]
+        for e in stranded:
+            out.missing.append(
+                f"/{e.path}: its kernel {e.kernel} is not on the partition at /{e.mount}, "
+                "so the loader cannot boot it"
+            )
+        if not stranded:
+            out.unchecked.append("loader entries (none on /efi, /boot or /boot/efi)")
         return
     check_entries(root, entries, record, out)
 
