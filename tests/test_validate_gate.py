@@ -501,3 +501,71 @@ def test_host_root_applies_the_safety_policy(
     found = {f["code"]: f for f in findings}
     assert code in found, sorted(found)
     assert found[code]["severity"] == "error" and found[code]["layer"] == "host"
+
+
+def _batch(tmp_path: Path) -> list[str]:
+    """200 files: the corpus over and over, a GPU domain without its hiding, a missing file."""
+    corpus = _corpus(tmp_path)
+    base = (GOLDEN / "vm" / "consumer-2fn.xml").read_text()
+    bad = tmp_path / "unhidden.xml"
+    bad.write_text(base.replace("    <kvm>\n      <hidden state='on'/>\n    </kvm>\n", ""))
+    files = []
+    for i in range(197):
+        copy = tmp_path / f"copy-{i:03}-{corpus[i % len(corpus)].name}"
+        copy.write_bytes(corpus[i % len(corpus)].read_bytes())
+        files.append(str(copy))
+    return [*files[:100], str(bad), str(tmp_path / "gone.xml"), *files[100:], str(bad)]
+
+
+def _pids_of(monkeypatch: pytest.MonkeyPatch, log: Path, fail_in_workers: bool = False) -> None:
+    """Each file's validation logs the PID that ran it; with ``fail_in_workers`` every
+    process but this one dies in its first file."""
+    import passthrough.vm.validate as validate
+
+    real, parent = validate.validate_file, os.getpid()
+
+    def logged(path: str, opts: validate.Options) -> list[validate.DomainFinding]:
+        with open(log, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        if fail_in_workers and os.getpid() != parent:
+            raise RuntimeError("a worker dies")
+        return real(path, opts)
+
+    monkeypatch.setattr(validate, "validate_file", logged)
+
+
+def test_a_batch_shared_among_workers_reports_what_one_process_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same report, file for file and in the same order, from one process and from
+    three forked workers (which really ran: three PIDs validated files); and where every
+    worker dies, this process validates their files itself and still reports the same."""
+    import passthrough.vm.validate as validate
+
+    files = _batch(tmp_path)
+    monkeypatch.setattr(validate, "_workers", lambda n, opts: 1)
+    rc_one, one = _validate_json(capsys, *files)
+    log = tmp_path / "pids"
+    _pids_of(monkeypatch, log)
+    monkeypatch.setattr(validate, "_workers", lambda n, opts: 3)
+    rc_three, three = _validate_json(capsys, *files)
+    assert rc_one == rc_three == 1
+    assert three == one
+    assert [e["file"] for e in one["files"]] == list(dict.fromkeys(files))
+    assert len(set(log.read_text().split())) == 3
+    log.unlink()
+    _pids_of(monkeypatch, log, fail_in_workers=True)
+    rc_lost, lost = _validate_json(capsys, *files)
+    assert rc_lost == 1 and lost == one
+    assert len(set(log.read_text().split())) == 3  # each worker began, then died
+
+
+def test_workers_only_for_a_large_batch_and_never_with_a_connection() -> None:
+    import passthrough.vm.validate as validate
+
+    plain = validate.Options(None, None, False, None)
+    connected = validate.Options(None, None, False, "test:///default")
+    assert validate._workers(validate.PER_WORKER - 1, plain) == 1
+    assert validate._workers(10_000, connected) == 1
+    cpus = len(os.sched_getaffinity(0))
+    assert validate._workers(10_000, plain) == min(cpus, validate.MAX_WORKERS)

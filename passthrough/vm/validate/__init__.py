@@ -19,6 +19,7 @@ from .schema import DomainSchema, faults, load
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from passthrough.model import Host
@@ -30,6 +31,7 @@ __all__ = [
     "Selection",
     "load",
     "validate_file",
+    "validate_files",
     "validate_text",
 ]
 
@@ -145,3 +147,75 @@ def validate_file(path: str, opts: Options) -> list[DomainFinding]:
         reason = exc.strerror or str(exc)
         return [make("file-unreadable", f"cannot read it: {reason}", path, "/", 0)]
     return check(data, path, opts)
+
+
+# a batch shares its files among forked workers from this many files per worker on (below
+# it a fork costs more than it saves), at most this many workers
+PER_WORKER = 64
+MAX_WORKERS = 8
+
+
+def _workers(files: int, opts: Options) -> int:
+    """How many processes validate a batch: one per CPU this process may run on, each with
+    at least PER_WORKER files; one where a libvirt connection is asked for (a connection
+    does not survive a fork) or the platform has no fork."""
+    import os
+
+    if opts.libvirt_uri or not hasattr(os, "fork"):
+        return 1
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_WORKERS, files // PER_WORKER))
+
+
+def validate_files(
+    files: list[str], opts: Options, keep: Callable[[list[DomainFinding]], list[DomainFinding]]
+) -> dict[str, list[DomainFinding]]:
+    """Each file's findings (``keep`` applied), in the files' order. A large batch on a
+    machine with more than one CPU is shared among forked workers, which inherit the compiled
+    schema; this process takes the first share and reads each worker's findings back
+    through a pipe. A worker that fails is not trusted: its files are validated here."""
+    workers = _workers(len(files), opts)
+    if workers < 2:
+        return {name: keep(validate_file(name, opts)) for name in files}
+    import os
+    import pickle
+    import sys
+
+    if not opts.schema_only:
+        from . import domain  # noqa: F401  (imported once here, not once per worker)
+    size = -(-len(files) // workers)
+    shares = [files[i : i + size] for i in range(0, len(files), size)]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    children: list[tuple[int, int, list[str]]] = []
+    for share in shares[1:]:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the worker: its share, pickled into the pipe, and out without cleanup
+            code = 1
+            try:
+                os.close(read)
+                data = pickle.dumps([(n, keep(validate_file(n, opts))) for n in share])
+                with os.fdopen(write, "wb") as fh:
+                    fh.write(data)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        children.append((pid, read, share))
+    found = {name: keep(validate_file(name, opts)) for name in shares[0]}
+    for pid, read, share in children:
+        with os.fdopen(read, "rb") as fh:
+            data = fh.read()
+        _, status = os.waitpid(pid, 0)
+        try:
+            got = pickle.loads(data) if status == 0 else None
+        except Exception:  # a torn pipe: the worker's result is not trusted
+            got = None
+        if got is None:
+            got = [(n, keep(validate_file(n, opts))) for n in share]
+        found.update(got)
+    return {name: found[name] for name in files}

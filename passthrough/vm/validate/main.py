@@ -87,7 +87,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: Args, open_root: Callable[[str], str]) -> int:
-    from . import Options, Selection, config, load, reports, validate_file
+    from . import Options, Selection, config, load, reports, validate_files
 
     if args.list_rules:
         sys.stdout.write(reports.catalogue(args.json))
@@ -120,7 +120,7 @@ def run(args: Args, open_root: Callable[[str], str]) -> int:
         schema_only=cfg.schema_only if args.schema_only is None else args.schema_only,
         libvirt_uri=args.libvirt,
     )
-    results = {name: selection.keep(validate_file(name, opts)) for name in args.files}
+    results = validate_files(list(args.files), opts, selection.keep)
     if args.junit:
         with open(args.junit, "wb") as fh:
             fh.write(reports.junit(results, selection, schema.label))
