@@ -166,20 +166,17 @@ class Target:
     admin_edit: bool = False
 
 
+def _stack(name: str, initramfs: str, tune: Callable[[Path], None]) -> Target:
+    """A boot stack of lab/stacks.py, its tree, bootloader and ESP as the full run has them,
+    the card bound by address."""
+    s = STACKS[name]
+    grub = s.esp_tree is image.grub_esp
+    return Target(name, s.tree, grub, s.esp_mib, initramfs, tune, ("--gpu", CARD), True)
+
+
 TARGETS = {
-    "dracut": Target(
-        "dracut", STACKS["dracut"].tree, True, 64, "dracut", _dracut_generic, ("--gpu", CARD), True
-    ),
-    "systemd-boot": Target(
-        "systemd-boot",
-        STACKS["systemd-boot"].tree,
-        False,
-        256,
-        "initramfs-tools",
-        _as_is,
-        ("--gpu", CARD),
-        True,
-    ),
+    "dracut": _stack("dracut", "dracut", _dracut_generic),
+    "systemd-boot": _stack("systemd-boot", "initramfs-tools", _as_is),
     # the lab's tree with upstream's grub-mkconfig (reads /etc/default/grub only) and no
     # update-grub, as lab/grub_upstream.py boots it; kernel arguments only
     "upstream-grub": Target(
