@@ -342,6 +342,29 @@ def test_unknown_bootloader_refuses_and_prints_the_arguments(
     assert tree_hash(path) == before
 
 
+def test_a_machine_booted_without_a_bootloader_is_told_where_arguments_go(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cloud GPU VM started by Firecracker (the lent device machine: /boot empty, no boot
+    tools, rdinit= on the command line): not "your bootloader's tool" but what starts it."""
+    path = build(tmp_path, "consumer-intel", {"boot": {"bootloader": "direct"}})
+    before = tree_hash(path)
+    assert main(["plan", "--root", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no bootloader and no kernel image in /boot" in err, err
+    assert "hypervisor's kernel command line" in err, err
+    assert err.endswith("add them there: vfio-pci.ids=10de:2684,10de:22ba"), err
+    assert len(err.splitlines()) == 1 and tree_hash(path) == before
+    assert main(["check", "--root", str(path), "--json"]) == 0  # a WARN, not a failure
+    boot = {c["id"]: c for c in json.loads(capsys.readouterr().out)["checks"]}["bootloader"]
+    assert boot["level"] == "WARN" and "no kernel image in /boot" in boot["summary"], boot
+    assert "hypervisor's kernel command line" in boot["fix"], boot
+    # a kernel image in /boot: some bootloader put it there, we only cannot tell which
+    (path / "boot/vmlinuz-6.1.0-27-amd64").write_bytes(b"")
+    assert main(["plan", "--root", str(path)]) == 2
+    assert "cannot tell which bootloader" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("content", "needle"),
     [

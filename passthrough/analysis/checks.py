@@ -192,6 +192,14 @@ def _boot(host: Host) -> CheckResult:
             Level.PASS,
             f"{b.bootloader.value} ({'; '.join(b.bootloader_evidence)}), initramfs: {b.initramfs.value}",
         )
+    if b.bootloader_evidence:  # read_boot's DIRECT_BOOT: no bootloader, no kernel on disk
+        return CheckResult(
+            "bootloader",
+            Level.WARN,
+            b.bootloader_evidence[0],
+            "kernel arguments go on what starts this machine (its hypervisor's kernel "
+            "command line); plan and apply change nothing here",
+        )
     return CheckResult(
         "bootloader",
         Level.WARN,

@@ -128,6 +128,9 @@ def boot_files(desc: Description, w: Writer) -> None:
     elif bl == "rpm-ostree":
         w.file("usr/bin/rpm-ostree", "#!/bin/sh\n", exe)
         w.file("run/ostree-booted", "")
+    elif bl == "none":
+        # a kernel on the disk, put there by tooling discovery cannot find ("direct": none)
+        w.file(f"boot/vmlinuz-{desc.release}", "")
     if init == "initramfs-tools":
         w.file("usr/sbin/update-initramfs", "#!/bin/sh\n", exe)
         w.file(

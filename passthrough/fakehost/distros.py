@@ -15,9 +15,11 @@ from passthrough.model import BootloaderKind, InitramfsKind
 TABLE = Path(__file__).with_name("distros.yaml")
 
 # "none": a host whose boot tooling discovery cannot find (what the checks must report);
+# "direct": no bootloader and no kernel in /boot, the kernel started by what starts the
+# machine (QEMU's -kernel, Firecracker: the lent GPU guests are such machines);
 # "systemd-boot-entries": systemd-boot with hand-written loader entries and no
 # /etc/kernel/cmdline (Arch's usual setup), discovered as systemd-boot
-BOOTLOADERS = (*(k.value for k in BootloaderKind), "none", "systemd-boot-entries")
+BOOTLOADERS = (*(k.value for k in BootloaderKind), "none", "direct", "systemd-boot-entries")
 INITRAMFS = (*(k.value for k in InitramfsKind), "none")
 GRUB_MKCONFIG = ("debian", "upstream", "grub2")
 

@@ -167,6 +167,8 @@ def read_boot(root: HostRoot, kernel: Kernel) -> Boot:
     elif uefi and root.exists("etc/kernel/cmdline") and _tool(root, "bootctl"):
         kind = BootloaderKind.SYSTEMD_BOOT
         evidence.append("/etc/kernel/cmdline with bootctl")
+    elif _direct_boot(root, kernel):
+        evidence.append(DIRECT_BOOT)
 
     init_evidence: list[str] = []
     init = InitramfsKind.NONE_FOUND
@@ -187,6 +189,30 @@ def read_boot(root: HostRoot, kernel: Kernel) -> Boot:
         initramfs_evidence=tuple(init_evidence),
         grub=grub,
     )
+
+
+# a kernel image's file name in /boot (Debian's vmlinuz-*, Arch's vmlinuz-linux, Gentoo's
+# kernel-*, openSUSE's Image-* on arm64, a hand-built bzImage)
+_KERNEL_IMAGE = re.compile(r"(vmlinu[xz]|bzImage|kernel|Image)([-.].*)?")
+
+
+DIRECT_BOOT = (
+    "no bootloader and no kernel image in /boot: whatever starts this machine loads its "
+    "kernel directly (a hypervisor's -kernel, Firecracker, a cloud VM's boot source) and "
+    "gives it its command line"
+)
+
+
+def _direct_boot(root: HostRoot, kernel: Kernel) -> bool:
+    """No bootloader and no kernel on the disk: what starts the machine loads the kernel
+    itself (QEMU's -kernel, Firecracker, a cloud VM's boot source) and sets its command
+    line. Said only of a /boot that is there and holds no kernel image."""
+    if not root.isdir("boot") or any(_KERNEL_IMAGE.fullmatch(n) for n in root.listdir("boot")):
+        return False
+    if root.listdir("boot/efi") or root.listdir("efi"):
+        return False
+    # Fedora and Arch keep a copy beside the modules; kernel-install takes it from there
+    return not (kernel.release and root.exists(f"lib/modules/{kernel.release}/vmlinuz"))
 
 
 def _nixos(root: HostRoot) -> str | None:

@@ -22,7 +22,14 @@ ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+~@:-]{0,250}\.conf")
 
 
 class UnknownBootloader(PassthroughError):
-    def __init__(self, args: Sequence[str]) -> None:
+    def __init__(self, args: Sequence[str], direct: bool = False) -> None:
+        if direct:  # read_boot found no bootloader and no kernel on the disk
+            super().__init__(
+                "this host has no bootloader and no kernel image in /boot: what starts it "
+                "(its hypervisor's kernel command line) sets the arguments, so nothing here is "
+                f"changed; add them there: {' '.join(args)}"
+            )
+            return
         super().__init__(
             "cannot tell which bootloader this host uses, so kernel arguments are not changed; "
             f"add them with your bootloader's tool: {' '.join(args)}"
