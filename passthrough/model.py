@@ -37,6 +37,8 @@ NVIDIA = 0x10DE
 
 @dataclass(frozen=True, slots=True)
 class PciFunction:
+    """One PCI function as sysfs shows it: IDs, class, driver, IOMMU group, BARs, parents."""
+
     address: PciAddress
     vendor_id: int
     device_id: int
@@ -104,12 +106,16 @@ class PciFunction:
 
 @dataclass(frozen=True, slots=True)
 class IommuGroup:
+    """An IOMMU group and the functions in it."""
+
     number: int
     members: tuple[PciAddress, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Cpu:
+    """The CPU's vendor, model and hardware virtualization flag."""
+
     vendor: str | None  # GenuineIntel, AuthenticAMD, ...
     model: str | None
     virt_flag: str | None  # vmx, svm or None
@@ -130,6 +136,8 @@ class VfioCdev:
 
 @dataclass(frozen=True, slots=True)
 class Iommu:
+    """What the firmware describes and the kernel made of the IOMMU."""
+
     units: tuple[str, ...]  # sys/class/iommu entries: dmar0, ivhd0, ...
     acpi_tables: tuple[str, ...]  # DMAR / IVRS present in firmware
     groups: int  # populated groups in sys/kernel/iommu_groups
@@ -147,6 +155,8 @@ class Iommu:
 
 @dataclass(frozen=True, slots=True)
 class Kernel:
+    """The running (or root's) kernel: release, command line, the config options we read."""
+
     release: str | None
     cmdline: tuple[str, ...]
     config: dict[str, str] = field(hash=False, compare=True)  # CONFIG_* of interest
@@ -165,6 +175,8 @@ class Kernel:
 
 @dataclass(frozen=True, slots=True)
 class Distro:
+    """The distribution, from os-release."""
+
     id: str | None
     id_like: tuple[str, ...]
     version_id: str | None
@@ -202,6 +214,8 @@ class GrubReading:
 
 @dataclass(frozen=True, slots=True)
 class Boot:
+    """How this root boots: UEFI or not, its bootloader and initramfs tool, and why we think so."""
+
     uefi: bool
     bootloader: BootloaderKind
     bootloader_evidence: tuple[str, ...]
@@ -222,6 +236,8 @@ class Critical:
 
 @dataclass(frozen=True, slots=True)
 class Dmi:
+    """The DMI fields that tell a laptop, a server or a virtual machine apart."""
+
     chassis_type: int | None
     sys_vendor: str | None
     product_name: str | None
@@ -250,6 +266,8 @@ class LibvirtDaemon:
 
 @dataclass(frozen=True, slots=True)
 class Host:
+    """Everything discovery read from one root: the input of every check, plan and render."""
+
     root: str
     cpu: Cpu
     kvm: bool
@@ -342,6 +360,8 @@ class Level(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class CheckResult:
+    """One readiness check's level, summary and fix."""
+
     id: str
     level: Level
     summary: str

@@ -13,6 +13,8 @@ from passthrough.model import CheckResult, GpuVerdict, Host, Level, PciAddress
 
 @dataclass(frozen=True)
 class Scan:
+    """A host with a verdict for each GPU and the readiness checks."""
+
     host: Host
     verdicts: list[GpuVerdict]
     checks: list[CheckResult]

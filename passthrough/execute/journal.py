@@ -82,6 +82,8 @@ def sha256(data: bytes | None) -> str | None:
 
 @dataclass
 class Step:
+    """One journaled step of a transaction and its state."""
+
     n: int
     kind: StepKind
     state: StepState
@@ -160,6 +162,8 @@ class Step:
 
 @dataclass
 class Transaction:
+    """One apply or undo as the journal keeps it, step by step."""
+
     id: str
     kind: TxKind
     state: TxState
@@ -285,6 +289,8 @@ def parse(root: HostRoot, raw: bytes) -> list[Transaction]:
 
 @dataclass
 class Journal:
+    """A root's journal: every apply and undo made there, in order."""
+
     root: HostRoot
     transactions: list[Transaction]
 

@@ -22,6 +22,8 @@ _MINOR = re.compile(r"^Device Minor:\s*(\d+)\s*$", re.MULTILINE)
 
 @dataclass(frozen=True, slots=True)
 class Holder:
+    """A process that holds a device node open."""
+
     pid: int
     comm: str
     unit: str | None  # the host's own system service it runs in, when its cgroup names one

@@ -23,6 +23,8 @@ _PREFIX = "vfio_pci:"
 
 @dataclass(frozen=True, slots=True)
 class VfioAlias:
+    """A modules.alias line that hands matching devices to a vfio driver."""
+
     pattern: str  # the glob after ``vfio_pci:``
     module: str
 

@@ -20,6 +20,8 @@ from passthrough.plan.kargs import ArgChange, describe
 
 @dataclass(frozen=True)
 class WriteFile:
+    """A file the plan writes (atomically, with a backup of what was there)."""
+
     path: str  # relative to the root
     content: bytes
     why: str
@@ -30,12 +32,16 @@ class WriteFile:
 
 @dataclass(frozen=True)
 class RemoveFile:
+    """A file the plan removes (backed up first)."""
+
     path: str
     why: str
 
 
 @dataclass(frozen=True)
 class Run:
+    """A command the plan runs after its files are written (update-grub, update-initramfs)."""
+
     argv: tuple[str, ...]
     why: str
     # Files the command may change (globs, relative to the root). Never backed up: they are
@@ -60,6 +66,8 @@ class Binding(StrEnum):
 
 @dataclass(frozen=True)
 class PlannedCard:
+    """A card the plan binds to vfio-pci, with its functions."""
+
     address: str
     name: str
     functions: tuple[str, ...]
@@ -121,6 +129,8 @@ class PlanRecord:
 
 @dataclass
 class Plan:
+    """Every change one apply makes to a root, and whether a reboot is due."""
+
     root: str
     actions: list[Action]
     reboot: bool

@@ -24,6 +24,8 @@ from passthrough.plan.select import Selection, select
 
 @dataclass(frozen=True)
 class PlanOptions:
+    """What the user asked plan for: which cards, and how to bind them."""
+
     gpus: tuple[str, ...] = ()
     include_group: bool = False
     allow_boot_gpu: bool = False

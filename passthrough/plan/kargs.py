@@ -151,6 +151,8 @@ HUGEPAGE_KEYS = ("default_hugepagesz", "hugepagesz", "hugepages")
 
 @dataclass(frozen=True)
 class KargOptions:
+    """What the kernel arguments should hold: iommu=pt, vfio-pci.ids, hugepages."""
+
     iommu_pt: bool = True
     vfio_ids: tuple[str, ...] = ()  # empty: bind per device instead
     # IDs bound per device to a vfio variant driver: never kept from the configuration's

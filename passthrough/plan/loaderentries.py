@@ -27,6 +27,8 @@ LOADER_GUID = "4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
 
 @dataclass(frozen=True)
 class Entry:
+    """A boot loader entry file and the partition it lives on."""
+
     path: str  # relative to the root: boot/loader/entries/arch.conf
     mount: str  # the partition's mount point, relative to the root: boot
     text: str

@@ -31,6 +31,8 @@ def count(text: str) -> int:
 
 @dataclass(frozen=True)
 class PlanOption:
+    """One plan option as the CLI, the Ansible module and the spec file spell it."""
+
     name: str  # the field the value lands in (PlanOptions, or the selection's own)
     kind: Kind
     flag: str

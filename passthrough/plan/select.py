@@ -22,6 +22,8 @@ class SelectionRefused(policy.Refused):
 
 @dataclass(frozen=True)
 class Selection:
+    """The cards chosen for vfio-pci, every function that goes with them, and their IDs."""
+
     cards: list[GpuVerdict]
     functions: list[PciFunction]  # every function that goes to vfio-pci (cards + group extras)
     vfio_ids: list[str]

@@ -40,6 +40,8 @@ EMULATED_HOST_BRIDGES = {(0x8086, 0x1237), (0x8086, 0x29C0), (0x8086, 0x0D57)}
 
 @dataclass(frozen=True, slots=True)
 class VirtualMachine:
+    """Whether this machine is itself a guest, which hypervisor, and what says so."""
+
     guest: bool
     hypervisor: str | None  # a name when DMI or the devices say which
     evidence: tuple[str, ...]
