@@ -82,8 +82,6 @@ def sha256(data: bytes | None) -> str | None:
 
 @dataclass
 class Step:
-    """One journaled step of a transaction and its state."""
-
     n: int
     kind: StepKind
     state: StepState
@@ -162,8 +160,6 @@ class Step:
 
 @dataclass
 class Transaction:
-    """One apply or undo as the journal keeps it, step by step."""
-
     id: str
     kind: TxKind
     state: TxState
@@ -289,8 +285,6 @@ def parse(root: HostRoot, raw: bytes) -> list[Transaction]:
 
 @dataclass
 class Journal:
-    """A root's journal: every apply and undo made there, in order."""
-
     root: HostRoot
     transactions: list[Transaction]
 
