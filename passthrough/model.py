@@ -106,16 +106,12 @@ class PciFunction:
 
 @dataclass(frozen=True, slots=True)
 class IommuGroup:
-    """An IOMMU group and the functions in it."""
-
     number: int
     members: tuple[PciAddress, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Cpu:
-    """The CPU's vendor, model and hardware virtualization flag."""
-
     vendor: str | None  # GenuineIntel, AuthenticAMD, ...
     model: str | None
     virt_flag: str | None  # vmx, svm or None
@@ -175,8 +171,6 @@ class Kernel:
 
 @dataclass(frozen=True, slots=True)
 class Distro:
-    """The distribution, from os-release."""
-
     id: str | None
     id_like: tuple[str, ...]
     version_id: str | None
@@ -222,6 +216,19 @@ class Boot:
     initramfs: InitramfsKind
     initramfs_evidence: tuple[str, ...]
     grub: GrubReading | None = None  # GRUB hosts only
+
+    @property
+    def direct(self) -> bool:
+        """No bootloader and no kernel on the disk: what starts the machine boots it."""
+        return self.bootloader is BootloaderKind.UNKNOWN and DIRECT_BOOT in self.bootloader_evidence
+
+
+# read_boot's evidence for a machine whose kernel its hypervisor loads (Boot.direct)
+DIRECT_BOOT = (
+    "no bootloader and no kernel image in /boot: whatever starts this machine loads its "
+    "kernel directly (a hypervisor's -kernel, Firecracker, a cloud VM's boot source) and "
+    "gives it its command line"
+)
 
 
 @dataclass(frozen=True, slots=True)

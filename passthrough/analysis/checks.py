@@ -6,7 +6,7 @@ from __future__ import annotations
 from passthrough.analysis.codes import ACS_OVERRIDE
 from passthrough.analysis.levels import finding_level, gpus_check
 from passthrough.kernel import kernel_version
-from passthrough.model import CheckResult, GpuVerdict, Host, Level
+from passthrough.model import DIRECT_BOOT, CheckResult, GpuVerdict, Host, Level
 
 INTEL = "GenuineIntel"
 AMD = "AuthenticAMD"
@@ -192,11 +192,11 @@ def _boot(host: Host) -> CheckResult:
             Level.PASS,
             f"{b.bootloader.value} ({'; '.join(b.bootloader_evidence)}), initramfs: {b.initramfs.value}",
         )
-    if b.bootloader_evidence:  # read_boot's DIRECT_BOOT: no bootloader, no kernel on disk
+    if b.direct:
         return CheckResult(
             "bootloader",
             Level.WARN,
-            b.bootloader_evidence[0],
+            DIRECT_BOOT,
             "kernel arguments go on what starts this machine (its hypervisor's kernel "
             "command line); plan and apply change nothing here",
         )

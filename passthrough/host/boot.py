@@ -11,7 +11,7 @@ from dataclasses import replace
 from passthrough.errors import MalformedHostData
 from passthrough.host.facts import read_distro
 from passthrough.host.root import HostRoot
-from passthrough.model import Boot, BootloaderKind, GrubReading, InitramfsKind, Kernel
+from passthrough.model import DIRECT_BOOT, Boot, BootloaderKind, GrubReading, InitramfsKind, Kernel
 
 # systemd-boot announces itself to the OS through this EFI variable (Boot Loader Interface).
 LOADER_INFO_VAR = "LoaderInfo-4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
@@ -196,17 +196,9 @@ def read_boot(root: HostRoot, kernel: Kernel) -> Boot:
 _KERNEL_IMAGE = re.compile(r"(vmlinu[xz]|bzImage|kernel|Image)([-.].*)?")
 
 
-DIRECT_BOOT = (
-    "no bootloader and no kernel image in /boot: whatever starts this machine loads its "
-    "kernel directly (a hypervisor's -kernel, Firecracker, a cloud VM's boot source) and "
-    "gives it its command line"
-)
-
-
 def _direct_boot(root: HostRoot, kernel: Kernel) -> bool:
-    """No bootloader and no kernel on the disk: what starts the machine loads the kernel
-    itself (QEMU's -kernel, Firecracker, a cloud VM's boot source) and sets its command
-    line. Said only of a /boot that is there and holds no kernel image."""
+    """DIRECT_BOOT's test, made only where no boot tool was found: a /boot that is there
+    and holds no kernel image, nothing on an ESP, no kernel beside the modules."""
     if not root.isdir("boot") or any(_KERNEL_IMAGE.fullmatch(n) for n in root.listdir("boot")):
         return False
     if root.listdir("boot/efi") or root.listdir("efi"):

@@ -9,7 +9,6 @@ from dataclasses import dataclass, replace
 from passthrough.analysis.preflight import preflight_notes
 from passthrough.analysis.scan import analyse
 from passthrough.errors import PassthroughError
-from passthrough.host.boot import DIRECT_BOOT
 from passthrough.host.modalias import PLAIN, vfio_drivers
 from passthrough.host.root import HostRoot
 from passthrough.model import BootloaderKind, Finding, Host, Severity
@@ -214,7 +213,7 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
         if not missing.is_empty():
             raise UnknownBootloader(
                 list(missing.set.values()) + [f"(remove {k})" for k in sorted(missing.drop)],
-                direct=DIRECT_BOOT in host.boot.bootloader_evidence,
+                direct=host.boot.direct,
             )
     else:
         change, loader_actions, loader_notes = loader.change_for(
