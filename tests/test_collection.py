@@ -227,9 +227,18 @@ def test_a_bare_host_gets_the_controllers_library_once(tmp_path: Path) -> None:
     first = run(str(inv), "host.yml", env=env)
     assert first.ok and first.hosts["bare"].changed == 1 and first.hosts["bare"].reboot
     assert (root / "etc/default/grub.d/99-passthrough.cfg").exists()
-    again = run(str(inv), "host.yml", env=env)
+    log = tmp_path / "again.log"  # -vvv: every command the connection runs is named
+    again = run(
+        str(inv), "host.yml", env=env, log_path=str(log), verbosity=3, progress=lambda _l: None
+    )
     assert again.ok and again.hosts["bare"].changed == 0, summary_table(again)
     assert again.seconds < check.seconds
+    # the no-op is one module call under the venv's interpreter, which reads the identity
+    # itself: no probe command (a `cat` of the identity file) before it
+    execs = [line for line in log.read_text().splitlines() if "EXEC " in line]
+    ran = [line for line in execs if "AnsiballZ_passthrough_host.py" in line and "python" in line]
+    assert len(ran) == 1 and str(venv / "bin/python") in ran[0], execs
+    assert not [line for line in execs if "passthrough-runtime" in line], execs
     (venv / "passthrough-runtime").write_text("0.0.1+older\n")
     newer = run(str(inv), "host.yml", env=env)
     assert newer.ok and newer.hosts["bare"].changed == 1, summary_table(newer)

@@ -50,6 +50,28 @@ def _module(name: str) -> ModuleType:
     return mod
 
 
+def _documented(module: ModuleType) -> dict[str, Any]:
+    """The module's options as ansible-doc shows them: its own and its fragments' (the
+    collection's; doc_fragments/runtime.py gives the action's ``runtime``)."""
+    doc = yaml.safe_load(module.DOCUMENTATION)
+    options = dict(doc["options"])
+    fragments = doc.get("extends_documentation_fragment") or []
+    for fragment in [fragments] if isinstance(fragments, str) else fragments:
+        name = fragment.removeprefix("passthrough.gpu.")
+        path = LIBRARY.parent / "doc_fragments" / f"{name}.py"
+        frag = importlib.util.spec_from_file_location(f"fragment_{name}", path)
+        assert frag and frag.loader, fragment
+        loaded = importlib.util.module_from_spec(frag)
+        frag.loader.exec_module(loaded)
+        options.update(yaml.safe_load(loaded.ModuleDocFragment.DOCUMENTATION)["options"])
+    return options
+
+
+def _runtime_option() -> set[str]:
+    """The option every module under the runtime takes from its action, not from a role."""
+    return set(_module("passthrough_host").RUNTIME_OPTION)
+
+
 def _compared(entry: dict[str, Any]) -> dict[str, Any]:
     """What Ansible enforces of an option (descriptions are prose)."""
     keys = ("type", "elements", "default", "choices", "required")
@@ -97,7 +119,12 @@ def test_host_module_argument_spec_is_the_table_plus_its_own_options() -> None:
     spec = host.argument_spec()
     table = host_table.ansible_argument_spec()
     assert {k: spec[k] for k in table} == table
-    assert set(spec) == {o.module_name for o in host_table.OPTIONS} | set(host.MODULE_OPTIONS)
+    assert (
+        set(spec)
+        == {o.module_name for o in host_table.OPTIONS}
+        | set(host.MODULE_OPTIONS)
+        | _runtime_option()
+    )
     # left out (null): what an earlier apply reserved is kept; 0 gives it back
     assert spec["hugepages"] == {"type": "int", "default": None}
     assert spec["iommu_pt"] == {"type": "bool", "default": True}
@@ -108,7 +135,7 @@ def test_module_argument_spec_is_the_table_plus_its_own_options() -> None:
     vm = _module("passthrough_vm")
     spec = vm.argument_spec()
     assert {k: spec[k] for k in ansible_argument_spec()} == ansible_argument_spec()
-    assert set(spec) == {o.name for o in OPTIONS} | set(vm.MODULE_OPTIONS)
+    assert set(spec) == {o.name for o in OPTIONS} | set(vm.MODULE_OPTIONS) | _runtime_option()
     assert spec["memory_mib"] == {"type": "int", "default": 8192}
     assert spec["gpus"] == {"type": "list", "elements": "str", "default": []}
     assert spec["name"] == {"type": "str", "required": True}
@@ -117,7 +144,7 @@ def test_module_argument_spec_is_the_table_plus_its_own_options() -> None:
 @pytest.mark.parametrize("name", ["passthrough_vm", "passthrough_host"])
 def test_module_documentation_agrees_with_its_argument_spec(name: str) -> None:
     module = _module(name)
-    documented = yaml.safe_load(module.DOCUMENTATION)["options"]
+    documented = _documented(module)
     spec = module.argument_spec()
     assert set(documented) == set(spec), "DOCUMENTATION and argument_spec name other options"
     for name, entry in spec.items():
@@ -190,7 +217,7 @@ def test_role_task_leaves_every_guest_default_to_the_table() -> None:
     tasks = yaml.safe_load((ROLE / "tasks/main.yml").read_text())
     (task,) = [t for t in tasks if "passthrough.gpu.passthrough_vm" in t]
     args = task["passthrough.gpu.passthrough_vm"]
-    assert set(args) == set(_module("passthrough_vm").argument_spec())
+    assert set(args) == set(_module("passthrough_vm").argument_spec()) - _runtime_option()
     for name, value in args.items():
         if name in FROM_ROLE_VARS:
             assert value == "{{ " + FROM_ROLE_VARS[name] + " }}", name

@@ -20,6 +20,7 @@ options:
     description: Check the running host against the last apply instead
     type: bool
     default: false
+extends_documentation_fragment: passthrough.gpu.runtime
 author: passthrough developers (!UNKNOWN)
 """
 
@@ -52,7 +53,10 @@ failures:
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 (Ansible wants DOCUMENTATION first)
-from ansible_collections.passthrough.gpu.plugins.module_utils.package import package_errors  # noqa: E402
+from ansible_collections.passthrough.gpu.plugins.module_utils.package import (  # noqa: E402
+    RUNTIME_OPTION,
+    package_errors,
+)
 
 
 def main() -> None:
@@ -60,6 +64,7 @@ def main() -> None:
         argument_spec={
             "root": {"type": "str", "default": "/"},
             "verify": {"type": "bool", "default": False},
+            **RUNTIME_OPTION,
         },
         supports_check_mode=True,
     )

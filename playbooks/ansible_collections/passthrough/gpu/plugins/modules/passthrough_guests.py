@@ -38,6 +38,7 @@ options:
     description: seconds to wait for the guests to shut down
     type: int
     default: 300
+extends_documentation_fragment: passthrough.gpu.runtime
 author: passthrough developers (!UNKNOWN)
 """
 
@@ -68,7 +69,10 @@ started:
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.passthrough.gpu.plugins.module_utils.package import package_errors  # noqa: E402
+from ansible_collections.passthrough.gpu.plugins.module_utils.package import (  # noqa: E402
+    RUNTIME_OPTION,
+    package_errors,
+)
 
 
 def main() -> None:
@@ -83,6 +87,7 @@ def main() -> None:
             },
             "names": {"type": "list", "elements": "str", "default": []},
             "timeout": {"type": "int", "default": 300},
+            **RUNTIME_OPTION,
         },
         supports_check_mode=True,
     )

@@ -70,6 +70,7 @@ options:
     type: list
     elements: str
     default: []
+extends_documentation_fragment: passthrough.gpu.runtime
 author: passthrough developers (!UNKNOWN)
 """
 
@@ -122,7 +123,10 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.passthrough.gpu.plugins.module_utils.host_options import (  # noqa: E402
     HOST_OPTIONS,
 )
-from ansible_collections.passthrough.gpu.plugins.module_utils.package import package_errors  # noqa: E402
+from ansible_collections.passthrough.gpu.plugins.module_utils.package import (  # noqa: E402
+    RUNTIME_OPTION,
+    package_errors,
+)
 
 # what the module adds to the host options of passthrough/plan/options.py
 MODULE_OPTIONS: dict[str, dict[str, object]] = {
@@ -135,7 +139,7 @@ MODULE_OPTIONS: dict[str, dict[str, object]] = {
 def argument_spec() -> dict[str, dict[str, Any]]:
     """The module's options: the host options of the package's table (generated into the
     collection's module_utils, so no package is needed to read them), then its own."""
-    return {**HOST_OPTIONS, **MODULE_OPTIONS}
+    return {**HOST_OPTIONS, **MODULE_OPTIONS, **RUNTIME_OPTION}
 
 
 def _preflight(module: AnsibleModule, host: object, required: list[str]) -> None:

@@ -139,6 +139,7 @@ options:
     type: list
     elements: str
     default: []
+extends_documentation_fragment: passthrough.gpu.runtime
 author: passthrough developers (!UNKNOWN)
 """
 
@@ -192,7 +193,10 @@ codes:
 from typing import Any  # noqa: E402 (Ansible wants DOCUMENTATION first)
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.passthrough.gpu.plugins.module_utils.package import package_errors  # noqa: E402
+from ansible_collections.passthrough.gpu.plugins.module_utils.package import (  # noqa: E402
+    RUNTIME_OPTION,
+    package_errors,
+)
 from ansible_collections.passthrough.gpu.plugins.module_utils.vm_options import (  # noqa: E402
     GUEST_OPTIONS,
 )
@@ -219,7 +223,7 @@ CHOOSE = "existing_disk: reuse keeps it as it is, overwrite replaces it"
 def argument_spec() -> dict[str, dict[str, Any]]:
     """The module's options: the guest options of the package's table (generated into the
     collection's module_utils, so no package is needed to read them), then its own."""
-    return {**GUEST_OPTIONS, **MODULE_OPTIONS}
+    return {**GUEST_OPTIONS, **MODULE_OPTIONS, **RUNTIME_OPTION}
 
 
 def _absent(module: AnsibleModule, dom: Any) -> None:

@@ -5,8 +5,9 @@ identity: version and a hash of its content), its wheel (built from the checkout
 collection sits in, or packed from the installed distribution), and the action that makes
 sure a host has exactly that before one of this collection's modules runs there.
 
-The no-op path costs one module call: a ``cat`` of the venv's identity file (no Python
-started on the host), then the module itself under the venv's interpreter."""
+The no-op path costs one module call: the module itself under the venv's interpreter, which
+reads the venv's identity file before it imports the library (and stops there where it is not
+the controller's)."""
 
 from __future__ import annotations
 
@@ -264,17 +265,32 @@ class RuntimeAction(ActionBase):  # type: ignore[misc] # Ansible is untyped
             or per_run("identity", identity)
         )
         requires = REQUIRES.get(self._task.action.rsplit(".", 1)[-1], [])
-        have, lacking = self._probe(venv, requires)
-        installed = None
-        if have != ident or lacking:
-            installed = self._install(task_vars, venv, ident)
-            if installed.get("failed"):
-                return {**result, **installed, "msg": f"runtime: {installed.get('msg')}"}
         module_vars = {**task_vars, "ansible_python_interpreter": f"{venv}/bin/python"}
-        result.update(self._execute_module(task_vars=module_vars))
-        if installed is not None:
-            result["changed"] = True
-            result["runtime_installed"] = ident
+        args = {
+            **self._task.args,
+            "runtime": {"identity": ident, "venv": venv, "requires": requires},
+        }
+        # The module first, under the venv's interpreter: it reads the venv's identity itself
+        # before importing anything of ours (module_utils/package.py) and, where that is not
+        # the controller's, returns passthrough_runtime and does nothing. Where it gave no
+        # result Ansible could read (no interpreter in the venv: "The module interpreter … was
+        # not found", or a crash before its result) the probe says what the venv holds. A
+        # prepared host costs this one module call.
+        done = self._execute_module(module_args=args, task_vars=module_vars)
+        stale = done.get("passthrough_runtime")
+        if stale is None and done.get("_ansible_parsed") is False:
+            have, lacking = self._probe(venv, requires)
+            if have != ident or lacking:
+                stale = {"have": have, "lacking": lacking}
+        if stale is None:
+            result.update(done)
+            return result
+        installed = self._install(task_vars, venv, ident)
+        if installed.get("failed"):
+            return {**result, **installed, "msg": f"runtime: {installed.get('msg')}"}
+        result.update(self._execute_module(module_args=args, task_vars=module_vars))
+        result["changed"] = True
+        result["runtime_installed"] = ident
         return result
 
     def _role_arguments(self, task_vars: dict[str, Any]) -> dict[str, Any] | None:
