@@ -6,7 +6,7 @@ Discovery produces these; analysis, planning and rendering only read them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from enum import StrEnum
 
 from passthrough.guest.virt import NOT_A_VM, VirtualMachine
@@ -17,9 +17,10 @@ from passthrough.pciclass import (
     SUBCLASS_PCI_BRIDGE,
     SUBCLASS_PCI_BRIDGE_SEMI,
 )
+from passthrough.records import frozen
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Bar:
     """One memory or I/O region of a function, from the sysfs ``resource`` file."""
 
@@ -35,7 +36,7 @@ BMC_VGA_VENDORS = {0x1A03: "ASPEED", 0x102B: "Matrox"}
 NVIDIA = 0x10DE
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class PciFunction:
     """One PCI function as sysfs shows it: IDs, class, driver, IOMMU group, BARs, parents."""
 
@@ -104,13 +105,13 @@ class PciFunction:
         return max((b.size for b in self.bars if not b.is_io), default=0)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class IommuGroup:
     number: int
     members: tuple[PciAddress, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Cpu:
     vendor: str | None  # GenuineIntel, AuthenticAMD, ...
     model: str | None
@@ -119,7 +120,7 @@ class Cpu:
     phys_bits: int | None = None  # /proc/cpuinfo "address sizes: N bits physical"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class VfioCdev:
     """A function bound to vfio-pci and its vfio device cdev (Linux 6.6+, CONFIG_VFIO_DEVICE_CDEV):
     the name the kernel gave it under the function's ``vfio-dev/`` and whether the node
@@ -130,7 +131,7 @@ class VfioCdev:
     dev_node: bool  # /dev/vfio/devices/<name> exists
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Iommu:
     """What the firmware describes and the kernel made of the IOMMU."""
 
@@ -149,7 +150,7 @@ class Iommu:
     vfio_cdevs: tuple[VfioCdev, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Kernel:
     """The running (or root's) kernel: release, command line, the config options we read."""
 
@@ -169,7 +170,7 @@ class Kernel:
         return found
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Distro:
     id: str | None
     id_like: tuple[str, ...]
@@ -195,7 +196,7 @@ class InitramfsKind(StrEnum):
     NONE_FOUND = "unknown"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class GrubReading:
     """How this host's own grub-mkconfig reads its configuration, learnt from its text."""
 
@@ -206,7 +207,7 @@ class GrubReading:
     grub_cfg: str  # relative to the root: boot/grub/grub.cfg or boot/grub2/grub.cfg
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Boot:
     """How this root boots: UEFI or not, its bootloader and initramfs tool, and why we think so."""
 
@@ -231,7 +232,7 @@ DIRECT_BOOT = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Critical:
     """PCI functions the host cannot live without."""
 
@@ -241,7 +242,7 @@ class Critical:
     nic_pci: tuple[PciAddress, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Dmi:
     """The DMI fields that tell a laptop, a server or a virtual machine apart."""
 
@@ -256,7 +257,7 @@ class Dmi:
         return self.chassis_type in {8, 9, 10, 14, 30, 31, 32}
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class LibvirtDaemon:
     """A libvirt daemon's systemd unit as the root has it (main file and drop-ins): the
     locked-memory limit it runs under and whether it may raise a child's above that."""
@@ -271,7 +272,7 @@ class LibvirtDaemon:
     enabled: bool  # linked into a .wants directory under etc/systemd/system
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Host:
     """Everything discovery read from one root: the input of every check, plan and render."""
 
@@ -294,8 +295,7 @@ class Host:
     # say, what the live host's tools said (libvirt/qemu → version); see host/packages.py
     packages: dict[str, str] = field(default_factory=dict, hash=False)
     tool_versions: dict[str, str] = field(default_factory=dict, hash=False)
-    # libvirtd/virtqemud units found under the root (host/daemons.py)
-    libvirt_daemons: tuple[LibvirtDaemon, ...] = ()
+    libvirt_daemons: tuple[LibvirtDaemon, ...] = ()  # libvirtd/virtqemud units (host/daemons.py)
 
     @property
     def group_index(self) -> dict[int, IommuGroup]:
@@ -312,7 +312,7 @@ class Host:
         return self.kernel.arg("pcie_acs_override")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Gpu:
     """A card: the display function and the functions that belong to it (see
     ``analysis.viability.find_gpus``): never another vendor's device on its slot."""
@@ -343,7 +343,7 @@ class Severity(StrEnum):
     INFO = "info"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Finding:
     """One judgement about the host or a guest: code decides, the message only explains.
 
@@ -365,7 +365,7 @@ class Level(StrEnum):
     INFO = "INFO"  # an optional feature this host lacks: nothing to fix for passthrough itself
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class CheckResult:
     """One readiness check's level, summary and fix."""
 
@@ -375,7 +375,7 @@ class CheckResult:
     fix: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class GpuVerdict:
     """A card and what the safety policy (``analysis/policy.py``) says about it."""
 

@@ -5,10 +5,10 @@ XML attributes), formatted in one place. ``passthrough.model`` re-exports it."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import lru_cache, total_ordering
 
 from passthrough.errors import InvalidPciAddress
+from passthrough.records import frozen
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ _PCI_RE = re.compile(
 
 
 @total_ordering
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class PciAddress:
     """domain:bus:device.function, parsed once and formatted in one place."""
 

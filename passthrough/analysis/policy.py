@@ -11,7 +11,6 @@ domain XML meet the same refusals.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
 
 from passthrough.analysis import viability
 
@@ -62,6 +61,7 @@ from passthrough.model import (
     Severity,
 )
 from passthrough.pciclass import SUBCLASS_3D, SUBCLASS_OTHER_BRIDGE
+from passthrough.records import frozen
 from passthrough.units import format_size
 
 
@@ -88,7 +88,7 @@ class Refused(PassthroughError):
         return tuple(dict.fromkeys(f.code for f in self.findings))
 
 
-@dataclass(frozen=True)
+@frozen
 class HostIndex:
     """Lookups built once per host, not once per card (a 2,000-function host has hundreds)."""
 

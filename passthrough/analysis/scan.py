@@ -3,15 +3,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from passthrough.analysis.checks import run_checks
 from passthrough.analysis.policy import judge_all
 from passthrough.errors import PassthroughError, UnknownPciDevice
 from passthrough.model import CheckResult, GpuVerdict, Host, Level, PciAddress
+from passthrough.records import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class Scan:
     """A host with a verdict for each GPU and the readiness checks."""
 

@@ -14,24 +14,24 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass
 
 from passthrough.plan.kargs import key_of
 from passthrough.plan.shellvalue import render_value, value_words
+from passthrough.records import frozen
 
 # Files whose whole content is one kernel command line.
 CMDLINE_FILES = frozenset({"etc/kernel/cmdline"})
 _GRUB_VARS = re.compile(r"GRUB_CMDLINE_LINUX(?:_DEFAULT)?")
 
 
-@dataclass(frozen=True)
+@frozen
 class Unpicked:
     """The file with our lines taken out (``None``: nothing but ours was left, remove it)."""
 
     content: bytes | None
 
 
-@dataclass(frozen=True)
+@frozen
 class Ambiguous:
     why: str
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from passthrough.errors import MalformedHostData, echo_path
 from passthrough.host.root import MAX_FILE, HostRoot
+from passthrough.records import frozen
 
 FAULT_ENV = "PASSTHROUGH_FAULT"
 # The points where a full disk can strike: everything that allocates.
@@ -71,7 +72,7 @@ def fault_point(what: str, path: str) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
 
 
-@dataclass(frozen=True)
+@frozen
 class Attrs:
     """What a file carries besides its bytes. ``uid``/``gid`` None: whoever writes it."""
 

@@ -26,12 +26,13 @@ from passthrough.host.holders import Holder
 from passthrough.host.modalias import is_vfio
 from passthrough.host.root import HostRoot
 from passthrough.model import Host
+from passthrough.records import frozen
 
 STOPPED = f"{STATE}/stopped-units.json"
 _LIMIT = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Unit:
     """A unit that holds a card open: the drivers of the cards whose nodes it held, and
     whether one was a DRM node (a display server can go on with another card's)."""

@@ -10,15 +10,14 @@ arguments each apply added), and it takes out exactly those words, nothing else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from passthrough.execute.journal import StepState, Transaction
 from passthrough.host.root import HostRoot
 from passthrough.plan import loaderentries
 from passthrough.plan.linefiles import WORD, options_line, without_spans
+from passthrough.records import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class StrangeEntry:
     path: str  # relative to the root
     carries: list[str]  # words of ours it has (undo takes them out)

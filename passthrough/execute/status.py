@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
 from passthrough.execute.files import read_file, temp_of
@@ -27,9 +27,10 @@ from passthrough.execute.journal import (
 )
 from passthrough.execute.newentries import StrangeEntry, strangers
 from passthrough.host.root import HostRoot
+from passthrough.records import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class FileStatus:
     path: str
     change: str  # created, modified, removed
@@ -50,7 +51,7 @@ def _created_by(transactions: list[Transaction], ids: list[str]) -> set[str]:
     return {p for p, existed in first.items() if not existed}
 
 
-@dataclass(frozen=True)
+@frozen
 class TxStatus:
     id: str
     kind: str
@@ -62,7 +63,7 @@ class TxStatus:
     undid: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
+@frozen
 class PendingCommand:
     argv: list[str]
     state: str  # listed, failed, begun
@@ -71,7 +72,7 @@ class PendingCommand:
     error: str | None
 
 
-@dataclass(frozen=True)
+@frozen
 class Status:
     root: str
     transactions: list[TxStatus]

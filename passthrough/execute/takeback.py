@@ -22,13 +22,13 @@ import difflib
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from passthrough.execute.drift import CMDLINE_FILES, Ambiguous, Unpicked
 from passthrough.plan.linefiles import cmdline_arg_line, options_line
 from passthrough.plan.shellvalue import CLOSE, OPEN, render_value, value_words
 from passthrough.plan.shellvars import LoopLine, loop_line
+from passthrough.records import frozen
 
 T = TypeVar("T")
 Resolve = Callable[[T, T, T], T | None]
@@ -38,7 +38,7 @@ _NAME = re.compile(r"\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_]*=")
 _UNSAFE = re.compile(r"[\\`]|\$\(")  # what a word list cannot be taken apart through
 
 
-@dataclass(frozen=True)
+@frozen
 class _Hunk(Generic[T]):
     """``base[start:end]`` becomes ``items``."""
 
@@ -160,7 +160,7 @@ def _settle(
 # -- lines that are lists of words --------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class _Words:
     head: str  # everything before the value: "options ", "GRUB_CMDLINE_LINUX=", "MODULES=("
     words: tuple[str, ...]

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import yaml
 
 from passthrough.fakehost.schema import Keys, MapOf, OneOf, check
 from passthrough.model import BootloaderKind, InitramfsKind
+from passthrough.records import frozen
 
 TABLE = Path(__file__).with_name("distros.yaml")
 
@@ -42,7 +42,7 @@ _TABLE = Keys(
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class DistroProfile:
     os_release: dict[str, str]
     release: str

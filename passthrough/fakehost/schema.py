@@ -9,16 +9,17 @@ and the nearest known key.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from passthrough.errors import BadDescription
+from passthrough.records import frozen
 
 NONE = type(None)
 Types = tuple[type, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class Keys:
     """A mapping whose keys are all known; ``required`` ones must be there."""
 
@@ -26,12 +27,12 @@ class Keys:
     required: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@frozen
 class ListOf:
     item: Shape
 
 
-@dataclass(frozen=True)
+@frozen
 class MapOf:
     """A mapping whose keys the author chooses (config names, BAR numbers, vendor ids)."""
 
@@ -39,14 +40,14 @@ class MapOf:
     value: Types
 
 
-@dataclass(frozen=True)
+@frozen
 class OneOf:
     """A string among a few words."""
 
     choices: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class Anything:
     """Free-form: YAML anchors the author reuses elsewhere in the file."""
 

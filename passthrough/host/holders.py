@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from passthrough.host.root import HostRoot
 from passthrough.model import CheckResult, Level
+from passthrough.records import frozen
 
 _MINOR = re.compile(r"^Device Minor:\s*(\d+)\s*$", re.MULTILINE)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Holder:
     """A process that holds a device node open."""
 

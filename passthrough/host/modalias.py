@@ -12,16 +12,16 @@ ID tables at boot: it is bound through ``driver_override``.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
 
 from passthrough.host.root import HostRoot
 from passthrough.model import PciFunction
+from passthrough.records import frozen
 
 PLAIN = "vfio-pci"
 _PREFIX = "vfio_pci:"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class VfioAlias:
     """A modules.alias line that hands matching devices to a vfio driver."""
 

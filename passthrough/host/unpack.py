@@ -20,14 +20,14 @@ import lzma
 import os
 import tarfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 from passthrough.errors import SnapshotError, echo, echo_path, quote
+from passthrough.records import frozen
 
 MIB = 1 << 20
 
 
-@dataclass(frozen=True)
+@frozen
 class Limits:
     """What an archive may hold. A capture of a large host (an 8-GPU HGX sample) holds
     about 700 members, 9 levels deep, 0.5 MiB of tar at a compression ratio of 40."""

@@ -7,10 +7,10 @@ say what they support without loading the guest code (``passthrough.vm``)."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from passthrough.host.packages import PACKAGES
+from passthrough.records import frozen
 
 
 def dotted(v: tuple[int, int]) -> str:
@@ -18,7 +18,7 @@ def dotted(v: tuple[int, int]) -> str:
     return f"{v[0]}.{v[1]:02d}" if v[0] > 1000 else f"{v[0]}.{v[1]}"
 
 
-@dataclass(frozen=True)
+@frozen
 class Versions:
     libvirt: tuple[int, int]
     qemu: tuple[int, int]

@@ -13,10 +13,10 @@ model as vm/layout.py, not a copy of it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from passthrough.analysis.policy import LARGE_BAR
 from passthrough.model import Host, PciFunction
+from passthrough.records import frozen
 from passthrough.units import format_size
 from passthrough.vm.layout import (
     DEVICE_ROOM,
@@ -45,7 +45,7 @@ class KubeVirtLayoutRefused(LayoutRefused):
         super().__init__(f"{why} [{LARGE_BAR}]")
 
 
-@dataclass(frozen=True)
+@frozen
 class KubeVirtLayout:
     need: int  # bytes of 64-bit window the cards need, packed
     guest_bits: int

@@ -6,11 +6,11 @@ each API takes it (field names checked against KubeVirt's OpenAPI and the DRA dr
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from passthrough.kube.names import resource_name, vendor_selector
 from passthrough.model import PciFunction
+from passthrough.records import frozen
 from passthrough.vm.spec import VmSpec
 
 KUBEVIRT_API = "kubevirt.io/v1"
@@ -37,7 +37,7 @@ _HYPERV = {
 }
 
 
-@dataclass(frozen=True)
+@frozen
 class VmCard:
     """One card of one VM: its functions as the host has them, and its DRA request name."""
 

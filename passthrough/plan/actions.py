@@ -16,9 +16,10 @@ from typing import Any
 from passthrough.host.root import HostRoot
 from passthrough.model import BootloaderKind, InitramfsKind
 from passthrough.plan.kargs import ArgChange, describe
+from passthrough.records import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class WriteFile:
     """A file the plan writes (atomically, with a backup of what was there)."""
 
@@ -30,7 +31,7 @@ class WriteFile:
     mode: int = 0o644
 
 
-@dataclass(frozen=True)
+@frozen
 class RemoveFile:
     """A file the plan removes (backed up first)."""
 
@@ -38,7 +39,7 @@ class RemoveFile:
     why: str
 
 
-@dataclass(frozen=True)
+@frozen
 class Run:
     """A command the plan runs after its files are written (update-grub, update-initramfs)."""
 
@@ -64,7 +65,7 @@ class Binding(StrEnum):
     DRIVER_OVERRIDE = "driver_override"  # a udev rule per address, when they would take more
 
 
-@dataclass(frozen=True)
+@frozen
 class PlannedCard:
     """A card the plan binds to vfio-pci, with its functions."""
 
@@ -84,7 +85,7 @@ class PlannedCard:
         )
 
 
-@dataclass(frozen=True)
+@frozen
 class PlanRecord:
     """What the journal keeps of an applied plan, for verify (and the VM module's check
     that a card was handed over). Its JSON is the same object journals v1 (inline in the

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from passthrough.analysis.preflight import preflight_notes
 from passthrough.analysis.scan import analyse
@@ -19,9 +19,10 @@ from passthrough.plan.grub import GrubUnknown
 from passthrough.plan.kargs import ArgChange, KargOptions, desired, key_of, needed
 from passthrough.plan.nixos import NixosRefused, configuration_lines
 from passthrough.plan.select import Selection, select
+from passthrough.records import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class PlanOptions:
     """What the user asked plan for: which cards, and how to bind them."""
 

@@ -8,11 +8,12 @@ removing the same arguments gives the original list back (property-tested).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from passthrough.errors import PassthroughError
 from passthrough.model import Host
+from passthrough.records import frozen
 
 
 class UnsafeCmdline(PassthroughError):
@@ -43,7 +44,7 @@ def key_of(arg: str) -> str:
     return name
 
 
-@dataclass(frozen=True)
+@frozen
 class ArgChange:
     """Arguments to set (key → full ``key=value`` or bare ``key``) and keys to drop."""
 
@@ -149,7 +150,7 @@ def invert(before: Sequence[str], change: ArgChange) -> ArgChange:
 HUGEPAGE_KEYS = ("default_hugepagesz", "hugepagesz", "hugepages")
 
 
-@dataclass(frozen=True)
+@frozen
 class KargOptions:
     """What the kernel arguments should hold: iommu=pt, vfio-pci.ids, hugepages."""
 

@@ -12,12 +12,12 @@ whose ``linux`` kernel is on that partition can boot; which one boots unattended
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
 
 from passthrough.host.root import HostRoot
 from passthrough.plan.bootloader_base import checked_entry
 from passthrough.plan.kargs import utf8_text
 from passthrough.plan.linefiles import arguments, options_line
+from passthrough.records import frozen
 
 # where the ESP (or XBOOTLDR) is mounted on the hosts we know, in the order bootctl looks
 ESP_MOUNTS = ("efi", "boot", "boot/efi")
@@ -25,7 +25,7 @@ EFIVARS = "sys/firmware/efi/efivars"
 LOADER_GUID = "4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
 
 
-@dataclass(frozen=True)
+@frozen
 class Entry:
     """A boot loader entry file and the partition it lives on."""
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from passthrough.pciaddr import CARD_METAVAR
+from passthrough.records import frozen
 
 Kind = Literal["bool", "int", "list"]
 
@@ -29,7 +29,7 @@ def count(text: str) -> int:
     return int(text)
 
 
-@dataclass(frozen=True)
+@frozen
 class PlanOption:
     """One plan option as the CLI, the Ansible module and the spec file spell it."""
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from passthrough.analysis import codes, policy
 from passthrough.analysis.cards import choose_cards
@@ -14,13 +14,14 @@ from passthrough.model import (
     PciAddress,
     PciFunction,
 )
+from passthrough.records import frozen
 
 
 class SelectionRefused(policy.Refused):
     """Nothing is written: the selection would harm the host or cannot work."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Selection:
     """The cards chosen for vfio-pci, every function that goes with them, and their IDs."""
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from passthrough.plan.kargs import UnsafeCmdline
+from passthrough.records import frozen
 
 ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 REF = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
@@ -24,7 +25,7 @@ MAX_FILES = 256
 MAX_SECONDS = 5.0
 
 
-@dataclass(frozen=True)
+@frozen
 class Origin:
     """Where a piece of a value was written: a file and its lines (first, last)."""
 
@@ -236,7 +237,7 @@ _MARKED = re.compile(OPEN + r"([A-Za-z_][A-Za-z0-9_]*)" + CLOSE)
 _BARE_SAFE = re.compile(r"[A-Za-z0-9_=.,:/@%+-]+")
 
 
-@dataclass(frozen=True)
+@frozen
 class ValueWords:
     """A one-line ``NAME=value`` as the shell reads it: what stands before the value
     (indent, ``export``, ``NAME=``), how it was quoted (``"``, ``'`` or bare), the words of

@@ -19,7 +19,6 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 
 from passthrough.plan.kargs import UnsafeCmdline
 from passthrough.plan.shellvalue import (
@@ -30,6 +29,7 @@ from passthrough.plan.shellvalue import (
     logical_lines,
     parse_value,
 )
+from passthrough.records import frozen
 
 OPENERS = {"if", "case", "for", "while", "until", "select", "{"}
 CLOSERS = {"fi", "esac", "done", "}"}
@@ -66,7 +66,7 @@ def append_missing(target: str, seen: Collection[str], words: list[str]) -> str:
     )
 
 
-@dataclass(frozen=True)
+@frozen
 class LoopLine:
     """Our appending line taken apart: what stands before its list of words (indent and
     ``for _passthrough_arg in ``), the words, what follows them, the variable it appends

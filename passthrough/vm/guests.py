@@ -11,14 +11,14 @@ host reboots into vfio-pci. The domain's own XML is read by the one domain reade
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from passthrough.errors import PassthroughError
+from passthrough.records import frozen
 from passthrough.vm.domxml import Domain
 
 
-@dataclass(frozen=True)
+@frozen
 class Holder:
     name: str
     active: bool

@@ -10,11 +10,12 @@ work is refused here with the numbers (exit 2), never rendered.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal
 
 from passthrough.errors import PassthroughError
 from passthrough.model import PciAddress, PciFunction
+from passthrough.records import frozen
 from passthrough.units import GIB, MIB, format_size
 from passthrough.vm.versions import DEFAULT_VERSIONS, Versions, dotted
 
@@ -59,7 +60,7 @@ def _align(n: int, a: int) -> int:
 # -- BARs -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class CardBars:
     """One guest root port's devices: the BARs that go in the 64-bit window and the rest."""
 
@@ -131,7 +132,7 @@ WindowHow = Literal["dynamic", "classic"]
 FwcfgVia = Literal["sysinfo", "qemu:commandline"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Window:
     base: int
     size: int
@@ -161,14 +162,14 @@ def firmware_window(
 # -- the plan -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class MaxPhysAddr:
     mode: Literal["passthrough", "emulate"]
     bits: int | None = None  # emulate
     limit: int | None = None  # passthrough, libvirt >= 9.3
 
 
-@dataclass(frozen=True)
+@frozen
 class Layout:
     need: int  # bytes of 64-bit window the cards' BARs need, packed
     alignment: int

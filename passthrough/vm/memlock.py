@@ -36,10 +36,10 @@ with "cannot limit locked memory").
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from passthrough.analysis.codes import MEMLOCK_CAPPED, MEMLOCK_SHORT, severity
 from passthrough.model import Finding, Host, LibvirtDaemon, PciAddress, Severity
+from passthrough.records import frozen
 from passthrough.units import GIB, KIB, format_size
 from passthrough.vm.domxml import Domain, HostDev, Interface, Memory
 from passthrough.vm.xmlfield import Element
@@ -69,7 +69,7 @@ def total_memory_kib(dom: Domain) -> int:
     return cells + dimms if cells else total
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Devices:
     """What libvirt counts: VFIO (PCI vfio and mdev hostdevs, NVMe disks), vDPA, a vIOMMU."""
 
@@ -100,7 +100,7 @@ def count_devices(dom: Domain) -> Devices:
     return Devices(vfio, vdpa, dom.iommu is not None, tuple(pci))
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Estimate:
     """The limit libvirt sets (``limit``: bytes; None: unlimited; 0: none set) and why
     (``source``), and what the devices need by libvirt's own rule without a hard limit or
@@ -181,7 +181,7 @@ def _gib(size: int) -> str:
     return f"{size / GIB:.2f}".rstrip("0").rstrip(".") + " GiB"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Shortfall:
     message: str
     element: str  # where in the domain it is about: "memtune/hard_limit" or "devices"

@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from passthrough.errors import PassthroughError
 from passthrough.pciaddr import CARD_METAVAR
+from passthrough.records import frozen
 from passthrough.units import MIB, parse_size
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class Kind(StrEnum):
     CARDS = "cards"  # cards: a PCI address or a vendor:device ID each (analysis/cards.py)
 
 
-@dataclass(frozen=True)
+@frozen
 class VmOption:
     name: str  # the VmOptions field
     kind: Kind

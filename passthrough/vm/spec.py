@@ -9,12 +9,12 @@ table (options.py) and against the host before any rendering, the field named.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from passthrough.analysis import codes, policy
 from passthrough.analysis.cards import NoSuchCard, choose_cards
 from passthrough.model import GpuVerdict, Host, PciAddress, PciFunction, Severity
+from passthrough.records import frozen
 from passthrough.vm.layout import Layout, plan_layout
 from passthrough.vm.options import (
     DEFAULT_VENDOR_ID,
@@ -27,7 +27,7 @@ from passthrough.vm.versions import Versions, host_versions
 NO_NETWORK = "none"  # --network none: a guest without a NIC
 
 
-@dataclass(frozen=True)
+@frozen
 class GuestFunction:
     host: PciAddress
     guest_bus: int
@@ -37,7 +37,7 @@ class GuestFunction:
     name: str
 
 
-@dataclass(frozen=True)
+@frozen
 class GuestCard:
     port_index: int  # the pcie-root-port controller's index (= the guest bus)
     port_slot: int  # where that root port sits on pcie-root (bus 0)
@@ -53,7 +53,7 @@ class GuestCard:
         return 0x10 + self.port_index
 
 
-@dataclass(frozen=True)
+@frozen
 class Enlightenment:
     """A Hyper-V enlightenment the guest gets, on; ``retries`` only for spinlocks."""
 
@@ -80,7 +80,7 @@ WINDOWS_ENLIGHTENMENTS = (
 CPU_MODES = {"kvm": "host-passthrough", "qemu": "maximum"}
 
 
-@dataclass(frozen=True)
+@frozen
 class VmOptions:
     name: str
     vcpus: int = 4
@@ -105,7 +105,7 @@ class VmOptions:
     no_gpu: bool = False  # a guest without a card, asked for: none found is no refusal then
 
 
-@dataclass(frozen=True)
+@frozen
 class VmSpec:
     name: str
     vcpus: int

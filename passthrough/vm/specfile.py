@@ -10,19 +10,19 @@ Duplicate keys (YAML keeps the last one silently) are refused too.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from passthrough.inputs import Unreadable, depth_bounded, read_text
+from passthrough.records import frozen
 from passthrough.vm.options import BY_KEY, BadVmSpec, Kind, check, size_mib, unknown_key
 
 # integers YAML 1.1 reads in a base the writer probably did not mean
 _OCTAL = re.compile(r"^[-+]?0[0-7_]+$")
 
 
-@dataclass(frozen=True)
+@frozen
 class Retyped:
     """A scalar YAML 1.1 turned into a number in a way the writer rarely means."""
 
