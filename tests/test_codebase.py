@@ -184,6 +184,7 @@ LAYERS: dict[str, int] = {
     "plan": 5,
     **dict.fromkeys(("execute", "output", "vm", "provision"), 6),
     "kube": 7,  # the cluster path: built from vm's spec, checked with analysis' policy
+    "hosttask": 7,  # the host role's task on a host: discovery, plan, apply, output
     "cli": 8,
     "__main__": 9,
 }

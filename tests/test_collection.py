@@ -233,12 +233,14 @@ def test_a_bare_host_gets_the_controllers_library_once(tmp_path: Path) -> None:
     )
     assert again.ok and again.hosts["bare"].changed == 0, summary_table(again)
     assert again.seconds < check.seconds
-    # the no-op is one module call under the venv's interpreter, which reads the identity
-    # itself: no probe command (a `cat` of the identity file) before it
+    # the no-op is one command on the host: the library's task under the venv's interpreter,
+    # which reads the identity itself; no probe command (a `cat` of the identity file) before
+    # it, no module wrapper sent over (no temporary directory made, filled, removed)
     execs = [line for line in log.read_text().splitlines() if "EXEC " in line]
-    ran = [line for line in execs if "AnsiballZ_passthrough_host.py" in line and "python" in line]
+    ran = [line for line in execs if "-I -m passthrough.hosttask" in line]
     assert len(ran) == 1 and str(venv / "bin/python") in ran[0], execs
-    assert not [line for line in execs if "passthrough-runtime" in line], execs
+    assert len(execs) == 1, execs
+    assert not [line for line in execs if "AnsiballZ" in line or "passthrough-runtime" in line]
     (venv / "passthrough-runtime").write_text("0.0.1+older\n")
     newer = run(str(inv), "host.yml", env=env)
     assert newer.ok and newer.hosts["bare"].changed == 1, summary_table(newer)

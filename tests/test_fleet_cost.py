@@ -88,7 +88,7 @@ def test_the_library_identity_is_hashed_again_only_when_a_file_changes(
     again it is the same without reading them; a file rewritten with other bytes of the same
     size gives another identity, and the first one back when restored."""
     sys.path.insert(0, str(REPO / "playbooks"))
-    from ansible_collections.passthrough.gpu.plugins.plugin_utils import runtime
+    from ansible_collections.passthrough.gpu.plugins.plugin_utils import wheel as runtime
 
     repo = tmp_path / "checkout"
     (repo / "passthrough").mkdir(parents=True)

@@ -142,93 +142,20 @@ def argument_spec() -> dict[str, dict[str, Any]]:
     return {**HOST_OPTIONS, **MODULE_OPTIONS, **RUNTIME_OPTION}
 
 
-def _preflight(module: AnsibleModule, host: object, required: list[str]) -> None:
-    """Stop when a required readiness check fails, naming each with its summary and fix."""
-    if not required:
-        return
-    from passthrough.analysis.scan import analyse
-    from passthrough.model import Level
-    from passthrough.output.json import scan_json
-
-    checks = scan_json(analyse(host))["checks"]  # type: ignore[arg-type]
-    blocking = [c for c in checks if c["level"] == Level.FAIL.value and c["id"] in required]
-    if blocking:
-        fixes = "; ".join(c["fix"] for c in blocking if c.get("fix"))
-        module.fail_json(
-            msg=f"preflight: {', '.join(c['id'] for c in blocking)} failed: "
-            f"{'; '.join(c['summary'] for c in blocking)}" + (f" (fix: {fixes})" if fixes else ""),
-            checks=checks,
-            exit_code=1,  # EXIT_CHECK_FAILED: what `passthrough check` exits with here
-        )
-
-
 def main() -> None:
     module = AnsibleModule(
         argument_spec=argument_spec(),
         supports_check_mode=True,
     )
     with package_errors(module):
-        from passthrough.execute.selection import plan_options
-        from passthrough.host.discover import discover
-        from passthrough.host.root import HostRoot
-        from passthrough.plan.actions import RemoveFile, WriteFile
-        from passthrough.plan.build import make_plan
-        from passthrough.plan.options import values
+        # the body is the library's, shared with the command the collection's action runs
+        # under the host's runtime venv (passthrough/hosttask.py)
+        from passthrough.hosttask import run
 
-        p = module.params
-        root = HostRoot(p["root"])
-        if p["state"] == "absent":
-            from passthrough.execute.journal import Journal
-            from passthrough.execute.undo import undo
-
-            pending = Journal.load(root).live()
-            # the cards the applied changes bound: undone, they go back to the host's drivers
-            given_back = sorted({f for tx in pending if tx.record for f in tx.record.functions})
-            if module.check_mode or not pending:
-                module.exit_json(
-                    changed=bool(pending), reboot_required=bool(pending), functions=given_back
-                )
-            restored = undo(root).changed
-            module.exit_json(
-                changed=bool(restored),
-                reboot_required=bool(restored),
-                restored=restored,
-                functions=given_back,
-            )
-        host = discover(root)
-        opts = plan_options(root, values(p, module=True), via="module")
-        plan, _sel = make_plan(root, host, opts)
-        if not plan.empty:  # the checks guard a change; with nothing to change, none is due
-            _preflight(module, host, p["preflight"])
-        diff = []
-        for action in plan.actions:
-            if isinstance(action, WriteFile | RemoveFile):
-                before = root.read_bytes(action.path)
-                diff.append(
-                    {
-                        "before_header": "/" + action.path,
-                        "after_header": "/" + action.path,
-                        "before": before.decode("utf-8", "replace") if before is not None else "",
-                        "after": action.content.decode("utf-8", "replace")
-                        if isinstance(action, WriteFile)
-                        else "",
-                    }
-                )
-        result = {
-            "changed": not plan.empty,
-            "reboot_required": plan.reboot,
-            "plan": plan.to_json(root),
-            "functions": list(plan.functions),
-            "diff": diff,
-        }
-        if module.check_mode or plan.empty:
-            module.exit_json(**result)
-        from passthrough.execute.apply import apply  # only where there is something to do
-
-        tx = apply(root, plan, plan.record())
-        steps = tx.steps if tx else []
-        result["transaction"] = tx.id if tx else None
-        result["commands_not_run"] = [s.argv for s in steps if s.state.value == "listed"]
+        params = {k: v for k, v in module.params.items() if k != "runtime"}
+        result = run(params, module.check_mode)
+        if result.get("failed"):
+            module.fail_json(**result)
         module.exit_json(**result)
 
 

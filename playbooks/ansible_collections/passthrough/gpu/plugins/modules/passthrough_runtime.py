@@ -50,6 +50,12 @@ options:
     description: Install the distro packages that provide what is missing
     type: bool
     default: false
+  force:
+    description:
+      - Install again even where the venv's identity file names O(identity) already (the
+        collection's action sets it when that venv's library could not run its task)
+    type: bool
+    default: false
 author: passthrough developers (!UNKNOWN)
 """
 
@@ -194,6 +200,7 @@ def main() -> None:
             "version": {"type": "str"},
             "requires": {"type": "list", "elements": "str", "default": []},
             "install_packages": {"type": "bool", "default": False},
+            "force": {"type": "bool", "default": False},
         },
         required_one_of=[["wheel", "index_url"]],
         required_together=[["index_url", "version"]],
@@ -214,7 +221,7 @@ def main() -> None:
     packages = _need_packages(module, fam)
     try:
         with open(marker, encoding="utf-8") as f:
-            if f.read().strip() == p["identity"]:
+            if f.read().strip() == p["identity"] and not p["force"]:
                 module.exit_json(changed=packages, python=python, family=fam)
     except OSError:
         pass

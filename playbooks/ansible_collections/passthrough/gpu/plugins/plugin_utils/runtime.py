@@ -1,41 +1,33 @@
 # SPDX-License-Identifier: Apache-2.0
 # Apache-2.0 (see the passthrough project's LICENSE)
-"""Controller side of the runtime on the hosts: which passthrough the controller runs (its
-identity: version and a hash of its content), its wheel (built from the checkout the
-collection sits in, or packed from the installed distribution), and the action that makes
-sure a host has exactly that before one of this collection's modules runs there.
+"""Controller side of the runtime on the hosts: the action that makes sure a host holds exactly
+the controller's passthrough (its identity and wheel: plugin_utils/wheel.py) before one of this
+collection's modules runs there.
 
-The no-op path costs one module call: the module itself under the venv's interpreter, which
-reads the venv's identity file before it imports the library (and stops there where it is not
-the controller's)."""
+The no-op path costs one command on the host: the module itself under the venv's interpreter,
+which reads the venv's identity file before it imports the library (and stops there where it
+is not the controller's); for an action with a direct command (passthrough_host), that command
+instead of the module (``RuntimeAction._direct``)."""
 
 from __future__ import annotations
 
 import base64
-import fcntl
 import hashlib
-import importlib.metadata
 import json
 import os
 import shlex
-import stat
-import subprocess
-import sys
 import tempfile
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ansible import constants as C
-from ansible.errors import AnsibleError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
+from ansible_collections.passthrough.gpu.plugins.plugin_utils.wheel import identity, wheel
 
-HERE = Path(__file__).resolve()
-# plugins/plugin_utils/runtime.py → the collection → ansible_collections → its parent
-PARENT = HERE.parents[5]
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "passthrough/wheels"
+__all__ = ["RuntimeAction", "identity", "parse_probe", "per_run", "wheel"]
+
 DEFAULT_VENV = "/opt/passthrough/venv"
 MARKER = "passthrough-runtime"
 # what the VM module imports from the system (the distro's bindings)
@@ -45,6 +37,8 @@ REQUIRES = {"passthrough_vm": ["jinja2", "lxml", "libvirt", "yaml"]}
 # The probe's answers are tagged: a login or sudo may print its own lines first (sudo's
 # "unable to resolve host" warning reaches stdout through Ansible's terminal).
 HAVE = "passthrough-runtime-have:"
+# the direct command's result line (passthrough/hosttask.py RESULT)
+DIRECT_RESULT = "passthrough-task-result:"
 LACKING = "passthrough-runtime-lacking:"
 
 
@@ -57,86 +51,6 @@ def parse_probe(stdout: str) -> tuple[str, list[str]]:
         elif LACKING in line:
             lacking = line.split(LACKING, 1)[1].split()
     return have, lacking
-
-
-def _checkout() -> Path | None:
-    """The passthrough checkout this collection sits in (playbooks/ansible_collections/…)."""
-    repo = PARENT.parent
-    if (repo / "pyproject.toml").is_file() and (repo / "passthrough/__init__.py").is_file():
-        return repo
-    return None
-
-
-def _installed() -> importlib.metadata.Distribution | None:
-    """The installed passthrough distribution the collection came in (passthrough/data/…), or
-    the one the controller's Python imports."""
-    try:
-        return importlib.metadata.distribution("passthrough")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _version(repo: Path) -> str:
-    for line in (repo / "passthrough/__init__.py").read_text().splitlines():
-        if line.startswith("__version__"):
-            return line.split("=", 1)[1].strip().strip("\"'")
-    raise AnsibleError(f"no __version__ in {repo}/passthrough/__init__.py")
-
-
-def _sources(repo: Path) -> list[tuple[Path, os.stat_result]]:
-    """The checkout's files that go onto the hosts, in a fixed order, with their stat."""
-    found = []
-    for tree in ("passthrough", "templates"):
-        for top, dirs, names in os.walk(repo / tree):
-            dirs[:] = [d for d in dirs if d != "__pycache__"]
-            for name in names:
-                path = Path(top, name)
-                st = path.stat()
-                if stat.S_ISREG(st.st_mode):
-                    found.append((path, st))
-    return sorted(found, key=lambda f: f[0])
-
-
-def identity() -> str:
-    """``VERSION+sha256`` of what goes onto the hosts: a checkout's package and templates, or
-    an installed distribution's RECORD (which lists every file with its hash).
-
-    A checkout's content hash is kept in the cache under a key made of every file's name,
-    size, inode and modification and change times: each host's task asks (a worker process
-    each), and stating the files costs a fraction of reading and hashing them all again."""
-    repo = _checkout()
-    digest = hashlib.sha256()
-    if repo is not None:
-        sources = _sources(repo)
-        key = hashlib.sha256(str(repo).encode())
-        for path, st in sources:
-            stamp = (st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
-            key.update(f"{path.relative_to(repo)}\0{stamp}\0".encode())
-        cached = CACHE.parent / "identity" / key.hexdigest()
-        try:
-            return cached.read_text()
-        except OSError:
-            pass
-        for path, _st in sources:
-            digest.update(str(path.relative_to(repo)).encode() + b"\0")
-            digest.update(path.read_bytes())
-        found = f"{_version(repo)}+{digest.hexdigest()[:16]}"
-        try:  # written whole or not at all: a fork reading it sees no half
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=cached.parent, delete=False) as tmp:
-                tmp.write(found)
-            os.replace(tmp.name, cached)
-        except OSError:
-            pass  # no cache: the next host hashes again
-        return found
-    dist = _installed()
-    if dist is None:
-        raise AnsibleError(
-            "no passthrough on the controller: set passthrough_runtime_wheel or "
-            "passthrough_runtime_index_url"
-        )
-    digest.update((dist.read_text("RECORD") or "").encode())
-    return f"{dist.version}+{digest.hexdigest()[:16]}"
 
 
 def per_run(name: str, compute: Callable[[], str]) -> str:
@@ -176,70 +90,20 @@ def _templated(templar: Any, value: Any) -> bool:
     return False
 
 
-def _pack(dist: importlib.metadata.Distribution, out: Path) -> Path:
-    """A wheel of an installed pure-Python distribution, from its RECORD."""
-    base = Path(str(dist.locate_file("")))
-    name = f"passthrough-{dist.version}-py3-none-any.whl"
-    records: list[str] = []
-    with zipfile.ZipFile(out / name, "w", zipfile.ZIP_DEFLATED) as zf:
-        for f in dist.files or []:
-            rel = str(f)
-            if rel.startswith("..") or "__pycache__" in rel or rel.endswith("/RECORD"):
-                continue
-            data = (base / rel).read_bytes()
-            zf.writestr(rel, data)
-            sha = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-            records.append(f"{rel},sha256={sha},{len(data)}")
-        info = next(
-            str(f).split("/", maxsplit=1)[0] for f in dist.files or [] if ".dist-info/" in str(f)
-        )
-        records.append(f"{info}/RECORD,,")
-        zf.writestr(f"{info}/RECORD", "\n".join(records) + "\n")
-    return out / name
-
-
-def wheel(ident: str) -> Path:
-    """The controller's wheel for ``ident``, built once and cached (a lock keeps the forks from
-    building it side by side)."""
-    folder = CACHE / ident
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        found = sorted(folder.glob("passthrough-*.whl"))
-        if found:
-            return found[0]
-        repo = _checkout()
-        with tempfile.TemporaryDirectory(dir=folder) as tmp:
-            if repo is None:
-                dist = _installed()
-                if dist is None:  # identity() raised otherwise
-                    raise RuntimeError("passthrough is neither a checkout nor installed here")
-                built = _pack(dist, Path(tmp))
-            else:
-                built = _build(repo, Path(tmp))
-            return built.rename(folder / built.name)
-
-
-def _build(repo: Path, out: Path) -> Path:
-    base = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out)]
-    errors = []
-    # without build isolation when setuptools is at hand (no index needed), else with it
-    for extra in (["--no-build-isolation"], []):
-        r = subprocess.run([*base, *extra, str(repo)], capture_output=True, text=True, check=False)
-        found = list(out.glob("passthrough-*.whl"))
-        if r.returncode == 0 and found:
-            return found[0]
-        errors.append((r.stderr or r.stdout).strip().splitlines()[-1:])
-    raise AnsibleError(
-        f"could not build the passthrough wheel from {repo} ({errors}); "
-        "set passthrough_runtime_wheel to a wheel"
-    )
-
-
 class RuntimeAction(ActionBase):  # type: ignore[misc] # Ansible is untyped
     """Runs the task's module under the host's passthrough venv, installing it first when the
     host does not hold the controller's identity. ``passthrough_runtime: none`` runs the module
-    with the host's interpreter as it is (the library put there by you)."""
+    with the host's interpreter as it is (the library put there by you).
+
+    An action that names a library module in ``direct`` (and the module's argument spec in
+    ``spec``) runs that instead of the module where the venv holds the controller's library
+    (``_direct``): the same body, the same result, a fraction of the cost per host."""
+
+    direct: str | None = None
+
+    @staticmethod
+    def spec() -> dict[str, Any]:
+        return {}
 
     def _var(self, task_vars: dict[str, Any], name: str, default: Any) -> Any:
         value = task_vars.get(name, default)
@@ -275,8 +139,8 @@ class RuntimeAction(ActionBase):  # type: ignore[misc] # Ansible is untyped
         # the controller's, returns passthrough_runtime and does nothing. Where it gave no
         # result Ansible could read (no interpreter in the venv: "The module interpreter … was
         # not found", or a crash before its result) the probe says what the venv holds. A
-        # prepared host costs this one module call.
-        done = self._execute_module(module_args=args, task_vars=module_vars)
+        # prepared host costs this one module call (or the direct command, `_call`).
+        done = self._call(args, venv, module_vars)
         stale = done.get("passthrough_runtime")
         if stale is None and done.get("_ansible_parsed") is False:
             have, lacking = self._probe(venv, requires)
@@ -285,13 +149,72 @@ class RuntimeAction(ActionBase):  # type: ignore[misc] # Ansible is untyped
         if stale is None:
             result.update(done)
             return result
-        installed = self._install(task_vars, venv, ident)
+        # a venv that could not run the task at all is installed again whatever it says it holds
+        broken = "venv" in (stale.get("lacking") or [])
+        installed = self._install(task_vars, venv, ident, force=broken)
         if installed.get("failed"):
             return {**result, **installed, "msg": f"runtime: {installed.get('msg')}"}
-        result.update(self._execute_module(module_args=args, task_vars=module_vars))
+        again = self._call(args, venv, module_vars)
+        if again.get("passthrough_runtime") is not None:
+            return {
+                **result,
+                "failed": True,
+                "msg": f"runtime: {venv} still does not run passthrough {ident} after installing it "
+                f"({again['passthrough_runtime']})",
+            }
+        result.update(again)
         result["changed"] = True
         result["runtime_installed"] = ident
         return result
+
+    def _call(self, args: dict[str, Any], venv: str, module_vars: dict[str, Any]) -> dict[str, Any]:
+        """The task under the venv: the direct command where the action has one (and the task
+        is not async), the module where that cannot decide."""
+        done = None
+        if self.direct is not None and not self._task.async_val:
+            done = self._direct(self.direct, args, venv)
+        if done is None:
+            done = self._execute_module(module_args=args, task_vars=module_vars)
+        return done
+
+    def _direct(self, module: str, args: dict[str, Any], venv: str) -> dict[str, Any] | None:
+        """The task as one command under the venv's interpreter (``python -I -m`` the library's
+        ``module``), where the library is there already: no AnsiballZ wrapper to
+        send, unpack and compile, no temporary directory. The arguments are checked here with
+        the module's own spec first. Where the venv has no interpreter or no such module, the
+        runtime is reported missing (the action installs it). None for arguments the module
+        would refuse: the module's call then fails with Ansible's own message."""
+        spec = self.spec()
+        given = {k: v for k, v in args.items() if k != "runtime"}
+        checked = ArgumentSpecValidator(spec).validate(given)
+        if checked.error_messages:
+            return None  # the module's call fails with Ansible's own message
+        payload = {
+            "params": {k: v for k, v in checked.validated_parameters.items() if k != "runtime"},
+            "check_mode": bool(self._task.check_mode),
+            "runtime": args["runtime"],
+        }
+        encoded = base64.b64encode(json.dumps(payload).encode()).decode()
+        python = shlex.quote(f"{venv}/bin/python")
+        env = self._compute_environment_string()
+        command = f"{env} {python} -I -m {module} {encoded}".strip()
+        res = self._low_level_execute_command(command, sudoable=True)
+        stdout, stderr = res.get("stdout", ""), res.get("stderr", "")
+        for line in reversed(stdout.splitlines()):
+            if DIRECT_RESULT in line:
+                found: dict[str, Any] = json.loads(line.split(DIRECT_RESULT, 1)[1])
+                return found
+        if res.get("rc") == 127 or f"No module named {module.split('.')[0]}" in stderr:
+            # no interpreter in the venv, no library in it, or one from before the command
+            return {"changed": False, "passthrough_runtime": {"have": "", "lacking": ["venv"]}}
+        last = (stderr.strip().splitlines() or stdout.strip().splitlines() or ["no output"])[-1]
+        return {
+            "failed": True,
+            "msg": f"{self._task.action} failed on the host (rc {res.get('rc')}): {last}",
+            "module_stdout": stdout,
+            "module_stderr": stderr,
+            "rc": res.get("rc"),
+        }
 
     def _role_arguments(self, task_vars: dict[str, Any]) -> dict[str, Any] | None:
         """A role's argument specs checked here, in this task's own worker, where the role was
@@ -339,7 +262,9 @@ class RuntimeAction(ActionBase):  # type: ignore[misc] # Ansible is untyped
             self._low_level_execute_command(command, sudoable=True).get("stdout", "")
         )
 
-    def _install(self, task_vars: dict[str, Any], venv: str, ident: str) -> dict[str, Any]:
+    def _install(
+        self, task_vars: dict[str, Any], venv: str, ident: str, force: bool = False
+    ) -> dict[str, Any]:
         """passthrough_runtime on the host, with the wheel copied over (or the index named)."""
         index = self._var(task_vars, "passthrough_runtime_index_url", "")
         args: dict[str, Any] = {
@@ -349,6 +274,7 @@ class RuntimeAction(ActionBase):  # type: ignore[misc] # Ansible is untyped
             "install_packages": bool(
                 self._var(task_vars, "passthrough_runtime_install_packages", False)
             ),
+            "force": force,
         }
         tmp = None
         if index:

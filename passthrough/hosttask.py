@@ -1,0 +1,175 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The host role's task on a host: read it, plan, apply (or show) and report, as one result dict.
+
+Two ways in, one body (``run``): the collection's ``passthrough_host`` module (Ansible's
+AnsiballZ wrapper, which brings ``ansible.module_utils`` along and compiles it on the host at
+every call), and ``python -I -m passthrough.hosttask PAYLOAD`` (``main``), the command the
+collection's action runs under the host's runtime venv where the library is installed already:
+one process, no wrapper to compile, no temporary directory to make, fill and remove. The
+action checks the arguments on the controller with the module's own argument spec first, so
+both ways see the same validated parameters.
+
+``main`` reads the venv's identity file before it imports anything else of the library: where
+it is not the controller's, it reports ``passthrough_runtime`` and does nothing (the action
+installs, then runs the task again).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+from typing import Any
+
+# the line of the command's output that carries its result (a login or sudo may print first)
+RESULT = "passthrough-task-result:"
+MARKER = "passthrough-runtime"  # the identity file the runtime module writes into the venv
+
+
+def _preflight(host: Any, required: list[str]) -> dict[str, Any] | None:
+    """A failed result where a required readiness check fails, naming each with its summary
+    and fix; None where none does."""
+    if not required:
+        return None
+    from passthrough.analysis.scan import analyse
+    from passthrough.model import Level
+    from passthrough.output.json import scan_json
+
+    checks = scan_json(analyse(host))["checks"]
+    blocking = [c for c in checks if c["level"] == Level.FAIL.value and c["id"] in required]
+    if not blocking:
+        return None
+    fixes = "; ".join(c["fix"] for c in blocking if c.get("fix"))
+    return {
+        "failed": True,
+        "msg": f"preflight: {', '.join(c['id'] for c in blocking)} failed: "
+        f"{'; '.join(c['summary'] for c in blocking)}" + (f" (fix: {fixes})" if fixes else ""),
+        "checks": checks,
+        "exit_code": 1,  # EXIT_CHECK_FAILED: what `passthrough check` exits with here
+    }
+
+
+def _undo(root: Any, check_mode: bool) -> dict[str, Any]:
+    from passthrough.execute.journal import Journal
+    from passthrough.execute.undo import undo
+
+    pending = Journal.load(root).live()
+    # the cards the applied changes bound: undone, they go back to the host's drivers
+    given_back = sorted({f for tx in pending if tx.record for f in tx.record.functions})
+    if check_mode or not pending:
+        return {"changed": bool(pending), "reboot_required": bool(pending), "functions": given_back}
+    restored = undo(root).changed
+    return {
+        "changed": bool(restored),
+        "reboot_required": bool(restored),
+        "restored": restored,
+        "functions": given_back,
+    }
+
+
+def run(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
+    """The task's result for validated module parameters (``failed`` set where a required
+    check refuses). A refusal of the library (a PassthroughError) is raised, as the command
+    line would exit on it."""
+    from passthrough.execute.selection import plan_options
+    from passthrough.host.discover import discover
+    from passthrough.host.root import HostRoot
+    from passthrough.plan.actions import RemoveFile, WriteFile
+    from passthrough.plan.build import make_plan
+    from passthrough.plan.options import values
+
+    root = HostRoot(params["root"])
+    if params["state"] == "absent":
+        return _undo(root, check_mode)
+    host = discover(root)
+    opts = plan_options(root, values(params, module=True), via="module")
+    plan, _sel = make_plan(root, host, opts)
+    if not plan.empty:  # the checks guard a change; with nothing to change, none is due
+        refused = _preflight(host, params["preflight"])
+        if refused is not None:
+            return refused
+    diff = []
+    for action in plan.actions:
+        if isinstance(action, WriteFile | RemoveFile):
+            before = root.read_bytes(action.path)
+            diff.append(
+                {
+                    "before_header": "/" + action.path,
+                    "after_header": "/" + action.path,
+                    "before": before.decode("utf-8", "replace") if before is not None else "",
+                    "after": action.content.decode("utf-8", "replace")
+                    if isinstance(action, WriteFile)
+                    else "",
+                }
+            )
+    result: dict[str, Any] = {
+        "changed": not plan.empty,
+        "reboot_required": plan.reboot,
+        "plan": plan.to_json(root),
+        "functions": list(plan.functions),
+        "diff": diff,
+    }
+    if check_mode or plan.empty:
+        return result
+    from passthrough.execute.apply import apply  # only where there is something to do
+
+    tx = apply(root, plan, plan.record())
+    steps = tx.steps if tx else []
+    result["transaction"] = tx.id if tx else None
+    result["commands_not_run"] = [s.argv for s in steps if s.state.value == "listed"]
+    return result
+
+
+def _stale(runtime: dict[str, Any]) -> dict[str, Any] | None:
+    """What the venv this runs in holds, where it is not the identity the action expects."""
+    try:
+        with open(os.path.join(str(runtime.get("venv")), MARKER), encoding="utf-8") as f:
+            have = f.read().strip()
+    except OSError:
+        have = ""
+    lacking: list[str] = []
+    if runtime.get("requires"):
+        import importlib.util
+
+        lacking = [m for m in runtime["requires"] if importlib.util.find_spec(m) is None]
+    if have == runtime.get("identity") and not lacking:
+        return None
+    return {"have": have, "lacking": lacking}
+
+
+def _outcome(payload: dict[str, Any]) -> dict[str, Any]:
+    stale = _stale(payload.get("runtime") or {})
+    if stale is not None:
+        return {"changed": False, "passthrough_runtime": stale}
+    try:
+        return run(payload["params"], bool(payload["check_mode"]))
+    except Exception as exc:
+        from passthrough.errors import PassthroughError
+
+        if not isinstance(exc, PassthroughError):
+            raise
+        # exit_code: what `passthrough` itself exits with for the same refusal (docs/cli.md)
+        return {
+            "failed": True,
+            "msg": str(exc),
+            "codes": list(getattr(exc, "codes", ())),
+            "exit_code": int(exc.exit_code),
+        }
+
+
+def main(argv: list[str]) -> int:
+    """``PAYLOAD``: base64 of ``{"params": …, "check_mode": …, "runtime": {identity, venv}}``.
+    Prints the result on one line after ``RESULT``; a bug shows as its traceback (exit 1)."""
+    if len(argv) != 1:
+        print("usage: python -I -m passthrough.hosttask PAYLOAD", file=sys.stderr)
+        return 2
+    payload = json.loads(base64.b64decode(argv[0]))
+    result = _outcome(payload)
+    result["invocation"] = {"module_args": payload["params"]}
+    print(RESULT + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

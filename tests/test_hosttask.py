@@ -1,0 +1,166 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The host role's task run as the library's own command under the host's runtime venv
+(passthrough/hosttask.py, the action's ``_direct``) against the same task through Ansible's
+module wrapper (``passthrough_runtime: none``): real ``ansible``, real sudo, sample roots."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from passthrough import fakehost
+
+REPO = Path(__file__).parents[1]
+BIN = Path(sys.executable).parent
+MODULE = "passthrough.gpu.passthrough_host"
+# what the two ways may differ in: Ansible's own bookkeeping, the transaction's time stamp
+TRANSPORT = {"invocation", "transaction", "_ansible_no_log", "warnings", "deprecations"}
+
+
+def _ad_hoc(
+    tmp_path: Path, root: Path, runtime: str, args: dict[str, Any], *opts: str
+) -> dict[str, Any]:
+    """One task on a local host through the real ``ansible`` (become through the real sudo),
+    the host's library in a venv of its own (``venv``) or this interpreter's (``none``)."""
+    host = {
+        "ansible_connection": "local",
+        "passthrough_runtime": runtime,
+        "ansible_python_interpreter": sys.executable if runtime == "none" else "/usr/bin/python3",
+        "passthrough_runtime_venv": str(tmp_path / "host-venv"),
+    }
+    inv = tmp_path / f"{runtime}.json"
+    inv.write_text(json.dumps({"all": {"hosts": {"h": host}}}))
+    r = subprocess.run(
+        [
+            str(BIN / "ansible"),
+            "h",
+            "-i",
+            str(inv),
+            "-b",
+            "-m",
+            MODULE,
+            "-a",
+            json.dumps(args),
+            *opts,
+        ],
+        cwd=REPO,  # ansible.cfg: this checkout's collection
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+        env={
+            **os.environ,
+            "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+            "ANSIBLE_STDOUT_CALLBACK": "json",
+            "XDG_CACHE_HOME": str(tmp_path / "cache"),  # the wheel is built for this test
+        },
+    )
+    doc = json.loads(r.stdout[r.stdout.index("{") :])
+    result: dict[str, Any] = doc["plays"][0]["tasks"][0]["hosts"]["h"]
+    return result
+
+
+def _same(result: dict[str, Any], root: Path) -> dict[str, Any]:
+    """The result as it reads whichever way it came: the root's path and Ansible's
+    bookkeeping out."""
+    kept = {k: v for k, v in result.items() if k not in TRANSPORT and not k.startswith("_")}
+    out: dict[str, Any] = json.loads(json.dumps(kept).replace(str(root), "ROOT"))
+    return out
+
+
+@pytest.mark.fleet
+def test_the_direct_command_gives_what_the_module_gives(tmp_path: Path) -> None:
+    """Check mode with its diff, apply, the no-op, a refusal with its code, a required
+    readiness check that fails, undo: the same result from the command under the venv as
+    from Ansible's module, and the same files on the host."""
+    cases: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
+        ("consumer-intel", {}, ("--check", "--diff")),
+        ("consumer-intel", {}, ()),
+        ("consumer-intel", {}, ()),  # nothing left to do
+        ("amd-b550-chipset", {"gpus": ["0000:2b:00.0"], "include_group": True}, ()),
+        ("iommu-off", {"iommu_only": True, "preflight": ["iommu-enabled"]}, ()),
+        ("consumer-intel", {"state": "absent"}, ()),
+    ]
+    seen: dict[str, list[dict[str, Any]]] = {}
+    trees: dict[str, dict[str, bytes]] = {}
+    for runtime in ("none", "venv"):
+        roots: dict[str, Path] = {}
+        for sample, args, opts in cases:
+            if sample not in roots:
+                roots[sample] = fakehost.build(fakehost.load(sample), tmp_path / runtime / sample)
+            root = roots[sample]
+            got = _ad_hoc(tmp_path, root, runtime, {"root": str(root), **args}, *opts)
+            seen.setdefault(runtime, []).append(_same(got, root))
+        trees[runtime] = {
+            str(p.relative_to(tmp_path / runtime)): p.read_bytes()
+            for p in sorted((tmp_path / runtime).rglob("*"))
+            if p.is_file() and "/var/lib/passthrough/" not in str(p)
+        }
+    none, venv = seen["none"], seen["venv"]
+    # the venv's first task installed the library (said so), then ran the task itself
+    assert venv[0].pop("runtime_installed").startswith("0.1.0+")
+    assert none == venv
+    check, applied, again, refused, preflight, undone = venv
+    assert check["changed"] and check["diff"] and check["reboot_required"]
+    assert applied["changed"] and not again["changed"]
+    assert refused["failed"] and refused["exit_code"] == 2, refused
+    assert "route-nic-in-group" in refused["codes"], refused
+    assert preflight["failed"] and preflight["msg"].startswith("preflight: iommu-enabled failed")
+    assert undone["changed"] and undone["restored"]
+    assert trees["none"] == trees["venv"]
+
+
+@pytest.mark.fleet
+def test_a_venv_without_the_command_is_installed_again(tmp_path: Path) -> None:
+    """A venv whose library lacks the command (an older one, or a broken copy) under the right
+    identity file: the task installs the controller's library and then runs; a wrong option
+    is refused with Ansible's own message, nothing run."""
+    root = fakehost.build(fakehost.load("consumer-intel"), tmp_path / "root")
+    first = _ad_hoc(tmp_path, root, "venv", {"root": str(root)}, "--check")
+    assert first["changed"] and "runtime_installed" in first, first
+    lib = next((tmp_path / "host-venv/lib").glob("python3*/site-packages/passthrough"))
+    (lib / "hosttask.py").unlink()
+    shutil.rmtree(lib / "__pycache__", ignore_errors=True)
+    again = _ad_hoc(tmp_path, root, "venv", {"root": str(root)}, "--check")
+    assert again.get("runtime_installed") == first["runtime_installed"], again
+    assert (lib / "hosttask.py").is_file()
+    wrong = _ad_hoc(tmp_path, root, "venv", {"root": str(root), "bogus": 1}, "--check")
+    assert wrong["failed"] and "Unsupported parameters" in wrong["msg"], wrong
+    assert "bogus" in wrong["msg"]
+
+
+def test_a_stale_venv_is_told_before_the_library_is_imported(tmp_path: Path) -> None:
+    """The command reads the venv's identity file first: where it is not the one expected it
+    says so and imports nothing of the library's beyond itself (an older library must not act
+    for the controller's)."""
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / "passthrough-runtime").write_text("0.0.1+older\n")
+    payload = {
+        "params": {"root": str(tmp_path), "state": "present"},
+        "check_mode": True,
+        "runtime": {"identity": "0.1.0+new", "venv": str(venv), "requires": []},
+    }
+    code = (
+        "import sys\n"
+        "from passthrough import hosttask\n"
+        "hosttask.main(sys.argv[1:])\n"
+        "print(sorted(m for m in sys.modules if m.startswith('passthrough')))\n"
+    )
+    encoded = base64.b64encode(json.dumps(payload).encode()).decode()
+    r = subprocess.run(
+        [sys.executable, "-c", code, encoded], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    line, modules = r.stdout.splitlines()
+    result = json.loads(line.removeprefix("passthrough-task-result:"))
+    assert result["passthrough_runtime"] == {"have": "0.0.1+older", "lacking": []}
+    assert not result["changed"] and "plan" not in result
+    assert json.loads(modules.replace("'", '"')) == ["passthrough", "passthrough.hosttask"]
