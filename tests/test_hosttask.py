@@ -132,6 +132,10 @@ def test_a_venv_without_the_command_is_installed_again(tmp_path: Path) -> None:
     again = _ad_hoc(tmp_path, root, "venv", {"root": str(root)}, "--check")
     assert again.get("runtime_installed") == first["runtime_installed"], again
     assert (lib / "hosttask.py").is_file()
+    shutil.rmtree(lib)  # no library at all: Python names the package quoted
+    third = _ad_hoc(tmp_path, root, "venv", {"root": str(root)}, "--check")
+    assert third.get("runtime_installed") == first["runtime_installed"], third
+    assert (lib / "hosttask.py").is_file()
     wrong = _ad_hoc(tmp_path, root, "venv", {"root": str(root), "bogus": 1}, "--check")
     assert wrong["failed"] and "Unsupported parameters" in wrong["msg"], wrong
     assert "bogus" in wrong["msg"]
@@ -164,3 +168,58 @@ def test_a_stale_venv_is_told_before_the_library_is_imported(tmp_path: Path) -> 
     assert result["passthrough_runtime"] == {"have": "0.0.1+older", "lacking": []}
     assert not result["changed"] and "plan" not in result
     assert json.loads(modules.replace("'", '"')) == ["passthrough", "passthrough.hosttask"]
+
+
+def _action_utils() -> Any:
+    if str(REPO / "playbooks") not in sys.path:
+        sys.path.append(str(REPO / "playbooks"))
+    from ansible_collections.passthrough.gpu.plugins.plugin_utils import runtime
+
+    return runtime
+
+
+def test_a_command_that_cannot_start_is_told_from_either_stream(tmp_path: Path) -> None:
+    """What the real interpreter says where a venv has no library (the package's name quoted)
+    or one without the command, read from stderr (local) or from stdout (over SSH the command
+    runs on a terminal, ``ssh -tt``, which merges the host's stderr into it); a failure of
+    another kind, or none, is not taken for a missing runtime."""
+    runtime = _action_utils()
+    empty = subprocess.run(
+        ["/usr/bin/python3", "-I", "-m", "passthrough.hosttask"], capture_output=True, text=True
+    )
+    old = tmp_path / "old"
+    (old / "passthrough").mkdir(parents=True)
+    (old / "passthrough/__init__.py").write_text('__version__ = "0.0.1"\n')
+    older = subprocess.run(
+        [sys.executable, "-m", "passthrough.hosttask"],
+        capture_output=True,
+        text=True,
+        cwd=old,  # the old library first on the path
+    )
+    assert "No module named 'passthrough'" in empty.stderr, empty.stderr
+    assert "No module named passthrough.hosttask" in older.stderr, older.stderr
+    for said in (empty, older):
+        assert runtime.cannot_run(said.returncode, "", said.stderr)
+        assert runtime.cannot_run(said.returncode, said.stderr.replace("\n", "\r\n"), "")
+    assert runtime.cannot_run(127, "", "sh: 1: /opt/x/bin/python: not found")
+    crash = "Traceback (most recent call last):\nZeroDivisionError: division by zero\n"
+    assert not runtime.cannot_run(1, crash, "")
+    assert not runtime.cannot_run(0, "", "")
+
+
+def test_the_result_line_is_read_whatever_comes_before_it() -> None:
+    """A sudo warning before the tagged line is passed over; a line cut short, or no line, is
+    no result (the action then reports the failure with the output)."""
+    from passthrough.hosttask import RESULT
+
+    runtime = _action_utils()
+    assert runtime.DIRECT_RESULT == RESULT
+    warning = "sudo: unable to resolve host lab-host: Temporary failure in name resolution"
+    line = runtime.DIRECT_RESULT + json.dumps({"changed": False, "plan": {"actions": []}})
+    assert runtime.direct_result(f"{warning}\r\n{line}\r\n") == {
+        "changed": False,
+        "plan": {"actions": []},
+    }
+    assert runtime.direct_result(f"{warning}\n{line[:-5]}\n") is None
+    assert runtime.direct_result(warning) is None
+    assert runtime.direct_result(runtime.DIRECT_RESULT + "[1, 2]") is None

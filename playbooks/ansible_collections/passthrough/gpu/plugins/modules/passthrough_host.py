@@ -143,6 +143,9 @@ def argument_spec() -> dict[str, dict[str, Any]]:
 
 
 def main() -> None:
+    # The collection's action checks the same argument_spec() on the controller and, under the
+    # runtime venv, runs passthrough/hosttask.py instead of this module: a rule given only
+    # here (mutually_exclusive, required_if, ...) would not hold there; put it in both.
     module = AnsibleModule(
         argument_spec=argument_spec(),
         supports_check_mode=True,

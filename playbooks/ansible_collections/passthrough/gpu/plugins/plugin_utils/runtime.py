@@ -15,6 +15,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import shlex
 import tempfile
 from collections.abc import Callable
@@ -40,6 +41,31 @@ HAVE = "passthrough-runtime-have:"
 # the direct command's result line (passthrough/hosttask.py RESULT)
 DIRECT_RESULT = "passthrough-task-result:"
 LACKING = "passthrough-runtime-lacking:"
+
+
+# Python's words where the venv holds no library, or one without the command (the name is
+# quoted where the package itself is missing); the shell's 127 where it has no interpreter
+NO_LIBRARY = re.compile(r"No module named '?passthrough\b")
+
+
+def cannot_run(rc: object, stdout: str, stderr: str) -> bool:
+    """Whether the direct command could not start under the venv. Both streams are read: over
+    SSH the command runs on a terminal (``ssh -tt``), where the host's stderr arrives in
+    stdout."""
+    return rc == 127 or bool(NO_LIBRARY.search(stdout + "\n" + stderr))
+
+
+def direct_result(stdout: str) -> dict[str, Any] | None:
+    """The direct command's result from its tagged line (a login or sudo may print first);
+    None where there is none that reads whole."""
+    for line in reversed(stdout.splitlines()):
+        if DIRECT_RESULT in line:
+            try:
+                found = json.loads(line.split(DIRECT_RESULT, 1)[1])
+            except ValueError:
+                return None
+            return found if isinstance(found, dict) else None
+    return None
 
 
 def parse_probe(stdout: str) -> tuple[str, list[str]]:
@@ -168,10 +194,10 @@ class RuntimeAction(ActionBase):  # type: ignore[misc] # Ansible is untyped
         return result
 
     def _call(self, args: dict[str, Any], venv: str, module_vars: dict[str, Any]) -> dict[str, Any]:
-        """The task under the venv: the direct command where the action has one (and the task
-        is not async), the module where that cannot decide."""
+        """The task under the venv: the direct command where the action has one, the module
+        where that cannot decide."""
         done = None
-        if self.direct is not None and not self._task.async_val:
+        if self.direct is not None:  # (an async task never gets here: the action refuses it)
             done = self._direct(self.direct, args, venv)
         if done is None:
             done = self._execute_module(module_args=args, task_vars=module_vars)
@@ -200,12 +226,10 @@ class RuntimeAction(ActionBase):  # type: ignore[misc] # Ansible is untyped
         command = f"{env} {python} -I -m {module} {encoded}".strip()
         res = self._low_level_execute_command(command, sudoable=True)
         stdout, stderr = res.get("stdout", ""), res.get("stderr", "")
-        for line in reversed(stdout.splitlines()):
-            if DIRECT_RESULT in line:
-                found: dict[str, Any] = json.loads(line.split(DIRECT_RESULT, 1)[1])
-                return found
-        if res.get("rc") == 127 or f"No module named {module.split('.')[0]}" in stderr:
-            # no interpreter in the venv, no library in it, or one from before the command
+        found = direct_result(stdout)
+        if found is not None:
+            return found
+        if cannot_run(res.get("rc"), stdout, stderr):
             return {"changed": False, "passthrough_runtime": {"have": "", "lacking": ["venv"]}}
         last = (stderr.strip().splitlines() or stdout.strip().splitlines() or ["no output"])[-1]
         return {
