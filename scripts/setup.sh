@@ -49,6 +49,9 @@ if [ "$mode" != demo ]; then
     packages+=(e2fsprogs openssh-client grub-efi-amd64-bin grub-common dosfstools mtools fdisk)
     # sudo: the playbooks' become (tests/test_ansible.py runs them as Ansible users do)
     packages+=(sudo)
+    # openssh-server + iproute2: a throwaway SSH host in a network namespace
+    # (benchmarks/sshfleet.py; tests/test_hosttask.py reaches it as a fleet host over SSH)
+    packages+=(openssh-server iproute2)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -26,15 +26,22 @@ TRANSPORT = {"invocation", "transaction", "_ansible_no_log", "warnings", "deprec
 
 
 def _ad_hoc(
-    tmp_path: Path, root: Path, runtime: str, args: dict[str, Any], *opts: str
+    tmp_path: Path,
+    root: Path,
+    runtime: str,
+    args: dict[str, Any],
+    *opts: str,
+    how: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One task on a local host through the real ``ansible`` (become through the real sudo),
-    the host's library in a venv of its own (``venv``) or this interpreter's (``none``)."""
+    the host's library in a venv of its own (``venv``) or this interpreter's (``none``);
+    ``how``: the host reached another way (SSH)."""
     host = {
         "ansible_connection": "local",
         "passthrough_runtime": runtime,
         "ansible_python_interpreter": sys.executable if runtime == "none" else "/usr/bin/python3",
         "passthrough_runtime_venv": str(tmp_path / "host-venv"),
+        **(how or {}),
     }
     inv = tmp_path / f"{runtime}.json"
     inv.write_text(json.dumps({"all": {"hosts": {"h": host}}}))
@@ -139,6 +146,32 @@ def test_a_venv_without_the_command_is_installed_again(tmp_path: Path) -> None:
     wrong = _ad_hoc(tmp_path, root, "venv", {"root": str(root), "bogus": 1}, "--check")
     assert wrong["failed"] and "Unsupported parameters" in wrong["msg"], wrong
     assert "bogus" in wrong["msg"]
+
+
+@pytest.mark.fleet
+@pytest.mark.root
+def test_over_ssh_a_venv_from_before_the_command_is_installed_again(tmp_path: Path) -> None:
+    """Over a real SSH connection (a network namespace with its own sshd,
+    benchmarks/sshfleet.py), where the command runs on a terminal and the host's stderr
+    comes back in stdout: a venv whose library lacks the command is installed again, and the
+    next run is the command alone."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import sshfleet
+
+    assert sshfleet.missing() is None, sshfleet.missing()  # setup.sh test installs sshd
+    root = fakehost.build(fakehost.load("consumer-intel"), tmp_path / "root")
+    with sshfleet.hosts(1, tmp_path / "ssh") as ssh:
+        how = {**ssh, "ansible_connection": "ssh", "ansible_host": sshfleet.address(0)}
+        first = _ad_hoc(tmp_path, root, "venv", {"root": str(root)}, "--check", how=how)
+        assert first["changed"] and "runtime_installed" in first, first
+        lib = next((tmp_path / "host-venv/lib").glob("python3*/site-packages/passthrough"))
+        (lib / "hosttask.py").unlink()
+        shutil.rmtree(lib / "__pycache__", ignore_errors=True)
+        again = _ad_hoc(tmp_path, root, "venv", {"root": str(root)}, "--check", how=how)
+        assert again.get("runtime_installed") == first["runtime_installed"], again
+        third = _ad_hoc(tmp_path, root, "venv", {"root": str(root)}, "--check", how=how)
+        assert "runtime_installed" not in third and third["changed"], third
+        assert _same(third, root)["plan"] == _same(first, root)["plan"]
 
 
 def test_a_stale_venv_is_told_before_the_library_is_imported(tmp_path: Path) -> None:
