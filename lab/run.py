@@ -407,10 +407,16 @@ class Lab:
         ]
         if not become:
             raise LabFailed(f"no sudo to root by {image.USER} in this boot's journal")
+        # the host task ran as the library's own command under the venv, not as a module
+        direct = [line for line in become if "-m passthrough.hosttask" in line]
+        wrapped = [line for line in become if "AnsiballZ_passthrough_host" in line]
+        if not direct or wrapped:
+            raise LabFailed(f"the host task did not run as the direct command: {become[-3:]}")
         return {
             "host": host,
             "seconds": result["seconds"],
             "sudo_commands": len(become),
+            "direct_commands": len(direct),
             "runtime": runtime,
         }
 
