@@ -53,8 +53,11 @@ def _second_kernel(root: Path, release: str) -> str:
     cached = sorted(debs.glob(f"{package}_*.deb"))
     if not cached:
         debs.mkdir(parents=True, exist_ok=True)
-        _run(chroot_argv(str(root), ("apt-get", "update", "-q")))
-        _run(chroot_argv(str(root), ("sh", "-c", f"cd /tmp && apt-get download -q {package}")))
+        # apt drops to its _apt user to fetch; the tree's user namespace maps one user (root)
+        # only, where setgroups and seteuid to _apt fail: fetch as root there
+        apt = "apt-get -q -o APT::Sandbox::User=root"
+        _run(chroot_argv(str(root), ("sh", "-c", f"{apt} update")))
+        _run(chroot_argv(str(root), ("sh", "-c", f"cd /tmp && {apt} download {package}")))
         for deb in (root / "tmp").glob(f"{package}_*.deb"):
             shutil.copy(deb, debs / deb.name)
         cached = sorted(debs.glob(f"{package}_*.deb"))
