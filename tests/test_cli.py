@@ -305,6 +305,8 @@ def test_scan_imports_only_what_it_needs(hosts: dict[str, Path]) -> None:
     unwanted = ("passthrough.vm", "passthrough.plan", "passthrough.execute", "jinja2", "yaml")
     unwanted += ("libvirt", "ansible_runner", "lxml", "shtab", "pyudev")
     assert not {m for m in loaded if m.split(".")[0] in unwanted or m.startswith(unwanted)}
+    # logging only under -v; the tools' subprocess and shutil only on the live host
+    assert not {"logging", "subprocess", "shutil"} & loaded
 
 
 # What start-up must not load: the commands' implementations and the heavy libraries.
@@ -353,9 +355,28 @@ def test_start_up_imports_no_command_implementation(argv: tuple[str, ...]) -> No
         "passthrough.cli.common",
         "passthrough.cli.scan",
     }
-    assert not {"json", "logging", "typing"} & names
+    assert not {"json", "logging", "typing", "shutil"} & names
     if argv == ("--version",):
         assert r.stdout.strip() == "passthrough 0.1.0"
+
+
+@pytest.mark.parametrize("columns", ["47", "73", "181", "", "x"])
+def test_help_is_as_wide_as_argparse_makes_it(
+    columns: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Our parser finds the terminal's width itself (argparse would import shutil for it on
+    every start): the help it prints is argparse's own, byte for byte, at any $COLUMNS."""
+    from passthrough.cli import build_parser
+    from passthrough.cli.common import Parser
+
+    monkeypatch.setenv("COLUMNS", columns)
+    for asked in ("scan", "apply", "render"):
+        ours = build_parser(asked).format_help()
+        with monkeypatch.context() as m:
+            m.setattr(Parser, "_get_formatter", argparse.ArgumentParser._get_formatter)
+            theirs = build_parser(asked).format_help()
+        assert ours == theirs
+    assert ours.count("\n") > 20
 
 
 @pytest.mark.parametrize("files", [["a.xml"], ["vm one.xml", "x=y.xml", "ü.xml", "validate"]])

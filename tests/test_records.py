@@ -73,3 +73,25 @@ def test_the_constructor_refuses_what_a_dataclass_refuses() -> None:
     with pytest.raises(ValueError, match="negative"):
         Checked(-1)
     assert Checked(2).n == 2 and Checked(2) == Checked(2)
+
+
+@pytest.mark.parametrize("was_on", [True, False])
+def test_paused_gc_puts_the_collector_back_as_it_was(was_on: bool) -> None:
+    """A scan and a validate batch run with the collector off (records.paused_gc); the
+    caller's setting comes back after, an error on the way out included."""
+    import gc
+
+    from passthrough.records import paused_gc
+
+    before = gc.isenabled()
+    try:
+        gc.enable() if was_on else gc.disable()
+        with paused_gc():
+            assert not gc.isenabled()
+        assert gc.isenabled() is was_on
+        with pytest.raises(KeyError), paused_gc():
+            assert not gc.isenabled()
+            raise KeyError("x")
+        assert gc.isenabled() is was_on
+    finally:
+        gc.enable() if before else gc.disable()

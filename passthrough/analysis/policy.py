@@ -11,6 +11,7 @@ domain XML meet the same refusals.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
+from itertools import islice
 
 from passthrough.analysis import viability
 
@@ -295,6 +296,11 @@ def verdict_findings(
     return found
 
 
+def _displays(gpus: Sequence[Gpu]) -> int:
+    """How many of ``gpus`` have a display output, counted up to two: linear in cards."""
+    return len(list(islice((g for g in gpus if g.primary.subclass != SUBCLASS_3D), 2)))
+
+
 def card_warnings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostIndex) -> list[Finding]:
     """What scan tells about a card beyond the refusals: display, reset, BARs, fabric."""
     primary = gpu.primary
@@ -310,8 +316,7 @@ def card_warnings(host: Host, gpu: Gpu, all_gpus: Sequence[Gpu], index: HostInde
 
     # A 3D controller (0x0302, e.g. a data-centre GPU) has no display output: handing it over
     # takes no console away, and it does not count as one of the host's displays.
-    outputs = [g for g in all_gpus if g.primary.subclass != SUBCLASS_3D]
-    if primary.subclass != SUBCLASS_3D and len(outputs) == 1:
+    if primary.subclass != SUBCLASS_3D and _displays(all_gpus) == 1:
         warn(ONLY_GPU, "the host's only display controller: the host keeps no local display")
     if host.acs_override is not None:
         warn(

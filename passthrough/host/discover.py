@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-import logging
 import os
+import sys
 from collections.abc import Callable
 
 from passthrough.errors import NotAHostRoot, PassthroughError, echo_path
@@ -17,8 +17,17 @@ from passthrough.host.pci import Namer, read_functions, with_names
 from passthrough.host.pciids import find_pci_ids, lookup
 from passthrough.host.root import HostRoot
 from passthrough.model import Host, IommuGroup, PciFunction
+from passthrough.records import paused_gc
 
-log = logging.getLogger(__name__)  # -v/-vv (cli/common.py verbosity)
+
+def _debug(message: str, *args: object) -> None:
+    """-v/-vv (cli/common.py verbosity). Without logging imported nothing can have set it
+    up to show a debug line, so a scan pays neither the import nor the call."""
+    if "logging" in sys.modules:
+        import logging
+
+        logging.getLogger(__name__).debug(message, *args)
+
 
 PciSource = Callable[[HostRoot], list[PciFunction]]
 
@@ -66,10 +75,15 @@ def discover(root: HostRoot | str, pci_source: PciSource | None = None) -> Host:
         root = HostRoot(root)
     if not root.isdir("sys/bus/pci") and not root.isdir("proc"):
         raise NotAHostRoot(root.path, "does not look like a host root (no sys/bus/pci, no proc)")
+    with paused_gc():
+        return _discover(root, pci_source)
+
+
+def _discover(root: HostRoot, pci_source: PciSource | None) -> Host:
     functions = (pci_source or root_pci_source)(root)
     kernel = facts.read_kernel(root)
     packages = read_packages(root)
-    log.debug(
+    _debug(
         "read %s: %d PCI functions, kernel %s, %d problems",
         root.path,
         len(functions),

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 
 from passthrough.guest.root import SNAPSHOT_META
 from passthrough.host.root import HostRoot
@@ -65,6 +63,9 @@ def read_tool_versions(root: HostRoot, packages: dict[str, str]) -> dict[str, st
         if not isinstance(said, dict):
             return {}
         return {k: v for k, v in said.items() if k in missing and isinstance(v, str)}
+    import shutil  # the live host only: a root or snapshot never asks its tools
+    import subprocess
+
     found: dict[str, str] = {}
     for what in missing:
         argv = _TOOLS[what]

@@ -8,6 +8,7 @@ import os
 import posixpath
 import stat
 from collections.abc import Callable, Iterable
+from functools import lru_cache
 from typing import Protocol
 
 from passthrough.errors import MalformedHostData, echo
@@ -59,8 +60,14 @@ def parse_resource(text: str, where: str) -> tuple[Bar, ...]:
 def parents_from_path(real: str) -> tuple[PciAddress, ...]:
     """Upstream bridges, root port first, from a device path such as
     ``sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0``."""
-    parts = [p for p in real.split("/") if PciAddress.looks_like(p)]
-    return tuple(PciAddress.parse(p) for p in parts[:-1])
+    head, _, last = real.rpartition("/")
+    above = _addresses_in(head)  # the functions of a card share it: read once
+    return above if PciAddress.looks_like(last) else above[:-1]
+
+
+@lru_cache(maxsize=1024)
+def _addresses_in(path: str) -> tuple[PciAddress, ...]:
+    return tuple(PciAddress.parse(p) for p in path.split("/") if PciAddress.looks_like(p))
 
 
 def hex_field(value: str | None, where: str) -> int | None:

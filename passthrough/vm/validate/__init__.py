@@ -101,6 +101,16 @@ def check(text: bytes, name: str, opts: Options) -> list[DomainFinding]:
 
 
 IOMMUFD_DRIVERS = "devices/hostdev/driver[@iommufd] | devices/interface/driver[@iommufd]"
+_COMPILED: list[Any] = []  # the XPath above, compiled on first use (a batch asks per file)
+
+
+def _iommufd_drivers(doc: Any) -> list[Any]:
+    if not _COMPILED:
+        from lxml import etree
+
+        _COMPILED.append(etree.XPath(IOMMUFD_DRIVERS))
+    found: list[Any] = _COMPILED[0](doc)
+    return found
 
 
 def _schema_findings(doc: Any, name: str, schema: DomainSchema) -> list[DomainFinding]:
@@ -114,10 +124,10 @@ def _schema_findings(doc: Any, name: str, schema: DomainSchema) -> list[DomainFi
 
     out: list[DomainFinding] = []
     work = doc
-    drivers = doc.xpath(IOMMUFD_DRIVERS)
+    drivers = _iommufd_drivers(doc)
     if drivers and not schema.knows_iommufd:
         work = copy.deepcopy(doc)
-        for el in work.xpath(IOMMUFD_DRIVERS):
+        for el in _iommufd_drivers(work):
             del el.attrib["iommufd"]
         for el in drivers:
             out.append(
@@ -177,6 +187,15 @@ def validate_files(
     machine with more than one CPU is shared among forked workers, which inherit the compiled
     schema; this process takes the first share and reads each worker's findings back
     through a pipe. A worker that fails is not trusted: its files are validated here."""
+    from passthrough.records import paused_gc
+
+    with paused_gc():
+        return _validate_files(files, opts, keep)
+
+
+def _validate_files(
+    files: list[str], opts: Options, keep: Callable[[list[DomainFinding]], list[DomainFinding]]
+) -> dict[str, list[DomainFinding]]:
     workers = _workers(len(files), opts)
     if workers < 2:
         return {name: keep(validate_file(name, opts)) for name in files}
