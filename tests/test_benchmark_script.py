@@ -100,9 +100,22 @@ def test_speed_benchmark_reports_each_figure_beside_its_reference() -> None:
     assert report["validate_one_file"]["median_seconds"][
         "passthrough validate FILE (console script)"
     ]
+    floors = (
+        "floor: python, lxml, libvirt's schema compiled",
+        "floor: that, then the file by the schema",
+    )
+    for floor in floors:
+        assert report["validate_one_file"]["median_cpu_seconds"][floor] > 0
+    for figures in report["scan"].values():
+        assert figures["median_cpu_seconds"]["floor: the same reads in bare Python"] > 0
     batch = report["validate_batch"]
     assert batch["files"] == 3 and batch["passthrough_ok"] is True
     assert batch["virt_xml_validate_failures"] == 0 and batch["speedup"] > 0
+    assert set(batch["speedups"]) == {
+        "passthrough validate FILES",
+        "passthrough validate --schema-only FILES",
+        "floor: lxml's parse and RelaxNG alone, same workers",
+    }
     assert len(report["load_average"]) == 3
 
 
