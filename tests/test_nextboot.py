@@ -104,6 +104,60 @@ def test_a_grub_cfg_without_our_arguments_stops_before_reboot_and_undo_restores(
 
 
 @pytest.mark.root
+def test_apply_again_after_exit_5_is_exit_5_again_not_nothing_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 5 says the next boot lacks it; the same apply run again changes no file, and
+    must not read as done while grub.cfg still lacks our arguments. Once the boot tool
+    reads our file (the admin fixes it), the same no-op run checks, and says reboot."""
+    path = grub_host(tmp_path, UPSTREAM)
+    capsys.readouterr()
+    assert main(["apply", "--root", str(path)]) == 5
+    capsys.readouterr()
+    assert main(["apply", "--root", str(path)]) == 5
+    out, err = capsys.readouterr()
+    assert out.startswith("Nothing to do: the host already matches the plan.")
+    assert "Reboot" not in out and "No reboot" not in out
+    assert f"(first menuentry, 'Debian GNU/Linux'): {OURS}" in err.strip().splitlines()[-1]
+    assert main(["apply", "--root", str(path), "--json"]) == 5
+    got = json.loads(capsys.readouterr().out)
+    assert got["changed"] is False and got["next_boot"]["missing"]
+    (path / "usr/sbin/update-grub").write_text(DEBIAN)
+    subprocess.run(["chroot", str(path), "/bin/sh", "/usr/sbin/update-grub"], check=True)
+    assert main(["apply", "--root", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "Nothing to do" in out and "Checked what the next boot reads: /boot/grub/grub.cfg." in out
+    # the sample's /proc/cmdline is the kernel running: it has not booted with the IDs
+    assert out.rstrip().endswith("reboot, then run `passthrough verify`.")
+
+
+@pytest.mark.root
+def test_a_regeneration_that_failed_then_ran_still_says_reboot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """update-grub failed (exit 3), the admin fixed it, apply again ran only the owed
+    regeneration: what the boot reads changed, so a reboot is due (it said "No reboot
+    required" before)."""
+    path = grub_host(tmp_path, "#!/bin/sh\nexit 1\n")
+    capsys.readouterr()
+    assert main(["apply", "--root", str(path)]) == 3
+    capsys.readouterr()
+    (path / "usr/sbin/update-grub").write_text(DEBIAN)
+    assert main(["apply", "--root", str(path), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert [s["argv"] for s in got["steps"]] == [["update-grub"]]
+    assert got["reboot_required"] is True
+    assert main(["apply", "--root", str(path)]) == 0  # and once more: nothing left to run
+    out = capsys.readouterr().out
+    assert "Nothing to do" in out and "reboot, then run `passthrough verify`." in out
+    # a host whose running kernel has the arguments (it rebooted): no reboot owed
+    cmdline = path / "proc/cmdline"
+    cmdline.write_text(cmdline.read_text().strip() + f" {OURS}\n")
+    assert main(["apply", "--root", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["reboot_required"] is False
+
+
+@pytest.mark.root
 def test_a_grub_cfg_with_our_arguments_is_checked_then_reboot(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -62,10 +62,12 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     # changed anything (this run's own listed commands are named apart)
     now = listed(tx)
     still = [argv for argv in owed(root) if argv not in now]
-    checked = next_boot(root, tx, plan)
+    checked = next_boot(root, tx, plan, still)
+    reboot = reboot_due(root, tx, plan)
     if args.json:
         extra = {"next_boot": nextboot.to_json(checked)} if checked else {}
-        dump({"root": root.path, **apply_json(tx, plan, still), **extra}, "apply")
+        out = {**apply_json(tx, plan, still), "reboot_required": reboot}
+        dump({"root": root.path, **out, **extra}, "apply")
         if checked and checked.missing:
             raise nextboot.NextBootLacks(checked.missing)
         return EXIT_OK
@@ -75,6 +77,10 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
         print("Nothing to do: the host already matches the plan.")
         for argv in still:
             print("  still pending (run it inside the root): " + shlex.join(argv))
+        if checked is not None:
+            said_next_boot(checked)  # what an earlier apply left: a lack is exit 5 again
+        if reboot and not still:
+            print("The running kernel lacks it yet: reboot, then run `passthrough verify`.")
         return EXIT_OK
     print(f"Applied {count(len(tx.steps), 'step')} (transaction {tx.id}).")
     if still:
@@ -89,23 +95,42 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
             why_listed(root),
             now,
             "Then reboot, and run `passthrough verify`."
-            if plan.reboot
+            if reboot
             else "No reboot required after them.",
         )
     else:
-        print("Reboot, then run `passthrough verify`." if plan.reboot else "No reboot required.")
+        print("Reboot, then run `passthrough verify`." if reboot else "No reboot required.")
     return EXIT_OK
 
 
-def next_boot(root: HostRoot, tx: Transaction | None, plan: Plan) -> NextBoot | None:
-    """What the next boot reads, checked where this apply ran its commands (None: it ran
-    none here, they are listed above, or it changed nothing)."""
+def next_boot(
+    root: HostRoot, tx: Transaction | None, plan: Plan, still: list[list[str]]
+) -> NextBoot | None:
+    """What the next boot reads, checked where this apply runs commands (None where they
+    are listed instead). With nothing to do it is checked too: an earlier apply that ended
+    in exit 5 (the next boot lacks it) must not read as done when run again."""
     from passthrough.execute import nextboot
     from passthrough.execute.apply import command_mode
 
-    if tx is None or command_mode(root) == "list":
+    if command_mode(root) == "list":
         return None
+    if tx is None:
+        return nextboot.check_record(root, plan.record(), plan.initramfs, not_run=still)
     return nextboot.check(root, tx, plan.initramfs)
+
+
+def reboot_due(root: HostRoot, tx: Transaction | None, plan: Plan) -> bool:
+    """Whether the host needs a reboot to have the plan: this run changed what the boot
+    reads (files or a regeneration, an earlier apply's included), or the kernel running
+    (the root's /proc/cmdline) lacks an argument the plan's boot must have."""
+    from passthrough.execute.journal import StepState
+    from passthrough.execute.nextboot import lacking
+
+    if plan.reboot:
+        return True
+    if tx is not None and any(s.regenerate and s.state is StepState.DONE for s in tx.steps):
+        return True
+    return bool(lacking((root.read("proc/cmdline") or "").split(), plan.record()))
 
 
 def said_next_boot(checked: NextBoot) -> None:

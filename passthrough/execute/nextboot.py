@@ -296,10 +296,23 @@ def check(
 ) -> NextBoot:
     """What the next boot reads after ``tx``, an apply; nothing is read while one of its
     regeneration commands has not run (listed, failed): ``not_run`` names them."""
-    out = NextBoot()
-    out.not_run = [s.argv for s in tx.steps if s.regenerate and s.state is not StepState.DONE]
-    record = tx.record
-    if out.not_run or record is None:
+    not_run = [s.argv for s in tx.steps if s.regenerate and s.state is not StepState.DONE]
+    if tx.record is None:
+        return NextBoot(not_run=not_run)
+    return check_record(root, tx.record, initramfs, not_run, runner)
+
+
+def check_record(
+    root: HostRoot,
+    record: PlanRecord,
+    initramfs: InitramfsKind,
+    not_run: list[list[str]] | None = None,
+    runner: Runner = _default_runner,
+) -> NextBoot:
+    """What the next boot reads, against what ``record`` (a plan) says it must have;
+    nothing is read while a regeneration is still owed (``not_run``)."""
+    out = NextBoot(not_run=list(not_run or []))
+    if out.not_run:
         return out
     by_loader = CHECKS.get(record.bootloader)
     if by_loader is None:
