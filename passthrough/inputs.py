@@ -20,8 +20,25 @@ class Unreadable(Exception):
     """Why the file cannot be used; the caller names the flag in its own error."""
 
 
+# What virsh reads of a domain file at most (tools/virsh.h VSH_MAX_XML_FILE, 10 MiB): a
+# domain of 10,000 hostdevs is about 2.5 MiB
+MAX_DOMAIN = 10 << 20
+NOT_REGULAR = "not a regular file"  # a FIFO, a device, a directory: refused, never waited on
+
+
 def read_text(path: str, what: str, limit: int = MAX_INPUT) -> str:
     """The file's text; ``what`` ("a VM spec file") completes the too-large message."""
+    data = read_bytes(path, what, limit)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise Unreadable(f"line {line}: byte 0x{data[exc.start]:02x} is not UTF-8 text") from None
+
+
+def read_bytes(path: str, what: str, limit: int = MAX_INPUT) -> bytes:
+    """The file's bytes, at most ``limit`` of them (larger is refused, never cut); a FIFO
+    or a device is refused without waiting on it or reading it."""
     try:
         # non-blocking: a FIFO given as the file must not hang us before we see what it is
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -30,7 +47,7 @@ def read_text(path: str, what: str, limit: int = MAX_INPUT) -> str:
     # decided on the descriptor before any file object: fdopen of a directory raises
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise Unreadable("not a regular file")
+        raise Unreadable(NOT_REGULAR)
     with os.fdopen(fd, "rb") as fh:
         try:
             data = fh.read(limit + 1)  # one byte more tells "too large" from "just fits"
@@ -38,11 +55,7 @@ def read_text(path: str, what: str, limit: int = MAX_INPUT) -> str:
             raise Unreadable(exc.strerror or "cannot read it") from None
     if len(data) > limit:
         raise Unreadable(f"larger than {limit >> 20} MiB: not {what}")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise Unreadable(f"line {line}: byte 0x{data[exc.start]:02x} is not UTF-8 text") from None
+    return data
 
 
 @functools.cache

@@ -569,3 +569,58 @@ def test_workers_only_for_a_large_batch_and_never_with_a_connection() -> None:
     assert validate._workers(10_000, connected) == 1
     cpus = len(os.sched_getaffinity(0))
     assert validate._workers(10_000, plain) == min(cpus, validate.MAX_WORKERS)
+
+
+def test_what_validate_and_vm_define_will_not_read(tmp_path: Path) -> None:
+    """A FIFO (never waited on), a device, a directory and a file larger than virsh reads
+    (10 MiB) are findings of their own, each file in one line, and the batch goes on; `-`
+    is standard input. ``vm define`` refuses the same, and a file whose root is not
+    <domain>, as bad input (exit 2) before it connects, not as libvirt's refusal (exit 4)."""
+    good = GOLDEN / "vm" / "consumer-2fn.xml"
+    fifo = tmp_path / "fifo.xml"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.xml"
+    with open(big, "wb") as fh:
+        fh.truncate((10 << 20) + 1)
+    folder = tmp_path / "dir.xml"
+    folder.mkdir()
+    cmd = [sys.executable, "-m", "passthrough", "validate", "--json"]
+    files = [str(fifo), "/dev/zero", str(folder), str(big), str(good)]
+    r = subprocess.run([*cmd, *files], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 1, r.stderr
+    by_file = {f["file"]: f["findings"] for f in json.loads(r.stdout)["files"]}
+    for name in files[:3]:
+        (finding,) = by_file[name]
+        assert finding["code"] == "file-unreadable"
+        assert finding["message"].startswith("cannot read it: not a regular file"), finding
+    (finding,) = by_file[str(big)]
+    assert "larger than 10 MiB" in finding["message"]
+    assert not [f for f in by_file[str(good)] if f["severity"] == "error"]
+    r = subprocess.run(
+        [*cmd, "-"], input=good.read_text(), capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0 and json.loads(r.stdout)["files"][0]["file"] == "-", r.stdout
+    net = tmp_path / "net.xml"
+    net.write_text("<network><name>n</name></network>\n")
+    for path, words in (
+        (net, "not a libvirt domain (the root element is <network>)"),
+        (fifo, "not a regular file"),
+    ):
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "passthrough",
+                "vm",
+                "define",
+                str(path),
+                "--connect",
+                "test:///default",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert r.returncode == 2, r.stderr
+        assert r.stderr == f"passthrough: error: {path}: {words}\n"

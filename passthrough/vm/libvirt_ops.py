@@ -11,7 +11,7 @@ import os
 from typing import Any
 from urllib.parse import urlsplit
 
-from passthrough.errors import EXIT_BACKEND, EXIT_USAGE, PassthroughError, echo_path, quote
+from passthrough.errors import EXIT_BACKEND, EXIT_USAGE, PassthroughError, echo, echo_path, quote
 from passthrough.vm.disk import ExistingDisk
 from passthrough.vm.disk import prepare as disk_prepare
 
@@ -128,14 +128,19 @@ def define_file(
     its first disk points at on that image."""
     from lxml import etree
 
+    from passthrough.inputs import MAX_DOMAIN, Unreadable, read_bytes
+
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-        doc = etree.fromstring(data)
-    except OSError as exc:
-        raise PassthroughError(f"{echo_path(path)}: {exc.strerror}") from None
+        data = read_bytes(path, "a domain virsh would read", MAX_DOMAIN)
+        doc = etree.fromstring(data, etree.XMLParser(resolve_entities=False, no_network=True))
+    except Unreadable as exc:
+        raise PassthroughError(f"{echo_path(path)}: {exc}") from None
     except etree.XMLSyntaxError as exc:
         raise PassthroughError(f"{echo_path(path)}: not well-formed XML ({exc})") from None
+    if doc.tag != "domain":  # bad input, not libvirt failing: refused before connecting
+        raise PassthroughError(
+            f"{echo_path(path)}: not a libvirt domain (the root element is <{echo(str(doc.tag))}>)"
+        )
     overlay = None
     if base_image:
         disk = doc.find("devices/disk[@device='disk']/source")

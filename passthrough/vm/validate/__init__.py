@@ -149,13 +149,25 @@ def _schema_findings(doc: Any, name: str, schema: DomainSchema) -> list[DomainFi
 
 
 def validate_file(path: str, opts: Options) -> list[DomainFinding]:
-    """One file of a batch: a missing or unreadable file is a finding, never an abort."""
+    """One file of a batch: a missing or unreadable file is a finding, never an abort; so is
+    a FIFO or a device (never waited on) and a file larger than virsh reads."""
+    from passthrough.inputs import MAX_DOMAIN, NOT_REGULAR, Unreadable, read_bytes
+
+    what = "a domain virsh would read"
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        if path == "-":  # standard input (virsh dumpxml NAME | passthrough validate -)
+            import sys
+
+            data = sys.stdin.buffer.read(MAX_DOMAIN + 1)
+            if len(data) > MAX_DOMAIN:
+                raise Unreadable(f"larger than {MAX_DOMAIN >> 20} MiB: not {what}")
+        else:
+            data = read_bytes(path, what, MAX_DOMAIN)
+    except Unreadable as exc:
+        hint = " (a pipe: give - to read standard input)" if str(exc) == NOT_REGULAR else ""
+        return [make("file-unreadable", f"cannot read it: {exc}{hint}", path, "/", 0)]
     except OSError as exc:
-        reason = exc.strerror or str(exc)
-        return [make("file-unreadable", f"cannot read it: {reason}", path, "/", 0)]
+        return [make("file-unreadable", f"cannot read it: {exc.strerror or exc}", path, "/", 0)]
     return check(data, path, opts)
 
 
