@@ -46,3 +46,19 @@ def test_verify_names_the_commands_that_never_ran_first(
     text = run_cli(["verify", "--root", str(root)])
     assert text.returncode == 1
     assert "softdeps" not in text.stdout
+
+
+def test_verify_and_check_give_the_same_cause_and_fix_for_an_iommu_that_is_off(
+    hosts: dict[str, Path],
+) -> None:
+    """The iommu-off sample has DMAR (the firmware is fine) and a kernel whose IOMMU is off
+    by default: verify sent the user to the firmware setup, check to intel_iommu=on. Both
+    now read the same cause."""
+    by_command = {}
+    for command in ("check", "verify"):
+        got = run_cli([command, "--root", str(hosts["iommu-off"]), "--json"])
+        assert got.returncode == 1, got.stderr
+        (row,) = [c for c in json.loads(got.stdout)["checks"] if c["id"] == "iommu-enabled"]
+        by_command[command] = (row["level"], row["summary"], row["fix"])
+    assert by_command["check"] == by_command["verify"]
+    assert by_command["verify"][2] == "add intel_iommu=on to the kernel command line, then reboot"

@@ -84,7 +84,9 @@ def _iommu_firmware(host: Host) -> CheckResult:
     )
 
 
-def _iommu_enabled(host: Host) -> CheckResult:
+def iommu_enabled(host: Host) -> CheckResult:
+    """IOMMU groups populated; where none is, why (the kernel's default, an argument, the
+    firmware) and the fix for that cause: check and verify say the same."""
     if host.iommu.groups:
         return CheckResult(
             "iommu-enabled", Level.PASS, f"IOMMU on: {host.iommu.groups} groups populated"
@@ -355,7 +357,7 @@ def run_checks(host: Host, verdicts: list[GpuVerdict]) -> list[CheckResult]:
         _cpu_virt(host),
         _kvm(host),
         _iommu_firmware(host),
-        _iommu_enabled(host),
+        iommu_enabled(host),
         _kernel_args(host),
         _interrupt_remapping(host),
         _acs(host),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 
+from passthrough.analysis.checks import iommu_enabled
 from passthrough.analysis.viability import find_gpus
 from passthrough.errors import count
 from passthrough.execute.applied import last_applied
@@ -34,7 +35,7 @@ def verify(root: HostRoot, host: Host) -> list[CheckResult]:
     pending = [shlex.join(p.argv) for p in status(root).pending]
     checks = [
         _kernel_args(host, record),
-        _iommu(host),
+        iommu_enabled(host),
         *(_bound(host, record, addr, bool(pending)) for addr in record.functions),
         *(
             CheckResult(
@@ -122,7 +123,7 @@ def by_hand(host: Host) -> list[CheckResult]:
             Level.PASS,
             "IOMMU and vfio arguments live: " + (" ".join(live) or "none (kernel defaults)"),
         ),
-        _iommu(host),
+        iommu_enabled(host),
     ]
     if not bound:
         results.append(
@@ -173,17 +174,6 @@ def _kernel_args(host: Host, record: PlanRecord) -> CheckResult:
         "kernel-args",
         Level.PASS,
         "running kernel has " + (" ".join(wanted) or "the planned arguments"),
-    )
-
-
-def _iommu(host: Host) -> CheckResult:
-    if host.iommu.groups:
-        return CheckResult("iommu-enabled", Level.PASS, f"IOMMU on: {host.iommu.groups} groups")
-    return CheckResult(
-        "iommu-enabled",
-        Level.FAIL,
-        "no IOMMU groups after the reboot",
-        "enable VT-d/AMD-Vi in the firmware setup",
     )
 
 
