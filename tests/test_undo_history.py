@@ -136,6 +136,71 @@ def test_an_edit_of_our_modprobe_file_between_two_applies_is_kept(tmp_path: Path
     assert changed(before, snapshot_tree(path)) == [MODPROBE]
 
 
+def test_a_file_of_ours_deleted_between_two_applies_is_undone_without_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The admin removed the modprobe file the first apply made; the second made it again.
+    Undo of both leaves it absent, as both found it: nothing the admin did is lost, so no
+    refusal (it said "deleted since apply" and asked for --force)."""
+    path = build(tmp_path, "consumer-intel", {})
+    before = snapshot_tree(path)
+    assert run("apply", "--root", str(path)) == 0
+    (path / MODPROBE).unlink()
+    assert run("apply", "--root", str(path)) == 0
+    capsys.readouterr()
+    assert run("undo", "--root", str(path)) == 0, capsys.readouterr().err
+    assert not (path / MODPROBE).exists()
+    assert changed(before, snapshot_tree(path)) == []
+
+
+def test_a_file_we_modified_then_deleted_between_two_applies_is_still_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Where the first apply edited a file the host had, and the admin deleted it before
+    the second apply made it anew, putting the original back would undo the admin's
+    deletion: refused and named, as before."""
+    path = build(tmp_path, "consumer-intel", {})
+    modules = "etc/initramfs-tools/modules"
+    assert (path / modules).exists()
+    assert run("apply", "--root", str(path)) == 0
+    (path / modules).unlink()
+    assert run("apply", "--root", str(path)) == 0
+    capsys.readouterr()
+    assert run("undo", "--root", str(path)) == 2
+    assert f"/{modules} (deleted since apply)" in capsys.readouterr().err
+
+
+def test_status_after_undo_says_how_each_file_was_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After an undo that kept an admin's edit of a file we made, status named that file
+    "removed" though it is there with the admin's line: now "ours out"; a file we made and
+    nobody touched is "removed", one we edited "restored"."""
+    import json
+
+    path = build(tmp_path, "hgx-h100", {})
+    assert run("apply", "--root", str(path), "--gpu", "18:00.0") == 0
+    edit(
+        path,
+        MODPROBE,
+        "softdep nouveau",
+        "options nvidia NVreg_EnableGpuFirmware=0\nsoftdep nouveau",
+    )
+    assert run("apply", "--root", str(path), "--gpu", "18:00.0", "--gpu", "19:00.0") == 0
+    assert run("undo", "--root", str(path)) == 0
+    capsys.readouterr()
+    assert run("status", "--root", str(path), "--json") == 0
+    undo = json.loads(capsys.readouterr().out)["transactions"][-1]
+    assert undo["kind"] == "undo"
+    got = {f["path"]: f["change"] for f in undo["files"]}
+    assert got == {
+        f"/{MODPROBE}": "ours out",
+        "/etc/udev/rules.d/40-passthrough-vfio.rules": "removed",
+        "/etc/initramfs-tools/modules": "restored",
+    }
+    assert (path / MODPROBE).exists()
+
+
 def test_the_backup_of_an_edit_between_two_applies_is_kept_and_needed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -40,15 +40,27 @@ class FileStatus:
     drift: str
 
 
-def _created_by(transactions: list[Transaction], ids: list[str]) -> set[str]:
-    """The paths the earliest of these transactions to touch each found absent."""
-    first: dict[str, bool] = {}
+def _found_by(transactions: list[Transaction], ids: list[str]) -> dict[str, str | None]:
+    """What the earliest of these transactions to touch each path found there: its sha256
+    (None: the file was absent)."""
+    first: dict[str, str | None] = {}
     for tx in transactions:
         if tx.id in ids:
             for s in tx.file_steps():
                 if s.path is not None and s.path not in first:
-                    first[s.path] = s.existed
-    return {p for p, existed in first.items() if not existed}
+                    first[s.path] = s.before_sha256 if s.existed else None
+    return first
+
+
+def _undone_as(path: str, wrote: dict[str, str | None], found: dict[str, str | None]) -> str:
+    """How an undo left ``path``: removed, restored (the bytes the applies found), or ours
+    taken out ("ours out": an edit made since apply kept). A path the undo did not write was already
+    as the applies found it."""
+    if path not in wrote:
+        return "removed" if found.get(path) is None else "restored"
+    if wrote[path] is None:
+        return "removed"
+    return "restored" if wrote[path] == found.get(path) else "ours out"
 
 
 @frozen
@@ -130,12 +142,9 @@ def status(root: HostRoot) -> Status:
                 drift = _drift(root, s) if live else "undone"
             files.append(FileStatus(s.path or "", change, drift))
         if tx.kind is TxKind.UNDO:
-            # a file none of the undone applies found there was removed, not restored
-            created = _created_by(journal.transactions, tx.undid)
-            files = [
-                FileStatus(p, "removed" if p in created else "restored", "undone")
-                for p in tx.restored
-            ]
+            found = _found_by(journal.transactions, tx.undid)
+            wrote = {s.path or "": s.written_sha256 for s in tx.file_steps()}
+            files = [FileStatus(p, _undone_as(p, wrote, found), "undone") for p in tx.restored]
             # a write this undo journaled and never saw through: the next undo finishes it
             files += [
                 FileStatus(s.path or "", "restoring", "cut-off")

@@ -98,6 +98,8 @@ def _unstep(
         walk.content = before
         return
     if walk.content is None:
+        if before is None:  # the step made the file: its reversal is the absence left there
+            return
         walk.action, walk.why = "drifted", "deleted since apply"
         return
     if step.kind is StepKind.REMOVE or step.written is None:
