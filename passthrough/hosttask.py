@@ -20,7 +20,10 @@ import base64
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from passthrough.host.root import HostRoot
 
 # the line of the command's output that carries its result (a login or sudo may print first)
 RESULT = "passthrough-task-result:"
@@ -103,14 +106,18 @@ def run(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
                     else "",
                 }
             )
+    # a regeneration an earlier run left pending (it failed, or was cut off) runs again, as
+    # `passthrough apply` runs it: the boot's sources change, so a reboot is due
+    owed = _owed(root) if plan.empty else []
     result: dict[str, Any] = {
-        "changed": not plan.empty,
-        "reboot_required": plan.reboot,
+        "changed": not plan.empty or bool(owed),
+        "reboot_required": plan.reboot or bool(owed),
         "plan": plan.to_json(root),
         "functions": list(plan.functions),
         "diff": diff,
+        "pending": owed,
     }
-    if check_mode or plan.empty:
+    if check_mode or (plan.empty and not owed):
         return result
     from passthrough.execute.apply import apply  # only where there is something to do
 
@@ -119,6 +126,24 @@ def run(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
     result["transaction"] = tx.id if tx else None
     result["commands_not_run"] = [s.argv for s in steps if s.state.value == "listed"]
     return result
+
+
+def _owed(root: HostRoot) -> list[list[str]]:
+    """The regenerations an earlier apply left pending that apply runs again here (what
+    `passthrough apply` with nothing else to do runs): read without the lock, as a no-op
+    run reads (apply decides again under it); apply's module only where one is owed."""
+    from passthrough.execute.state import JOURNAL
+
+    if not root.exists(JOURNAL):
+        return []
+    from passthrough.execute.journal import Journal
+
+    owed = [list(s.argv) for _tx, s in Journal.load(root).pending() if s.regenerate]
+    if not owed:
+        return []
+    from passthrough.execute.apply import command_mode
+
+    return owed if command_mode(root) != "list" else []
 
 
 def _stale(runtime: dict[str, Any]) -> dict[str, Any] | None:

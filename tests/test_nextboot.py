@@ -158,6 +158,34 @@ def test_a_regeneration_that_failed_then_ran_still_says_reboot(
 
 
 @pytest.mark.root
+def test_the_fleets_task_runs_an_owed_regeneration_and_asks_for_the_reboot(
+    tmp_path: Path,
+) -> None:
+    """The host role's task (passthrough.hosttask.run, what the module and the direct
+    command both run) after an apply whose update-grub failed: the files are ours, so the
+    plan is empty, and it said "ok, no reboot" while grub.cfg never got our arguments. Now
+    it reports the owed command (check mode), runs it, asks for the reboot, then is a no-op."""
+    from passthrough.errors import PassthroughError
+    from passthrough.hosttask import run as task
+
+    path = grub_host(tmp_path, "#!/bin/sh\nexit 1\n")
+    params = {"root": str(path), "state": "present", "preflight": []}
+    with pytest.raises(PassthroughError) as failed:
+        task(params, check_mode=False)
+    assert failed.value.exit_code == 3
+    (path / "usr/sbin/update-grub").write_text(DEBIAN)
+    checked = task(params, check_mode=True)
+    assert checked["plan"]["actions"] == [] and checked["pending"] == [["update-grub"]]
+    assert checked["changed"] is True and checked["reboot_required"] is True
+    assert OURS not in (path / "boot/grub/grub.cfg").read_text()  # check mode ran nothing
+    done = task(params, check_mode=False)
+    assert done["changed"] is True and done["reboot_required"] is True and done["transaction"]
+    assert OURS in (path / "boot/grub/grub.cfg").read_text()
+    again = task(params, check_mode=False)
+    assert (again["changed"], again["reboot_required"], again["pending"]) == (False, False, [])
+
+
+@pytest.mark.root
 def test_a_grub_cfg_with_our_arguments_is_checked_then_reboot(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

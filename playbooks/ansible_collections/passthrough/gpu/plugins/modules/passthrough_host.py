@@ -106,6 +106,14 @@ functions:
   returned: success
   type: list
   elements: str
+pending:
+  description:
+    - "regeneration commands an earlier apply left pending (they failed, or were cut off) that
+      this task runs again (or in check mode would), as C(passthrough apply) does: the plan is
+      empty then, C(changed) and C(reboot_required) are true"
+  returned: when state is present
+  type: list
+  elements: list
 codes:
   description: "on a safety-policy refusal, its codes (docs/discovery.md \"Safety policy\")"
   returned: failure
