@@ -29,17 +29,22 @@ def test_render_refuses_a_host_with_no_card(
     assert not out.exists() and got.stdout == ""
 
 
+@pytest.mark.parametrize("name", ["iommu-off", "hgx-h100", "turing-desktop"])
 def test_no_gpu_renders_a_guest_without_a_card_by_flag_and_spec_key(
-    hosts: dict[str, Path], tmp_path: Path
+    name: str, hosts: dict[str, Path], tmp_path: Path
 ) -> None:
-    root = str(hosts["iommu-off"])
+    """Without a card, on a host with none to give and on hosts with eight and one viable
+    (where --no-gpu rendered every viable card before: `vm define --start` would have taken
+    them all off the host)."""
+    root = str(hosts[name])
     out = tmp_path / "vm.xml"
     got = run_cli(["render", "--name", "g", "--root", root, "--no-gpu", "-o", str(out)])
     assert got.returncode == 0, got.stderr
     assert "(g: 0 hostdevs)" in got.stdout and "<hostdev" not in out.read_text()
     spec = tmp_path / "vm.yaml"
     spec.write_text("name: g\nno_gpu: true\n")
-    assert run_cli(["render", "--spec", str(spec), "--root", root]).returncode == 0
+    by_spec = run_cli(["render", "--spec", str(spec), "--root", root])
+    assert by_spec.returncode == 0 and "<hostdev" not in by_spec.stdout, by_spec.stderr
     both = run_cli(["render", "--name", "g", "--root", root, "--no-gpu", "--gpu", "01:00.0"])
     assert both.returncode == 2 and "no_gpu:" in both.stderr
 

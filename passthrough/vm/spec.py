@@ -174,9 +174,11 @@ def _choose(host: Host, opts: VmOptions) -> tuple[list[GpuVerdict], list[str]]:
     """The cards named (default: every viable NVIDIA GPU), and the policy's warnings."""
     if opts.no_gpu and opts.gpus:
         raise BadVmSpec("no_gpu", "a guest without a card names no card (leave out --gpu)")
+    if opts.no_gpu:
+        return [], []  # without a card, whatever cards the host has (none is taken)
     # a guest with no card is rendered only when asked for: an empty guest is no success
     try:
-        chosen = choose_cards(policy.judge_all(host), opts.gpus, required=not opts.no_gpu)
+        chosen = choose_cards(policy.judge_all(host), opts.gpus)
     except NoSuchCard as exc:
         if opts.gpus:
             raise
