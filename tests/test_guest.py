@@ -17,6 +17,7 @@ import sys
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -287,6 +288,29 @@ def test_a_bar_with_flags_but_no_address_is_unplaced(variant: tuple[Path, Path])
     _bar1_line(root, "0x0000000000000000 0x0000001fffffffff 0x000000002014220c")
     check = {c.id: c for c in _report(root, commands).checks}["gpu-bars"]
     assert check.level == FAIL and check.summary == f"{GPU} resource2 unplaced"
+
+
+@pytest.mark.parametrize(
+    ("damage", "lines"),
+    [
+        (lambda text: "garbage, not the kernel's\n", "0, 1, 2, 3, 4, 5"),
+        (lambda text: text[:20], "0, 1, 2, 3, 4, 5"),  # cut inside its first line
+        (lambda text: "", "0, 1, 2, 3, 4, 5"),
+        (lambda text: text.replace("0x", "", 3), "0"),  # one line not hex as the kernel writes
+        (lambda text: "\n".join(text.splitlines()[:3]) + "\n", "3, 4, 5"),  # cut after BAR1
+    ],
+)
+def test_a_resource_file_that_is_not_the_kernels_is_no_pass(
+    variant: tuple[Path, Path], damage: Any, lines: str
+) -> None:
+    """A damaged copy of the capture's resource file: its BARs cannot be told, so the check
+    fails naming the lines (it passed with an empty list of BARs)."""
+    root, commands = variant
+    resource = root / GPU_SYSFS / "resource"
+    resource.write_text(damage(resource.read_text()))
+    check = {c.id: c for c in _report(root, commands).checks}["gpu-bars"]
+    assert check.level == FAIL
+    assert check.summary.startswith(f"{GPU}: resource lines {lines} are not the kernel's")
 
 
 def test_a_consumer_card_layout_passes(variant: tuple[Path, Path]) -> None:

@@ -40,6 +40,22 @@ def parse_resource(text: str) -> tuple[GuestBar, ...]:
     return tuple(bars)
 
 
+def bad_lines(text: str) -> tuple[int, ...]:
+    """The BAR lines (0-5) of a ``resource`` file that are not three hex numbers: not what
+    the kernel writes (a damaged or cut copy). A file of fewer lines lacks the rest."""
+    lines = text.splitlines()[:6]
+    bad = [i for i, line in enumerate(lines) if not _bar_line(line)]
+    return tuple(bad + list(range(len(lines), 6)))
+
+
+def _bar_line(line: str) -> bool:
+    parts = line.split()
+    try:
+        return len(parts) == 3 and all(p.startswith("0x") and int(p, 16) >= 0 for p in parts)
+    except ValueError:
+        return False
+
+
 def read_gpus(root: GuestRoot) -> tuple[GuestGpu, ...]:
     gpus = []
     for addr in root.listdir("sys/bus/pci/devices"):
@@ -78,6 +94,7 @@ def read_gpus(root: GuestRoot) -> tuple[GuestGpu, ...]:
                 driver=driver,
                 bars=parse_resource(resource) if resource else (),
                 resource_readable=resource is not None,
+                resource_bad=bad_lines(resource) if resource is not None else (),
             )
         )
     return tuple(gpus)
@@ -159,6 +176,13 @@ def check_bars(gpus: Sequence[GuestGpu]) -> GuestCheck:
     for g in displays:
         if not g.resource_readable:
             problems.append(f"{g.address}: no sysfs resource file")
+            continue
+        if g.resource_bad:
+            lines = ", ".join(str(i) for i in g.resource_bad)
+            problems.append(
+                f"{g.address}: resource lines {lines} are not the kernel's 'start end flags' "
+                "(a damaged or cut copy): its BARs cannot be told"
+            )
             continue
         problems += [f"{g.address} {p}" for p in bar_problems(g)]
         shown.append(

@@ -69,6 +69,8 @@ class GuestGpu:
     driver: str | None
     bars: tuple[GuestBar, ...]
     resource_readable: bool
+    # lines of ``resource`` among the six BARs' that are not the kernel's "start end flags"
+    resource_bad: tuple[int, ...] = ()
 
     @property
     def id(self) -> str:
