@@ -22,6 +22,7 @@ from passthrough.vm.render import render
 from passthrough.vm.spec import BadVmSpec, VmOptions, build_spec
 from passthrough.vm.validate import validate_text
 
+from .cli_process import run_cli
 from .conftest import GOLDEN, assert_golden
 
 REPO = Path(__file__).parents[1]
@@ -559,3 +560,28 @@ def test_vm_status_lists_pci_hostdevs_and_passes_over_usb_ones(rendered: dict[st
     status = define("test:///default", xml, "rtx4090")
     assert [h["host"] for h in status["hostdevs"]] == ["0000:01:00.0", "0000:01:00.1"]
     assert all(h["guest"] is not None and h["guest"].count(":") == 1 for h in status["hostdevs"])
+
+
+def test_a_rom_file_goes_to_the_cards_gpu_alone(hosts: dict[str, Path], tmp_path: Path) -> None:
+    """--rom FILE is the GPU's own vBIOS: on the display function only, never on the card's
+    audio, USB or UCSI functions (each of which got it before); a file missing here is a
+    warning (the domain may be for the host a snapshot came from), `off` still goes on all."""
+    from lxml import etree
+
+    rom = tmp_path / "tu102.rom"
+    rom.write_bytes(b"\x55\xaa" + bytes(510))
+    root = str(hosts["turing-desktop"])
+    for value, missing in ((str(rom), False), (str(tmp_path / "gone.rom"), True)):
+        out = tmp_path / "vm.xml"
+        got = run_cli(["render", "--name", "t", "--root", root, "--rom", value, "-o", str(out)])
+        assert got.returncode == 0, got.stderr
+        doc = etree.parse(str(out))
+        hostdevs = doc.findall("devices/hostdev")
+        assert len(hostdevs) == 4
+        with_rom = [
+            h.find("source/address").get("function") for h in hostdevs if h.find("rom") is not None
+        ]
+        assert with_rom == ["0x0"] and hostdevs[0].find("rom").get("file") == value
+        assert ("ROM file" in got.stderr) is missing, got.stderr
+    off = run_cli(["render", "--name", "t", "--root", root, "--rom", "off"])
+    assert off.stdout.count("<rom bar='off'/>") == 4

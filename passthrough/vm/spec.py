@@ -35,6 +35,7 @@ class GuestFunction:
     multifunction: bool
     id: str
     name: str
+    display: bool = False  # the card's GPU (class 03): the one a ROM file is for
 
 
 @frozen
@@ -231,6 +232,7 @@ def _guest_cards(
                 multifunction=numbers[f.address] == 0 and len(members) > 1,
                 id=f.id,
                 name=f.name,
+                display=f.is_display,
             )
             for f in members
         )
@@ -283,6 +285,13 @@ def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) ->
     _check_files(opts)
     chosen, policy_warnings = _choose(host, opts)
     warnings = list(unchecked) + policy_warnings
+    if opts.rom not in ("on", "off") and not Path(opts.rom).is_file():
+        # a warning, not a refusal: the domain may be for another machine (render --root
+        # of its snapshot), where the file is; libvirt defines it either way, its start fails
+        warnings.append(
+            f"ROM file {opts.rom} does not exist on this machine: the guest cannot start "
+            "where it is missing"
+        )
     cards, functions = _guest_cards(chosen)
     node, pins, emulator = _numa(host, opts, chosen, warnings)
     # refuses (exit 2) a layout the guest cannot address, before anything is rendered
