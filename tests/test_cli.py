@@ -379,6 +379,15 @@ def test_help_is_as_wide_as_argparse_makes_it(
     assert ours.count("\n") > 20
 
 
+def test_no_command_is_exit_2_with_its_line_on_stderr() -> None:
+    """The listing on stdout, and the one line exit 2 always comes with (docs/cli.md)."""
+    r = subprocess.run(
+        [sys.executable, "-m", "passthrough"], capture_output=True, text=True, check=False
+    )
+    assert r.returncode == 2 and "scan" in r.stdout
+    assert r.stderr == "passthrough: error: no command given (see the list above)\n"
+
+
 @pytest.mark.parametrize("files", [["a.xml"], ["vm one.xml", "x=y.xml", "ü.xml", "validate"]])
 def test_validate_with_file_names_alone_gets_the_parsers_namespace(files: list[str]) -> None:
     """``passthrough validate FILE...`` skips building the parser; what it runs with is

@@ -593,6 +593,7 @@ def test_what_validate_and_vm_define_will_not_read(tmp_path: Path) -> None:
         (finding,) = by_file[name]
         assert finding["code"] == "file-unreadable"
         assert finding["message"].startswith("cannot read it: not a regular file"), finding
+        assert ("a pipe" in finding["message"]) is (name == str(fifo)), finding
     (finding,) = by_file[str(big)]
     assert "larger than 10 MiB" in finding["message"]
     assert not [f for f in by_file[str(good)] if f["severity"] == "error"]

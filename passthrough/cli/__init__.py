@@ -130,7 +130,8 @@ def _main(argv: Sequence[str] | None) -> int:
         parser = build_parser(words[0] if words else None, listing=True)
         args = parser.parse_args(argv)
         if args.command is None:
-            parser.print_help()
+            parser.print_help()  # the listing on stdout, the reason on stderr (exit 2)
+            sys.stderr.write("passthrough: error: no command given (see the list above)\n")
             return EXIT_USAGE
     verbosity(args)
     # temporary directories (unpacked snapshots, samples): removed whatever happens

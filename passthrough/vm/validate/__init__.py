@@ -104,6 +104,18 @@ IOMMUFD_DRIVERS = "devices/hostdev/driver[@iommufd] | devices/interface/driver[@
 _COMPILED: list[Any] = []  # the XPath above, compiled on first use (a batch asks per file)
 
 
+def _is_fifo(path: str, exc: Exception) -> bool:
+    import os
+    import stat
+
+    from passthrough.inputs import NOT_REGULAR
+
+    try:
+        return str(exc) == NOT_REGULAR and stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def _iommufd_drivers(doc: Any) -> list[Any]:
     if not _COMPILED:
         from lxml import etree
@@ -151,7 +163,7 @@ def _schema_findings(doc: Any, name: str, schema: DomainSchema) -> list[DomainFi
 def validate_file(path: str, opts: Options) -> list[DomainFinding]:
     """One file of a batch: a missing or unreadable file is a finding, never an abort; so is
     a FIFO or a device (never waited on) and a file larger than virsh reads."""
-    from passthrough.inputs import MAX_DOMAIN, NOT_REGULAR, Unreadable, read_bytes
+    from passthrough.inputs import MAX_DOMAIN, Unreadable, read_bytes
 
     what = "a domain virsh would read"
     try:
@@ -164,7 +176,7 @@ def validate_file(path: str, opts: Options) -> list[DomainFinding]:
         else:
             data = read_bytes(path, what, MAX_DOMAIN)
     except Unreadable as exc:
-        hint = " (a pipe: give - to read standard input)" if str(exc) == NOT_REGULAR else ""
+        hint = " (a pipe: give - to read standard input)" if _is_fifo(path, exc) else ""
         return [make("file-unreadable", f"cannot read it: {exc}{hint}", path, "/", 0)]
     except OSError as exc:
         return [make("file-unreadable", f"cannot read it: {exc.strerror or exc}", path, "/", 0)]
