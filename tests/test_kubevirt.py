@@ -376,6 +376,54 @@ def test_validate_finds_a_companion_left_behind(
     assert code == 1 and _codes(report) == {"kube-unpermitted", "kube-companion-unpermitted"}
 
 
+@pytest.mark.parametrize(
+    ("where", "value", "says"),
+    [
+        ("gpus", "x", "devices.gpus: a list, not str"),
+        ("gpus", [1, 2], "devices.gpus[0]: an object, not int"),
+        ("gpus", [{"deviceName": "nvidia.com/TU102"}], "devices.gpus[0]: name is required"),
+        ("deviceName", 5, "devices.gpus[0].deviceName: a string"),
+        ("spec", [], "spec is required, an object"),
+        ("template", None, "spec.template is required, an object"),
+        ("pciHostDevices", [{"pciVendorSelector": "10DE:1E07"}], "resourceName is required"),
+        ("pciHostDevices", "x", "pciHostDevices: a list, not str"),
+    ],
+)
+def test_validate_refuses_what_the_kubevirt_api_would(
+    streams: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    where: str,
+    value: Any,
+    says: str,
+) -> None:
+    """A field these checks read, of a type the KubeVirt API (its swagger) does not give
+    it: "ok" and exit 0 before (nothing to read was no finding); now kube-shape, exit 1."""
+    docs = _docs(streams["turing-4fn"])
+    vm = docs[1]
+    devices = vm["spec"]["template"]["spec"]["domain"]["devices"]
+    if where == "gpus":
+        devices["gpus"] = value
+    elif where == "deviceName":
+        devices["gpus"][0]["deviceName"] = value
+    elif where == "spec":
+        vm["spec"] = value
+    elif where == "template":
+        del vm["spec"]["template"]
+    else:
+        docs[0]["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"] = value
+    code, report = _validate(tmp_path, docs, capsys)
+    assert code == 1 and "kube-shape" in _codes(report)
+    assert any(says in f["message"] for f in report["findings"]), report["findings"]
+
+
+def test_validate_of_no_object_is_no_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, report = _validate(tmp_path, [], capsys)
+    assert code == 1 and _codes(report) == {"kube-empty"}
+
+
 def test_validate_finds_names_that_disagree(
     streams: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -27,6 +27,62 @@ REQUEST_UNKNOWN = "kube-request-unknown"
 REQUEST_UNUSED = "kube-request-unused"
 REQUEST_SHARED = "kube-request-shared"
 NO_KUBEVIRT_CR = "kube-no-cr"
+SHAPE = "kube-shape"
+EMPTY = "kube-empty"
+
+
+def _shape(where: str, what: str) -> Finding:
+    return Finding(SHAPE, ERROR, f"{where}: {what} (the KubeVirt API's type; KubeVirt refuses it)")
+
+
+def _entries(value: Any, where: str, required: tuple[str, ...], found: list[Finding]) -> None:
+    """``value`` a list of objects, each with ``required`` and every field read a string."""
+    if value is None:
+        return
+    if not isinstance(value, list):
+        found.append(_shape(where, f"a list, not {type(value).__name__}"))
+        return
+    for i, entry in enumerate(value):
+        if not isinstance(entry, dict):
+            found.append(_shape(f"{where}[{i}]", f"an object, not {type(entry).__name__}"))
+            continue
+        for key in required:
+            if key not in entry:
+                found.append(_shape(f"{where}[{i}]", f"{key} is required"))
+        for key in (*required, "deviceName", "claimName", "requestName"):
+            if key in entry and not isinstance(entry[key], str):
+                found.append(_shape(f"{where}[{i}].{key}", "a string"))
+
+
+def shapes(docs: list[dict[str, Any]]) -> list[Finding]:
+    """The fields these checks read, of the types the KubeVirt API gives them (swagger:
+    v1.VirtualMachineSpec needs ``template``, v1.GPU and v1.HostDevice ``name``,
+    v1.PciHostDevice ``pciVendorSelector`` and ``resourceName``, each a string): a
+    manifest KubeVirt would refuse is never "ok" for lack of a field to read."""
+    found: list[Finding] = []
+    for doc in docs:
+        kind, name = doc.get("kind"), _get(doc, "metadata", "name")
+        where = f"{kind} {name}" if isinstance(name, str) else str(kind)
+        if kind == "KubeVirt":
+            _entries(
+                _get(doc, "spec", "configuration", "permittedHostDevices", "pciHostDevices"),
+                f"{where}: permittedHostDevices.pciHostDevices",
+                ("pciVendorSelector", "resourceName"),
+                found,
+            )
+        if kind not in ("VirtualMachine", "VirtualMachineInstance"):
+            continue
+        spec = doc.get("spec")
+        if not isinstance(spec, dict):
+            found.append(_shape(where, "spec is required, an object"))
+            continue
+        if kind == "VirtualMachine" and not isinstance(spec.get("template"), dict):
+            found.append(_shape(where, "spec.template is required, an object"))
+            continue
+        devices = _get(_vm_spec(doc), "domain", "devices")
+        for field in ("gpus", "hostDevices"):
+            _entries(_get(devices, field), f"{where}: devices.{field}", ("name",), found)
+    return found
 
 
 def _get(obj: Any, *path: str) -> Any:
@@ -209,8 +265,10 @@ def _companions(name: str, vmi: dict[str, Any], host: Host, permitted: set[str])
 
 
 def check_manifests(docs: list[dict[str, Any]], host: Host | None = None) -> list[Finding]:
+    if not docs:
+        return [Finding(EMPTY, ERROR, "no Kubernetes object in these files: nothing was checked")]
     permitted = _permitted(docs)
-    found = _names_agree(permitted or [])
+    found = shapes(docs) + _names_agree(permitted or [])
     names = {str(e.get("resourceName")) for e in permitted or []}
     templates = {
         str(_get(d, "metadata", "name")): d
