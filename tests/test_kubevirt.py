@@ -493,6 +493,18 @@ def test_preflight_fails_a_card_on_host_drivers_and_sets_no_label(
     )
 
 
+@pytest.mark.parametrize(
+    ("memory", "says"), [("0", "below the minimum of 256 MiB"), ("100M", "below")]
+)
+def test_preflight_holds_memory_to_renders_range(
+    roots: dict[str, Path], capsys: pytest.CaptureFixture[str], memory: str, says: str
+) -> None:
+    """--memory 0 was taken (a guest of nothing fits every card): the range render holds."""
+    argv = ["kubevirt", "preflight", "--root", str(roots["turing-desktop"]), "--memory", memory]
+    code, out, err = _cli(argv, capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1 and says in err, err
+
+
 def test_preflight_passes_a_vfio_bound_card_and_names_the_label(
     roots: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -201,9 +201,10 @@ def _preflight(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.host.discover import discover
     from passthrough.kube.preflight import preflight
     from passthrough.output.text import Painter, render_checks, wants_color, write
-    from passthrough.vm.options import size_mib
+    from passthrough.vm.options import BY_NAME, check, size_mib
 
-    memory = size_mib(args.memory, "--memory")
+    # the range render holds --memory to (a guest of 0 MiB fits every card and means nothing)
+    memory = check(BY_NAME["memory_mib"], size_mib(args.memory, "--memory"), "--memory")
     report = preflight(discover(open_root(args.root, stack)), tuple(args.gpu), memory)
     if args.json:
         dump(report.as_json(), "kubevirt-preflight")
