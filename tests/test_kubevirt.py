@@ -505,6 +505,20 @@ def test_preflight_holds_memory_to_renders_range(
     assert code == 2 and out == "" and err.count("\n") == 1 and says in err, err
 
 
+def test_per_card_names_leave_room_for_the_cards_there_are(
+    roots: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Eight cards need '-8': a 61-character name fits 63 (it was refused, room kept for
+    '-99'); one more character is refused naming the room left."""
+    root = str(roots["hgx-h100"])
+    argv = ["kubevirt", "render", "--root", root, "--per-card", "--name"]
+    code, out, err = _cli([*argv, "a" * 61], capsys)
+    assert code == 0, err
+    assert f"name: {'a' * 61}-8\n" in out
+    code, out, err = _cli([*argv, "a" * 62], capsys)
+    assert code == 2 and "61 for the name" in err, err
+
+
 def test_preflight_passes_a_vfio_bound_card_and_names_the_label(
     roots: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

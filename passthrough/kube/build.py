@@ -120,12 +120,24 @@ def check_kube_options(opts: VmOptions, per_card: bool) -> None:
     for name, default, what in _LIBVIRT_ONLY:
         if getattr(opts, name) != default:
             raise BadVmSpec(name, f"KubeVirt has no field for {what}; leave it out for kubevirt")
-    longest = f"{opts.name}-{len(opts.gpus) or 99}" if per_card else opts.name
+    # per card, the cards named tell the longest suffix; the default cards are counted
+    # once chosen (_specs)
+    _check_name(opts.name, (len(opts.gpus) or 1) if per_card else None)
+
+
+def _check_name(name: str, cards: int | None) -> None:
+    """The VM's name (with ``-N`` for the last of ``cards`` per card) is a DNS label."""
+    longest = f"{name}-{cards}" if cards is not None else name
     if not DNS_LABEL.match(longest):
+        room = (
+            f"; with the -{cards} of --per-card, {63 - len(str(cards)) - 1} for the name"
+            if cards
+            else ""
+        )
         raise BadVmSpec(
             "name",
-            f"{opts.name!r}: a KubeVirt VM's name is a DNS label (lower-case letters, digits and "
-            f"'-', at most 63{' with the -N of --per-card' if per_card else ''})",
+            f"{name!r}: a KubeVirt VM's name is a DNS label (lower-case letters, digits and "
+            f"'-', at most 63 characters{room})",
         )
 
 
@@ -147,6 +159,7 @@ def _specs(host: Host, opts: VmOptions, per_card: bool, versions: Versions | Non
         choose_cards(policy.judge_all(host), opts.gpus)
     if not per_card:
         return [whole]
+    _check_name(opts.name, len(whole.cards))
     return [
         build_spec(
             host,
