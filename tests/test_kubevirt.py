@@ -198,7 +198,9 @@ def test_agrees_with_renders_domain_on_cards_and_hiding(
     if permitted:
         names = {
             e["resourceName"]
-            for e in permitted[0]["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"]
+            for e in permitted[0]["spec"]["configuration"]
+            .get("permittedHostDevices", {})
+            .get("pciHostDevices", [])
         }
         assert set(from_vm) <= names
 
@@ -234,10 +236,12 @@ def test_companion_functions_are_permitted_and_requested(streams: dict[str, str]
 def test_dra_route_one_request_per_card_and_the_gates(streams: dict[str, str]) -> None:
     text = streams["hgx-8xh100-one-vm-dra"]
     docs = _docs(text)
-    assert [d["kind"] for d in docs] == [
-        "ResourceClaimTemplate",
-        "VirtualMachine",
-    ]  # no CR patch: nothing by name
+    assert [d["kind"] for d in docs] == ["KubeVirt", "ResourceClaimTemplate", "VirtualMachine"]
+    # the CR patch holds the gate alone: nothing goes by name (no companions on an H100)
+    assert docs[0]["spec"] == {
+        "configuration": {"developerConfiguration": {"featureGates": ["GPUsWithDRA"]}}
+    }
+    docs = docs[1:]
     requests = docs[0]["spec"]["spec"]["devices"]["requests"]
     assert [r["name"] for r in requests] == [f"gpu{i}" for i in range(1, 9)]
     assert {r["exactly"]["deviceClassName"] for r in requests} == {"vfio.gpu.nvidia.com"}
@@ -253,7 +257,10 @@ def test_dra_route_one_request_per_card_and_the_gates(streams: dict[str, str]) -
     ]
     assert "GPUsWithDRA" in text and "PassthroughSupport, DeviceMetadata" in text
     per_card = _docs(streams["hgx-8xh100-per-card-dra"])
-    assert [d["kind"] for d in per_card] == ["ResourceClaimTemplate", "VirtualMachine"] * 8
+    assert [d["kind"] for d in per_card] == ["KubeVirt"] + [
+        "ResourceClaimTemplate",
+        "VirtualMachine",
+    ] * 8
 
 
 def test_numa_and_hugepages_where_kubevirt_can_say_them(streams: dict[str, str]) -> None:
@@ -442,7 +449,7 @@ def test_validate_matches_claim_requests_to_gpus(
     streams: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     docs = _docs(streams["hgx-8xh100-one-vm-dra"])
-    gpus = docs[1]["spec"]["template"]["spec"]["domain"]["devices"]["gpus"]
+    gpus = docs[2]["spec"]["template"]["spec"]["domain"]["devices"]["gpus"]
     gpus[7]["requestName"] = "gpu9"
     code, report = _validate(tmp_path, docs, capsys)
     assert code == 1 and _codes(report) == {"kube-request-unknown", "kube-request-unused"}

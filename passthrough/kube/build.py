@@ -207,8 +207,10 @@ def build_manifests(
     # on the DRA route NVIDIA's plugins stay off the node: KubeVirt's own publishes companions
     permitted = permitted_host_devices(everything, provider == "nvidia" and not dra, dra)
     if permitted:
-        out.documents.append(kubevirt_patch(permitted))
         out.gate(KUBEVIRT_GATES, "HostDevices")
+    gates = out.feature_gates.get(KUBEVIRT_GATES, [])
+    if permitted or gates:  # the gates in the patch itself, not only in its comment lines
+        out.documents.append(kubevirt_patch(permitted, gates))
     out.documents += vms
     # what makes a card unsafe for a guest withholds the label, as kubevirt preflight does
     unsafe = sorted(

@@ -81,12 +81,19 @@ def permitted_host_devices(
     return list(entries.values())
 
 
-def kubevirt_patch(permitted: list[dict[str, Any]]) -> dict[str, Any]:
+def kubevirt_patch(permitted: list[dict[str, Any]], gates: Sequence[str]) -> dict[str, Any]:
+    """The KubeVirt CR's part these VMs need: the host devices permitted and the feature
+    gates turned on (both lists: merged into the CR's own by the admin, not applied as is)."""
+    configuration: dict[str, Any] = {}
+    if gates:
+        configuration["developerConfiguration"] = {"featureGates": list(gates)}
+    if permitted:
+        configuration["permittedHostDevices"] = {"pciHostDevices": permitted}
     return {
         "apiVersion": KUBEVIRT_API,
         "kind": "KubeVirt",
         "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
-        "spec": {"configuration": {"permittedHostDevices": {"pciHostDevices": permitted}}},
+        "spec": {"configuration": configuration},
     }
 
 
