@@ -47,12 +47,14 @@ def test_the_demo_uses_the_current_option_names() -> None:
     assert calls and all("--connect" in c and "--libvirt" not in c for c in calls)
 
 
-def test_the_dra_header_promises_no_patch_it_does_not_emit(hosts: dict[str, Path]) -> None:
+def test_the_kubevirt_header_promises_the_patch_it_emits(hosts: dict[str, Path]) -> None:
     root = str(hosts["hgx-h100"])
     args = ["kubevirt", "render", "--name", "g", "--root", root, "--gpu", "0000:18:00.0"]
+    # the header promises a patch exactly where one is emitted: on the DRA route with nothing
+    # by name it holds the feature gates alone (since the gates are in the patch itself)
     dra = run_cli([*args, "--route", "dra"]).stdout
-    assert "kind: KubeVirt" not in dra
-    assert "merge the KubeVirt patch" not in dra.splitlines()[0]
+    assert "kind: KubeVirt" in dra and "merge the KubeVirt patch" in dra.splitlines()[0]
+    assert "featureGates:\n      - GPUsWithDRA\n" in dra and "permittedHostDevices" not in dra
     plugin = run_cli(args).stdout
     assert "kind: KubeVirt" in plugin and "merge the KubeVirt patch" in plugin.splitlines()[0]
 

@@ -103,6 +103,21 @@ def _columns() -> int:
     return columns or 80
 
 
+def once(warnings: list[str]) -> list[str]:
+    """One line per warning: the same one for each of eight cards is said once, with the
+    count before its code in brackets (which stays last)."""
+    counted: dict[str, int] = {}
+    for w in warnings:
+        counted[w] = counted.get(w, 0) + 1
+    out = []
+    for w, n in counted.items():
+        if n > 1:
+            head, sep, code = w.rpartition(" [")
+            w = f"{head} (the same for {n} cards){sep}{code}" if sep else f"{w} ({n} times)"
+        out.append(w)
+    return out
+
+
 def examples(*lines: str) -> str:
     """An epilog: the examples, then the exit-code table."""
     return "examples:\n" + "".join(f"  {line}\n" for line in lines) + "\n" + EPILOG

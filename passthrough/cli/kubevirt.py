@@ -18,6 +18,7 @@ from passthrough.cli.common import (
     dump,
     examples,
     note,
+    once,
     open_root,
     warn,
 )
@@ -145,7 +146,7 @@ def _render(args: argparse.Namespace, stack: ExitStack) -> int:
         args.per_card,
     )
     text = dump_stream(out.documents, out.header(args.route))
-    for w in out.warnings:
+    for w in once(out.warnings):
         warn(w)
     for line in out.decisions:
         note(args, f"layout: {line}")

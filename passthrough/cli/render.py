@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections import Counter
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +16,7 @@ from passthrough.cli.common import (
     dump,
     examples,
     note,
+    once,
     open_root,
     warn,
 )
@@ -92,11 +92,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     xml = render(spec)
     boot = nothing_to_boot(spec)
     warnings = [*spec.warnings, *memlock_warnings(xml, host), *([boot] if boot else [])]
-    # one line per warning: the same one for each of eight cards is said once, with the count
-    for w, n in Counter(warnings).items():
-        if n > 1:  # the count goes before the code in brackets, which stays last
-            head, sep, code = w.rpartition(" [")
-            w = f"{head} (the same for {n} cards){sep}{code}" if sep else f"{w} ({n} times)"
+    for w in once(warnings):
         warn(w)
     layout = spec.layout.as_json() if spec.layout else None
     for line in layout["decisions"] if layout else []:  # the address planner's reasons
