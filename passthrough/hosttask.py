@@ -132,9 +132,11 @@ def _owed(root: HostRoot) -> list[list[str]]:
     """The regenerations an earlier apply left pending that apply runs again here (what
     `passthrough apply` with nothing else to do runs): read without the lock, as a no-op
     run reads (apply decides again under it); apply's module only where one is owed."""
-    from passthrough.execute.state import JOURNAL
+    from passthrough.execute.state import JOURNAL, full_os
 
-    if not root.exists(JOURNAL):
+    # where commands are only listed (a tree that is no full OS: the tests' and the fleet
+    # benchmark's roots) nothing runs again: not even the journal is read
+    if not (root.is_live or full_os(root)) or not root.exists(JOURNAL):
         return []
     from passthrough.execute.journal import Journal
 

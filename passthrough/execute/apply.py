@@ -38,6 +38,7 @@ from passthrough.execute.sandbox import chroot_argv, sandbox_profile, sandbox_wo
 from passthrough.execute.state import BACKUPS, ensure_dir, own
 from passthrough.execute.state import LOCK as LOCK
 from passthrough.execute.state import Busy as Busy
+from passthrough.execute.state import full_os as _full_os
 from passthrough.execute.state import locked as locked
 from passthrough.host.root import HostRoot
 from passthrough.plan.actions import Action, Plan, PlanRecord, RemoveFile, Run, WriteFile
@@ -80,10 +81,6 @@ def saved(journal: Journal) -> str | None:
 
 
 CommandMode = Literal["host", "chroot", "list"]
-
-
-def _full_os(root: HostRoot) -> bool:
-    return root.exists("usr/bin/env") and (root.exists("bin/sh") or root.exists("usr/bin/sh"))
 
 
 def command_mode(root: HostRoot) -> CommandMode:

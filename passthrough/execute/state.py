@@ -103,3 +103,8 @@ def locked(root: HostRoot) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def full_os(root: HostRoot) -> bool:
+    """A tree commands can run in (through chroot): a shell and env."""
+    return root.exists("usr/bin/env") and (root.exists("bin/sh") or root.exists("usr/bin/sh"))
