@@ -126,7 +126,9 @@ def test_apply_again_after_exit_5_is_exit_5_again_not_nothing_to_do(
     subprocess.run(["chroot", str(path), "/bin/sh", "/usr/sbin/update-grub"], check=True)
     assert main(["apply", "--root", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "Nothing to do" in out and "Checked what the next boot reads: /boot/grub/grub.cfg." in out
+    assert (
+        "Nothing to do" in out and "Checked what the next boot reads: /boot/grub/grub.cfg." in out
+    )
     # the sample's /proc/cmdline is the kernel running: it has not booted with the IDs
     assert out.rstrip().endswith("reboot, then run `passthrough verify`.")
 
