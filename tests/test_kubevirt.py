@@ -526,6 +526,19 @@ def test_per_card_names_leave_room_for_the_cards_there_are(
     assert code == 2 and "61 for the name" in err, err
 
 
+def test_a_warning_the_same_for_every_card_is_said_once(
+    roots: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The NVSwitch warning of an eight-card VM came eight times: once, with the count, as
+    render says it."""
+    code, _out, err = _cli(
+        ["kubevirt", "render", "--root", str(roots["hgx-h100"]), "--name", "h"], capsys
+    )
+    assert code == 0, err
+    (line,) = [w for w in err.splitlines() if "NVSwitch" in w]
+    assert "(the same for 8 cards) [nvswitch]" in line
+
+
 def test_preflight_passes_a_vfio_bound_card_and_names_the_label(
     roots: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
