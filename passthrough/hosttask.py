@@ -140,7 +140,7 @@ def _owed(root: HostRoot) -> list[list[str]]:
         return []
     from passthrough.execute.journal import Journal
 
-    owed = [list(s.argv) for _tx, s in Journal.load(root).pending() if s.regenerate]
+    owed = [list(s.argv) for _tx, s in Journal.load(root).pending(regenerations=True)]
     if not owed:
         return []
     from passthrough.execute.apply import command_mode

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     now = listed(tx)
     still = [argv for argv in owed(root) if argv not in now]
     checked = next_boot(root, tx, plan, still)
-    reboot = reboot_due(root, tx, plan)
+    reboot = nextboot.reboot_due(root, tx, plan)
     if args.json:
         extra = {"next_boot": nextboot.to_json(checked)} if checked else {}
         out = {**apply_json(tx, plan, still), "reboot_required": reboot}
@@ -117,20 +117,6 @@ def next_boot(
     if tx is None:
         return nextboot.check_record(root, plan.record(), plan.initramfs, not_run=still)
     return nextboot.check(root, tx, plan.initramfs)
-
-
-def reboot_due(root: HostRoot, tx: Transaction | None, plan: Plan) -> bool:
-    """Whether the host needs a reboot to have the plan: this run changed what the boot
-    reads (files or a regeneration, an earlier apply's included), or the kernel running
-    (the root's /proc/cmdline) lacks an argument the plan's boot must have."""
-    from passthrough.execute.journal import StepState
-    from passthrough.execute.nextboot import lacking
-
-    if plan.reboot:
-        return True
-    if tx is not None and any(s.regenerate and s.state is StepState.DONE for s in tx.steps):
-        return True
-    return bool(lacking((root.read("proc/cmdline") or "").split(), plan.record()))
 
 
 def said_next_boot(checked: NextBoot) -> None:

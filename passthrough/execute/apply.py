@@ -253,9 +253,9 @@ def _pending_reruns(journal: Journal, plan: Plan) -> list[Run]:
         return []
     planned = {a.argv for a in plan.actions if isinstance(a, Run)}
     out: list[Run] = []
-    for tx, step in journal.pending():
+    for tx, step in journal.pending(regenerations=True):
         argv = tuple(step.argv)
-        if step.regenerate and argv not in planned:
+        if argv not in planned:
             planned.add(argv)
             out.append(Run(argv, f"pending since transaction {tx.id}", regenerate=True))
     return out

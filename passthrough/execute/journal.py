@@ -346,10 +346,9 @@ class Journal:
                     found = s
         return found
 
-    def pending(self) -> list[tuple[Transaction, Step]]:
-        """Commands whose latest attempt did not succeed (failed, only listed, or cut off),
-        in the order of those attempts. An undo supersedes the commands of the transactions it reverted;
-        a later successful run of the same command settles an earlier one."""
+    def pending(self, regenerations: bool = False) -> list[tuple[Transaction, Step]]:
+        """Commands whose latest attempt failed, was listed or cut off, in that order (an undo
+        supersedes what it reverted); ``regenerations``: only those, which apply re-runs."""
         latest: dict[tuple[str, ...], tuple[Transaction, Step]] = {}
         for tx in self.transactions:
             if tx.kind is TxKind.UNDO:
@@ -360,7 +359,8 @@ class Journal:
                 if step.kind is StepKind.RUN and step.state is not StepState.UNDONE:
                     latest.pop(tuple(step.argv), None)  # in the order of their latest attempt
                     latest[tuple(step.argv)] = (tx, step)
-        return [(tx, s) for tx, s in latest.values() if s.state in UNFINISHED]
+        wanted = [(tx, s) for tx, s in latest.values() if s.state in UNFINISHED]
+        return [(tx, s) for tx, s in wanted if s.regenerate or not regenerations]
 
     def referenced_backups(self) -> set[str]:
         return {

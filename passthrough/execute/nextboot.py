@@ -38,7 +38,7 @@ from passthrough.execute.sandbox import chroot_argv
 from passthrough.host.root import HostRoot
 from passthrough.model import BootloaderKind, InitramfsKind
 from passthrough.plan import loaderentries
-from passthrough.plan.actions import PlanRecord
+from passthrough.plan.actions import Plan, PlanRecord
 from passthrough.plan.kargs import key_of
 from passthrough.plan.vfio import MODPROBE
 
@@ -322,6 +322,17 @@ def check_record(
     if record.functions:
         check_initramfs(root, initramfs, runner, out)
     return out
+
+
+def reboot_due(root: HostRoot, tx: Transaction | None, plan: Plan) -> bool:
+    """Whether the host needs a reboot to have ``plan``: this run changed what the boot
+    reads (files, or a regeneration an earlier apply owed), or the kernel running (the
+    root's /proc/cmdline) lacks an argument the plan's boot must have."""
+    if plan.reboot:
+        return True
+    if tx is not None and any(s.regenerate and s.state is StepState.DONE for s in tx.steps):
+        return True
+    return bool(lacking((root.read("proc/cmdline") or "").split(), plan.record()))
 
 
 def to_json(nb: NextBoot) -> dict[str, Any]:

@@ -53,9 +53,9 @@ def _found_by(transactions: list[Transaction], ids: list[str]) -> dict[str, str 
 
 
 def _undone_as(path: str, wrote: dict[str, str | None], found: dict[str, str | None]) -> str:
-    """How an undo left ``path``: removed, restored (the bytes the applies found), or ours
-    taken out ("ours out": an edit made since apply kept). A path the undo did not write was already
-    as the applies found it."""
+    """How an undo left ``path``: removed, restored (the bytes the applies found), or
+    "ours out" (our lines taken out, an edit made since apply kept). A path the undo did
+    not write was already as the applies found it."""
     if path not in wrote:
         return "removed" if found.get(path) is None else "restored"
     if wrote[path] is None:

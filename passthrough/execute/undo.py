@@ -340,7 +340,7 @@ def _rerun_pending(
     """Nothing left to undo, but a regeneration an earlier undo could not finish: again."""
     from passthrough.execute.apply import command_mode
 
-    pending = [s for _tx, s in journal.pending() if s.regenerate]
+    pending = [s for _tx, s in journal.pending(regenerations=True)]
     if not pending or command_mode(journal.root) == "list":
         return result
     tx = journal.begin(TxKind.UNDO)
