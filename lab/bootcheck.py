@@ -62,7 +62,7 @@ from stacks import STACKS, _esp_from_boot_efi, _mounted
 
 sys.path.insert(0, str(REPO))
 from passthrough import fakehost
-from passthrough.execute.sandbox import chroot_argv
+from passthrough.journal.sandbox import chroot_argv
 
 CHECK_INIT = "/usr/local/sbin/lab-check"
 BEGIN, END = "LAB-CHECK-BEGIN", "LAB-CHECK-END"

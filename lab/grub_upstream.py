@@ -45,7 +45,7 @@ GRUB_D_LOOP = re.compile(
 MKCONFIG = "usr/sbin/grub-mkconfig"
 REGENERATE = ["grub-mkconfig", "-o", "/boot/grub/grub.cfg"]
 # the line of ours before our appending line at the end of /etc/default/grub
-# (passthrough.plan.grub.MARKER: the lab reads it from the file, the library is not imported)
+# (passthrough.boot.grub.MARKER: the lab reads it from the file, the library is not imported)
 # what discovery says of upstream's script (passthrough.host.boot.read_grub)
 READS_ONLY = f"/{MKCONFIG} sources /etc/default/grub only (upstream GRUB: no grub.d)"
 MARKER = "# passthrough: GPU passthrough kernel arguments"

@@ -54,8 +54,8 @@ def _preflight(host: Any, required: list[str]) -> dict[str, Any] | None:
 
 
 def _undo(root: Any, check_mode: bool) -> dict[str, Any]:
-    from passthrough.execute.journal import Journal
-    from passthrough.execute.undo import undo
+    from passthrough.journal.journal import Journal
+    from passthrough.journal.undo import undo
 
     pending = Journal.load(root).live()
     # the cards the applied changes bound: undone, they go back to the host's drivers
@@ -75,10 +75,10 @@ def run(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
     """The task's result for validated module parameters (``failed`` set where a required
     check refuses). A refusal of the library (a PassthroughError) is raised, as the command
     line would exit on it."""
-    from passthrough.execute.selection import plan_options
+    from passthrough.actions import RemoveFile, WriteFile
     from passthrough.host.discover import discover
     from passthrough.host.root import HostRoot
-    from passthrough.plan.actions import RemoveFile, WriteFile
+    from passthrough.journal.selection import plan_options
     from passthrough.plan.build import make_plan
     from passthrough.plan.options import values
 
@@ -119,7 +119,7 @@ def run(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
     }
     if check_mode or (plan.empty and not owed):
         return result
-    from passthrough.execute.apply import apply  # only where there is something to do
+    from passthrough.journal.apply import apply  # only where there is something to do
 
     tx = apply(root, plan, plan.record())
     steps = tx.steps if tx else []
@@ -132,18 +132,18 @@ def _owed(root: HostRoot) -> list[list[str]]:
     """The regenerations an earlier apply left pending that apply runs again here (what
     `passthrough apply` with nothing else to do runs): read without the lock, as a no-op
     run reads (apply decides again under it); apply's module only where one is owed."""
-    from passthrough.execute.state import JOURNAL, full_os
+    from passthrough.journal.state import JOURNAL, full_os
 
     # where commands are only listed (a tree that is no full OS: the tests' and the fleet
     # benchmark's roots) nothing runs again: not even the journal is read
     if not (root.is_live or full_os(root)) or not root.exists(JOURNAL):
         return []
-    from passthrough.execute.journal import Journal
+    from passthrough.journal.journal import Journal
 
     owed = [list(s.argv) for _tx, s in Journal.load(root).pending(regenerations=True)]
     if not owed:
         return []
-    from passthrough.execute.apply import command_mode
+    from passthrough.journal.apply import command_mode
 
     return owed if command_mode(root) != "list" else []
 

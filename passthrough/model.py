@@ -107,12 +107,16 @@ class PciFunction:
 
 @frozen(slots=True)
 class IommuGroup:
+    """An IOMMU group and the functions in it."""
+
     number: int
     members: tuple[PciAddress, ...]
 
 
 @frozen(slots=True)
 class Cpu:
+    """The CPU's vendor, model and hardware virtualization flag."""
+
     vendor: str | None  # GenuineIntel, AuthenticAMD, ...
     model: str | None
     virt_flag: str | None  # vmx, svm or None
@@ -172,6 +176,8 @@ class Kernel:
 
 @frozen(slots=True)
 class Distro:
+    """The distribution, from os-release."""
+
     id: str | None
     id_like: tuple[str, ...]
     version_id: str | None

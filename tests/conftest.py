@@ -16,7 +16,7 @@ import pytest
 from hypothesis import settings
 
 from passthrough import fakehost
-from passthrough.execute.sandbox import chroot_argv
+from passthrough.journal.sandbox import chroot_argv
 
 GOLDEN = Path(__file__).parent / "golden"
 

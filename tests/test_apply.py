@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 
 from passthrough import fakehost
+from passthrough.actions import Binding, Run
 from passthrough.cli import main
-from passthrough.execute import apply as apply_mod
-from passthrough.execute.apply import ApplyError, Busy, apply, last_applied, locked
-from passthrough.execute.journal import StepKind, StepState, Transaction, TxState
-from passthrough.execute.undo import undo
 from passthrough.host.discover import discover
 from passthrough.host.root import HostRoot
+from passthrough.journal import apply as apply_mod
+from passthrough.journal.apply import ApplyError, Busy, apply, last_applied, locked
+from passthrough.journal.journal import StepKind, StepState, Transaction, TxState
+from passthrough.journal.undo import undo
 from passthrough.model import BootloaderKind
-from passthrough.plan.actions import Binding, Run
 from passthrough.plan.build import PlanOptions, make_plan
 
 from .test_plan import build

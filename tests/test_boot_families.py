@@ -19,15 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from passthrough.execute.apply import apply
-from passthrough.execute.undo import undo
+from passthrough.boot.grub import MARKER, VARS
+from passthrough.boot.shellvars import append_missing
 from passthrough.host.boot import read_grub
 from passthrough.host.discover import discover
 from passthrough.host.root import HostRoot
+from passthrough.journal.apply import apply
+from passthrough.journal.undo import undo
 from passthrough.model import BootloaderKind
 from passthrough.plan.build import PlanOptions, make_plan
-from passthrough.plan.grub import MARKER, VARS
-from passthrough.plan.shellvars import append_missing
 
 from .cli_process import run_cli
 from .conftest import build_variant
@@ -244,8 +244,8 @@ def test_nixos_is_detected_and_refused_with_the_configuration_lines(tmp_path: Pa
 
 
 def test_nixos_lines_escape_what_nix_would_interpret() -> None:
-    from passthrough.plan.kargs import ArgChange
-    from passthrough.plan.nixos import configuration_lines
+    from passthrough.boot.nixos import configuration_lines
+    from passthrough.kargs import ArgChange
 
     lines = configuration_lines(
         ArgChange(set={"a": 'a="x${y}"'}), ["intel_iommu=off"], "options m p=${x}''\n"

@@ -20,7 +20,7 @@ import pytest
 
 from passthrough import fakehost
 from passthrough.cli import main
-from passthrough.execute.sandbox import chroot_argv
+from passthrough.journal.sandbox import chroot_argv
 
 from .conftest import CACHE
 from .conftest import run_ok as _run

@@ -302,7 +302,8 @@ def test_scan_imports_only_what_it_needs(hosts: dict[str, Path]) -> None:
         "passthrough.cli.common",
         "passthrough.cli.scan",
     }
-    unwanted = ("passthrough.vm", "passthrough.plan", "passthrough.execute", "jinja2", "yaml")
+    unwanted = ("passthrough.vm", "passthrough.plan", "passthrough.journal", "jinja2", "yaml")
+    unwanted += ("passthrough.live", "passthrough.boot", "passthrough.actions", "passthrough.kargs")
     unwanted += ("libvirt", "ansible_runner", "lxml", "shtab", "pyudev")
     assert not {m for m in loaded if m.split(".")[0] in unwanted or m.startswith(unwanted)}
     # logging only under -v; the tools' subprocess and shutil only on the live host
@@ -312,12 +313,14 @@ def test_scan_imports_only_what_it_needs(hosts: dict[str, Path]) -> None:
 # What start-up must not load: the commands' implementations and the heavy libraries.
 IMPLEMENTATION = (
     *("passthrough.plan", "passthrough.kube", "passthrough.vm", "passthrough.model"),
-    *("passthrough.execute", "passthrough.analysis", "passthrough.host.discover"),
+    *("passthrough.journal", "passthrough.live", "passthrough.boot", "passthrough.actions"),
+    *("passthrough.kargs", "passthrough.analysis", "passthrough.host.discover"),
     *("passthrough.output", "passthrough.guest", "passthrough.provision", "passthrough.fakehost"),
     *("jinja2", "yaml", "libvirt", "lxml", "ansible_runner", "shtab", "pyudev", "jsonschema"),
 )
 # What a command's own --help may load (its flag tables), never the rest.
-HEAVY = ("passthrough.model", "passthrough.execute", "passthrough.output", "passthrough.kube.")
+HEAVY = ("passthrough.model", "passthrough.journal", "passthrough.live", "passthrough.boot")
+HEAVY += ("passthrough.output", "passthrough.kube.")
 HEAVY += ("passthrough.vm.spec", "jinja2", "yaml", "libvirt", "lxml", "ansible_runner", "shtab")
 
 

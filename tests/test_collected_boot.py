@@ -36,15 +36,15 @@ from pathlib import Path
 
 import pytest
 
+from passthrough.actions import Run
 from passthrough.cli import main
 from passthrough.errors import PassthroughError
-from passthrough.execute.apply import apply
-from passthrough.execute.undo import undo
 from passthrough.host.discover import discover
 from passthrough.host.root import HostRoot
-from passthrough.plan.actions import Run
+from passthrough.journal.apply import apply
+from passthrough.journal.undo import undo
+from passthrough.kargs import key_of
 from passthrough.plan.build import PlanOptions, make_plan
-from passthrough.plan.kargs import key_of
 
 from .bootread import bls_options, grubenv, kernelstub_options, proxmox_first_line
 from .conftest import build_variant

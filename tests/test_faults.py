@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
+from passthrough.boot.shellvars import loop_words
 from passthrough.cli import main
-from passthrough.execute import files as files_mod
-from passthrough.execute.files import Faults
-from passthrough.plan.shellvars import loop_words
+from passthrough.journal import files as files_mod
+from passthrough.journal.files import Faults
 
 from .test_plan import build
 

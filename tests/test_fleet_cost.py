@@ -68,17 +68,17 @@ def test_planning_on_a_prepared_host_leaves_apply_out() -> None:
     """What the host module imports to find that nothing is to do: the journal (the earlier
     apply's cards), not apply's machinery (sandbox, file writing, the steps)."""
     probe = (
-        "import sys; import passthrough.execute.selection, passthrough.host.discover, "
+        "import sys; import passthrough.journal.selection, passthrough.host.discover, "
         "passthrough.plan.build, passthrough.plan.options; "
-        "print(*sorted(m for m in sys.modules if m.startswith('passthrough.execute')))"
+        "print(*sorted(m for m in sys.modules if m.startswith('passthrough.journal')))"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env
     ).stdout
     loaded = out.split()
-    assert "passthrough.execute.journal" in loaded
-    assert not {"passthrough.execute.apply", "passthrough.execute.sandbox"} & set(loaded), loaded
+    assert "passthrough.journal.journal" in loaded
+    assert not {"passthrough.journal.apply", "passthrough.journal.sandbox"} & set(loaded), loaded
 
 
 def test_the_library_identity_is_hashed_again_only_when_a_file_changes(

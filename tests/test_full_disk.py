@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from passthrough.cli import main
-from passthrough.execute.files import Faults
+from passthrough.journal.files import Faults
 
 from .test_faults import STATE, Tree, cli, diff, in_child, temps, tree_state
 from .test_plan import build

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from passthrough.plan.grub import VARS
-from passthrough.plan.kargs import ArgChange, UnsafeCmdline, edit, invert, key_of, needed
-from passthrough.plan.linefiles import arguments, cmdline_arg_line, edit_lines, options_line
-from passthrough.plan.shellvalue import Origin, ShellVars, parse_value, quote
-from passthrough.plan.shellvars import read_assignments, source
+from passthrough.boot.grub import VARS
+from passthrough.boot.linefiles import arguments, cmdline_arg_line, edit_lines, options_line
+from passthrough.boot.shellvalue import Origin, ShellVars, parse_value, quote
+from passthrough.boot.shellvars import read_assignments, source
+from passthrough.kargs import ArgChange, UnsafeCmdline, edit, invert, key_of, needed
 
 KEYS = [
     "quiet",

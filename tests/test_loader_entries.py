@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from passthrough.actions import WriteFile
+from passthrough.boot import loaderentries
 from passthrough.cli import main
 from passthrough.host.discover import discover
 from passthrough.host.root import HostRoot
-from passthrough.plan import loaderentries
-from passthrough.plan.actions import WriteFile
 from passthrough.plan.build import PlanOptions, make_plan
 
 from .test_apply import changed, snapshot_tree

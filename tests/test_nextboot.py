@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the next boot gets, checked after apply's regeneration and before "reboot"
-(execute/nextboot.py).
+(journal/nextboot.py).
 
 The sample trees are made runnable through chroot with this machine's real ``dash`` and
 ``env`` (and the libraries they load). GRUB's own ``grub-mkconfig`` cannot run here
@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from passthrough.actions import PlanRecord
+from passthrough.boot import grub, readback
 from passthrough.cli import main
-from passthrough.execute import nextboot
 from passthrough.host.root import HostRoot
+from passthrough.journal import nextboot
 from passthrough.model import InitramfsKind
-from passthrough.plan.actions import PlanRecord
 
 from .test_apply import snapshot_tree
 from .test_plan import build
@@ -222,8 +223,8 @@ def test_a_grub_cfg_of_bls_entries_is_named_not_checked(tmp_path: Path) -> None:
     path = build(tmp_path, "consumer-intel", {})
     (path / "boot/grub/grub.cfg").write_text("set default=0\ninsmod blscfg\nblscfg\n")
     record = PlanRecord.from_json({"kernel_args": {"set": ["iommu=pt"]}, "bootloader": "grub"})
-    out = nextboot.NextBoot()
-    nextboot.check_grub(HostRoot(str(path)), record, out)
+    out = readback.NextBoot()
+    grub.check_grub(HostRoot(str(path)), record, out)
     assert out.missing == [] and out.checked == []
     assert out.unchecked == [
         "/boot/grub/grub.cfg (could not tell which entry boots: it has no menuentry)"
@@ -234,9 +235,9 @@ def test_lacking_counts_the_last_value_and_dropped_keys() -> None:
     record = PlanRecord.from_json(
         {"kernel_args": {"set": ["iommu=pt", "intel_iommu=on"], "remove": ["amd_iommu"]}}
     )
-    assert nextboot.lacking(["iommu=pt", "intel_iommu=on"], record) == []
-    assert nextboot.lacking(["intel_iommu=on", "iommu=pt", "iommu=off"], record) == ["iommu=pt"]
-    assert nextboot.lacking(["iommu=pt", "intel_iommu=on", "amd_iommu=on"], record) == [
+    assert readback.lacking(["iommu=pt", "intel_iommu=on"], record) == []
+    assert readback.lacking(["intel_iommu=on", "iommu=pt", "iommu=off"], record) == ["iommu=pt"]
+    assert readback.lacking(["iommu=pt", "intel_iommu=on", "amd_iommu=on"], record) == [
         "(not amd_iommu)"
     ]
 
@@ -312,7 +313,7 @@ def test_check_initramfs_lists_every_image_with_the_roots_tool(tmp_path: Path) -
             ["lsinitramfs", str(path) + argv[-1]], capture_output=True, text=True, check=False
         )
 
-    out = nextboot.NextBoot()
+    out = readback.NextBoot()
     nextboot.check_initramfs(
         HostRoot(str(path)), InitramfsKind.INITRAMFS_TOOLS, this_machines_lsinitramfs, out
     )
@@ -431,7 +432,7 @@ def test_a_builtin_vfio_pci_needs_no_module_and_a_rescue_image_is_not_read(
             ["lsinitramfs", str(path) + argv[-1]], capture_output=True, text=True, check=False
         )
 
-    out = nextboot.NextBoot()
+    out = readback.NextBoot()
     root = HostRoot(str(path))
     nextboot.check_initramfs(root, InitramfsKind.DRACUT, this_machines_lsinitramfs, out)
     assert asked == ["/boot/initramfs-6.1.0-27-amd64.img"]

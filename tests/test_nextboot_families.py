@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the next boot gets on kernelstub (Pop!_OS), proxmox-boot-tool and unified kernel
-images (execute/nextboot.py, execute/nextboot_pe.py).
+images (journal/nextboot.py, boot/uki.py).
 
 The UKIs are real PE images: a stub linked by this machine's real ``gcc``/``ld`` and
 turned into an EFI application by the real ``objcopy``, which then adds the ``.cmdline``
@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from passthrough.actions import PlanRecord
+from passthrough.boot import kernelstub, loaderentries, proxmox, readback
+from passthrough.boot import uki as nextboot_pe
 from passthrough.cli import main
-from passthrough.execute import nextboot, nextboot_pe
 from passthrough.host.root import HostRoot
-from passthrough.plan.actions import PlanRecord
 
 from .conftest import build_variant
 from .test_nextboot import runnable
@@ -88,8 +89,8 @@ def test_ukis_are_judged_by_their_cmdline(tmp_path: Path) -> None:
     uki(tmp_path, linux / "arch-6.10.efi", "root=/dev/vda rw iommu=pt")
     uki(tmp_path, linux / "other.efi", None)
     (linux / "broken.efi").write_bytes(b"not a PE image")
-    out = nextboot.NextBoot()
-    nextboot.check_loader_entries(HostRoot(str(tmp_path)), RECORD, out)
+    out = readback.NextBoot()
+    loaderentries.check_loader_entries(HostRoot(str(tmp_path)), RECORD, out)
     assert out.missing == [f"/efi/EFI/Linux/arch-6.10.efi (.cmdline): {OURS}"]
     assert out.checked == ["/efi/EFI/Linux/arch-6.10.efi", "/efi/EFI/Linux/arch-6.11.efi"]
     assert out.unchecked == [
@@ -116,26 +117,26 @@ def _kernelstub(root: Path, options: list[str], entry: str | None) -> None:
 
 def test_kernelstub_configuration_and_its_entry(tmp_path: Path) -> None:
     _kernelstub(tmp_path, ["quiet", "iommu=pt", OURS], f"root=UUID=u1 ro quiet iommu=pt {OURS}")
-    out = nextboot.NextBoot()
-    nextboot.check_kernelstub(HostRoot(str(tmp_path)), RECORD, out)
+    out = readback.NextBoot()
+    kernelstub.check_kernelstub(HostRoot(str(tmp_path)), RECORD, out)
     # the recovery entry is not kernelstub's: not read
     assert out.missing == [] and out.checked == [
         "/etc/kernelstub/configuration",
         "/boot/efi/loader/entries/Pop_OS-current.conf",
     ]
     _kernelstub(tmp_path, ["quiet", "iommu=pt", OURS], "root=UUID=u1 ro quiet iommu=pt")
-    out = nextboot.NextBoot()
-    nextboot.check_kernelstub(HostRoot(str(tmp_path)), RECORD, out)
+    out = readback.NextBoot()
+    kernelstub.check_kernelstub(HostRoot(str(tmp_path)), RECORD, out)
     assert out.missing == [f"/boot/efi/loader/entries/Pop_OS-current.conf: {OURS}"]
 
 
 def test_kernelstub_without_its_files_is_named_not_checked(tmp_path: Path) -> None:
-    out = nextboot.NextBoot()
-    nextboot.check_kernelstub(HostRoot(str(tmp_path)), RECORD, out)
+    out = readback.NextBoot()
+    kernelstub.check_kernelstub(HostRoot(str(tmp_path)), RECORD, out)
     assert out.unchecked == ["/etc/kernelstub/configuration (absent or not kernelstub's JSON)"]
     _kernelstub(tmp_path, [OURS, "iommu=pt"], None)
-    out = nextboot.NextBoot()
-    nextboot.check_kernelstub(HostRoot(str(tmp_path)), RECORD, out)
+    out = readback.NextBoot()
+    kernelstub.check_kernelstub(HostRoot(str(tmp_path)), RECORD, out)
     assert out.checked == ["/etc/kernelstub/configuration"] and out.missing == []
     assert out.unchecked == ["kernelstub's loader entries (none in /boot/efi/loader/entries)"]
 
@@ -170,8 +171,8 @@ def test_proxmox_reads_each_mounted_esp_and_names_the_others(tmp_path: Path) -> 
         "title Proxmox VE\nlinux /EFI/proxmox/6.8.12-4-pve/vmlinuz-6.8.12-4-pve\n"
         "options root=ZFS=rpool/ROOT/pve-1 boot=zfs iommu=pt\n"
     )
-    out = nextboot.NextBoot()
-    nextboot.check_proxmox(HostRoot(str(tmp_path)), RECORD, out)
+    out = readback.NextBoot()
+    proxmox.check_proxmox(HostRoot(str(tmp_path)), RECORD, out)
     esp = "/var/tmp/espmounts/5B2C-1A7E/loader/entries/proxmox-6.8.12-4-pve.conf"
     assert out.missing == [f"{esp}: {OURS}"] and out.checked == [esp]
     assert out.unchecked == [
@@ -181,8 +182,8 @@ def test_proxmox_reads_each_mounted_esp_and_names_the_others(tmp_path: Path) -> 
 
 
 def test_proxmox_without_its_uuids_file_is_named(tmp_path: Path) -> None:
-    out = nextboot.NextBoot()
-    nextboot.check_proxmox(HostRoot(str(tmp_path)), RECORD, out)
+    out = readback.NextBoot()
+    proxmox.check_proxmox(HostRoot(str(tmp_path)), RECORD, out)
     assert out.unchecked == ["the ESPs (no /etc/kernel/proxmox-boot-uuids)"]
 
 

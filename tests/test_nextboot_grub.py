@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Which grub.cfg entry the next boot takes (execute/nextboot_grub.py), on grub.cfg files
+"""Which grub.cfg entry the next boot takes (boot/grub.py), on grub.cfg files
 written by the real GRUB of this machine.
 
 The header (where ``GRUB_DEFAULT`` lands as ``set default=…``) is the output of this
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from passthrough.execute import nextboot, nextboot_grub
+from passthrough.actions import PlanRecord
+from passthrough.boot import grub, readback
 from passthrough.host.root import HostRoot
-from passthrough.plan.actions import PlanRecord
 
 HEADER = Path("/etc/grub.d/00_header")
 ID = "$menuentry_id_option"
@@ -103,7 +103,7 @@ def grubenv(tmp_path: Path, **values: str) -> str:
 def test_grub_default_picks_the_entry_grub_boots(
     tmp_path: Path, grub_default: str, env: dict[str, str], marker: str
 ) -> None:
-    choice = nextboot_grub.choose(header(grub_default) + MENU, grubenv(tmp_path, **env))
+    choice = grub.choose(header(grub_default) + MENU, grubenv(tmp_path, **env))
     assert choice.unclear is None and choice.args is not None, choice
     assert choice.args[-1] == marker
 
@@ -121,22 +121,22 @@ def test_grub_default_picks_the_entry_grub_boots(
 def test_a_default_that_cannot_be_resolved_is_unclear(
     tmp_path: Path, grub_default: str, env: dict[str, str], why: str
 ) -> None:
-    choice = nextboot_grub.choose(header(grub_default) + MENU, grubenv(tmp_path, **env))
+    choice = grub.choose(header(grub_default) + MENU, grubenv(tmp_path, **env))
     assert choice.args is None and choice.unclear is not None and why in choice.unclear
 
 
 def test_a_default_from_another_variable_is_unclear() -> None:
     cfg = 'set default="${chosen_by_script}"\n' + MENU
-    assert nextboot_grub.choose(cfg, None).unclear == "default is set from ${chosen_by_script}"
+    assert grub.choose(cfg, None).unclear == "default is set from ${chosen_by_script}"
 
 
 def test_a_grub_cfg_without_menuentries_is_unclear() -> None:
-    assert nextboot_grub.choose("insmod blscfg\nblscfg\n", None).unclear == "it has no menuentry"
+    assert grub.choose("insmod blscfg\nblscfg\n", None).unclear == "it has no menuentry"
 
 
 def test_steps_split_on_single_angle_brackets_only() -> None:
-    assert nextboot_grub.steps("a>>b>c") == ["a>b", "c"]
-    assert nextboot_grub.steps("0") == ["0"]
+    assert grub.steps("a>>b>c") == ["a>b", "c"]
+    assert grub.steps("0") == ["0"]
 
 
 def test_check_grub_judges_the_default_entry_and_names_it(tmp_path: Path) -> None:
@@ -145,15 +145,15 @@ def test_check_grub_judges_the_default_entry_and_names_it(tmp_path: Path) -> Non
     (tmp_path / "boot/grub").mkdir(parents=True)
     (tmp_path / "boot/grub/grub.cfg").write_text(header("1>2") + MENU)
     record = PlanRecord.from_json({"kernel_args": {"set": ["NEWEST"]}, "bootloader": "grub"})
-    out = nextboot.NextBoot()
-    nextboot.check_grub(HostRoot(str(tmp_path)), record, out)
+    out = readback.NextBoot()
+    grub.check_grub(HostRoot(str(tmp_path)), record, out)
     assert out.missing == [
         "/boot/grub/grub.cfg (default '1>2', 'Debian GNU/Linux, with Linux 6.1.0-27-amd64'): NEWEST"
     ]
     # grub-reboot to the newest: judged for the next boot only, and it passes
     (tmp_path / "boot/grub/grubenv").write_text(grubenv(tmp_path, next_entry="0"))
-    out = nextboot.NextBoot()
-    nextboot.check_grub(HostRoot(str(tmp_path)), record, out)
+    out = readback.NextBoot()
+    grub.check_grub(HostRoot(str(tmp_path)), record, out)
     assert out.missing == [] and out.checked == ["/boot/grub/grub.cfg"]
 
 
@@ -161,8 +161,8 @@ def test_check_grub_says_it_could_not_tell(tmp_path: Path) -> None:
     (tmp_path / "boot/grub2").mkdir(parents=True)
     (tmp_path / "boot/grub2/grub.cfg").write_text(header("1") + MENU)
     record = PlanRecord.from_json({"kernel_args": {"set": ["NEWEST"]}, "bootloader": "grub"})
-    out = nextboot.NextBoot()
-    nextboot.check_grub(HostRoot(str(tmp_path)), record, out)
+    out = readback.NextBoot()
+    grub.check_grub(HostRoot(str(tmp_path)), record, out)
     assert out.missing == [] and out.checked == []
     assert out.unchecked == [
         "/boot/grub2/grub.cfg (could not tell which entry boots: default '1' is a submenu "
@@ -193,7 +193,7 @@ def test_a_real_grub_mkconfig_menu(debian_tree: Path, tmp_path: Path) -> None:
         f"{advanced}>{recovery}": "single",
     }
     for grub_default, last in cases.items():
-        choice = nextboot_grub.choose(header(grub_default) + body, grubenv(tmp_path))
+        choice = grub.choose(header(grub_default) + body, grubenv(tmp_path))
         assert choice.args is not None, (grub_default, choice)
         assert choice.args[0].startswith("root=") and choice.args[-1] == last, choice.args
-    assert nextboot_grub.choose(header("1") + body, None).unclear is not None
+    assert grub.choose(header("1") + body, None).unclear is not None

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from passthrough import fakehost
+from passthrough.actions import Plan
 from passthrough.cli import main
-from passthrough.execute.apply import apply
 from passthrough.host.discover import discover
 from passthrough.host.root import MAX_FILE, HostRoot
-from passthrough.plan.actions import Plan
+from passthrough.journal.apply import apply
 from passthrough.plan.build import PlanOptions, make_plan
 
 from .bootread import grub_line
@@ -282,8 +282,8 @@ def test_grubby_and_rpm_ostree_undo_put_back_what_the_change_replaced(
 ) -> None:
     """Their undo commands come from kargs.invert: a replaced value comes back, an added
     argument goes, a dropped one returns."""
-    from passthrough.plan.bootloaders import Grubby, RpmOstree
-    from passthrough.plan.kargs import ArgChange
+    from passthrough.boot.families import Grubby, RpmOstree
+    from passthrough.kargs import ArgChange
 
     change = ArgChange(
         set={"iommu": "iommu=pt", "intel_iommu": "intel_iommu=on"}, drop=frozenset({"amd_iommu"})

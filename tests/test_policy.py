@@ -17,20 +17,20 @@ import pytest
 from lxml import etree
 
 from passthrough import fakehost
+from passthrough.actions import Action, WriteFile
 from passthrough.analysis import policy
 from passthrough.analysis.cards import NoSuchCard
 from passthrough.analysis.codes import POLICY
+from passthrough.boot.families import UnknownBootloader
+from passthrough.boot.nixos import NixosRefused
 from passthrough.cli import main
 from passthrough.host.discover import discover
 from passthrough.host.root import HostRoot
 from passthrough.host.snapshot import unpack
+from passthrough.kargs import ArgChange
 from passthrough.model import Host, PciAddress, Severity
 from passthrough.plan import vfio
-from passthrough.plan.actions import Action, WriteFile
-from passthrough.plan.bootloaders import UnknownBootloader
 from passthrough.plan.build import PlanOptions, make_plan
-from passthrough.plan.kargs import ArgChange
-from passthrough.plan.nixos import NixosRefused
 from passthrough.plan.select import SelectionRefused, select
 
 from .conftest import tree_hash

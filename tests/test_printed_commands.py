@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from passthrough.cli import main
-from passthrough.execute.status import PendingCommand, Status, TxStatus, status_text
+from passthrough.journal.status import PendingCommand, Status, TxStatus, status_text
 
 from .test_plan import build
 

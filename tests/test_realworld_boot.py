@@ -27,15 +27,15 @@ from typing import ClassVar
 
 import pytest
 
+from passthrough.actions import Plan
 from passthrough.cli import main
 from passthrough.errors import PassthroughError
-from passthrough.execute.apply import apply
-from passthrough.execute.undo import undo
 from passthrough.host.discover import discover
 from passthrough.host.root import HostRoot
-from passthrough.plan.actions import Plan
+from passthrough.journal.apply import apply
+from passthrough.journal.undo import undo
+from passthrough.kargs import ArgChange, key_of
 from passthrough.plan.build import PlanOptions, make_plan
-from passthrough.plan.kargs import ArgChange, key_of
 
 from .bootread import cmdline_args, dracut_drivers, grub_line, mkinitcpio_modules, modprobe_ids
 from .test_plan import build

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from passthrough.execute.livedrivers import LIVE
+from passthrough.live.livedrivers import LIVE
 
 from .cli_process import run_cli
 from .conftest import build_variant

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from passthrough.cli import main
-from passthrough.execute import files as files_mod
-from passthrough.execute.files import Faults
+from passthrough.journal import files as files_mod
+from passthrough.journal.files import Faults
 
 from .conftest import tree_hash
 from .test_faults import MODULES, STATE, cli, counted, diff, in_child, temps, tree_state

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from passthrough.plan.grub import MARKER
+from passthrough.boot.grub import MARKER
 
 from .cli_process import run_cli
 from .test_apply import changed, snapshot_tree

@@ -15,10 +15,10 @@ from types import FrameType
 
 import pytest
 
-from passthrough.plan.grub import VARS
-from passthrough.plan.kargs import ArgChange, UnsafeCmdline, needed
-from passthrough.plan.shellvalue import ShellVars
-from passthrough.plan.shellvars import append_missing, source
+from passthrough.boot.grub import VARS
+from passthrough.boot.shellvalue import ShellVars
+from passthrough.boot.shellvars import append_missing, source
+from passthrough.kargs import ArgChange, UnsafeCmdline, needed
 
 TARGET = "GRUB_CMDLINE_LINUX_DEFAULT"
 

@@ -19,8 +19,11 @@ import pytest
 
 from passthrough.cli import main
 from passthrough.errors import EXIT_HOST_STEP
-from passthrough.execute.bind import BindFailed
-from passthrough.execute.holders import (
+from passthrough.host.discover import discover
+from passthrough.host.holders import find_holders
+from passthrough.host.root import HostRoot
+from passthrough.live.bind import BindFailed
+from passthrough.live.holders import (
     STOPPED,
     Systemctl,
     Unit,
@@ -29,9 +32,6 @@ from passthrough.execute.holders import (
     stop_bind_start,
     units_to_stop,
 )
-from passthrough.host.discover import discover
-from passthrough.host.holders import find_holders
-from passthrough.host.root import HostRoot
 from passthrough.model import Host
 
 from .test_json_schemas import valid
@@ -201,7 +201,7 @@ def test_a_bind_killed_between_stop_and_start_is_recovered_from_the_journal(
     log = _fake_systemctl(tmp_path, monkeypatch)
     script = f"""
 import os, signal
-from passthrough.execute.holders import Systemctl, stop_bind_start, units_to_stop
+from passthrough.live.holders import Systemctl, stop_bind_start, units_to_stop
 from passthrough.host.discover import discover
 from passthrough.host.holders import find_holders
 from passthrough.host.root import HostRoot

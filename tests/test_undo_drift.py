@@ -19,15 +19,15 @@ from pathlib import Path
 
 import pytest
 
+from passthrough.actions import WriteFile
 from passthrough.cli import main
-from passthrough.execute.apply import ApplyError, apply
-from passthrough.execute.journal import JOURNAL, Journal, StepState, Transaction, TxState
-from passthrough.execute.sandbox import SANDBOX
-from passthrough.execute.status import status
-from passthrough.execute.undo import undo
 from passthrough.host.discover import discover
 from passthrough.host.root import HostRoot
-from passthrough.plan.actions import WriteFile
+from passthrough.journal.apply import ApplyError, apply
+from passthrough.journal.journal import JOURNAL, Journal, StepState, Transaction, TxState
+from passthrough.journal.sandbox import SANDBOX
+from passthrough.journal.status import status
+from passthrough.journal.undo import undo
 from passthrough.plan.build import PlanOptions, make_plan
 
 from .conftest import tree_hash

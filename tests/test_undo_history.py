@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from passthrough.boot.shellvars import loop_words
 from passthrough.cli import main
-from passthrough.plan.shellvars import loop_words
 
 from .conftest import tree_hash
 from .test_apply import changed, snapshot_tree

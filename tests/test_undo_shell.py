@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from passthrough.boot.grub import HEADER, VARS
+from passthrough.boot.shellvars import append_missing, loop_words
 from passthrough.cli import main
-from passthrough.execute.drift import Ambiguous, Unpicked, unpick
-from passthrough.execute.takeback import take_back
-from passthrough.plan.grub import HEADER, VARS
-from passthrough.plan.shellvars import append_missing, loop_words
+from passthrough.journal.drift import Ambiguous, Unpicked, unpick
+from passthrough.journal.takeback import take_back
 
 from .test_apply import changed, snapshot_tree
 from .test_plan import build

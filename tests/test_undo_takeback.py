@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Undo takes out only our words (execute/takeback.py): an admin's edit to a file apply
+"""Undo takes out only our words (journal/takeback.py): an admin's edit to a file apply
 edited in place survives undo where it does not touch our words; where it does, undo
 stops and names the file, as for any drift.
 
@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from passthrough.boot.linefiles import cmdline_arg_line, edit_lines
 from passthrough.cli import main
-from passthrough.execute.drift import Ambiguous, Unpicked
-from passthrough.execute.takeback import merge, take_back
-from passthrough.plan.kargs import ArgChange
-from passthrough.plan.linefiles import cmdline_arg_line, edit_lines
+from passthrough.journal.drift import Ambiguous, Unpicked
+from passthrough.journal.takeback import merge, take_back
+from passthrough.kargs import ArgChange
 
 from .conftest import tree_hash
 from .test_apply import changed, snapshot_tree
@@ -246,7 +246,7 @@ def test_undo_after_an_admins_word_in_etc_default_grub(
     assert _cmdline(path) == "amd_iommu=on quiet splash iommu=pt nomodeset"
 
 
-# -- properties: against the planner's own edit (plan/linefiles.py) ----------------------
+# -- properties: against the planner's own edit (boot/linefiles.py) ----------------------
 
 ADMIN = "zz_admin.word=1"  # a word no change draws
 

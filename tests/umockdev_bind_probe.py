@@ -2,7 +2,7 @@
 """Run under `umockdev-wrapper`: a UMockdev test bed holds the recorded PCI devices, and a
 thread stands in for the kernel (a stand-in, named as such: no real driver core exists
 here) — it honours writes to unbind / driver_override / drivers_probe and emits the
-uevents the real kernel would. `passthrough.execute.bind` itself is the real code under test.
+uevents the real kernel would. `passthrough.live.bind` itself is the real code under test.
 
 usage: umockdev_bind_probe.py RECORD MODE [STATE_DIR]
   MODE: ok | in-use | no-bind | variant (the card to a vfio variant driver, its audio to
@@ -27,9 +27,9 @@ gi.require_version("UMockdev", "1.0")
 from gi.repository import UMockdev  # noqa: E402
 
 from passthrough.analysis.policy import judge_all  # noqa: E402
-from passthrough.execute.bind import BindFailed, BindRefused, bind_now  # noqa: E402
 from passthrough.host.discover import discover  # noqa: E402
 from passthrough.host.root import HostRoot  # noqa: E402
+from passthrough.live.bind import BindFailed, BindRefused, bind_now  # noqa: E402
 from passthrough.plan.select import select  # noqa: E402
 
 VARIANT = "my_variant_vfio_pci"
@@ -155,8 +155,8 @@ def _drivers(addresses: list[str]) -> dict[str, str]:
 def _release(mode: str, state_dir: str) -> dict[str, object]:
     """release, then (mode release) bind taking the card back: both journaled under
     ``state_dir``, a directory of this machine (umockdev redirects /sys and /dev only)."""
-    from passthrough.execute.livedrivers import LiveDrivers
-    from passthrough.execute.release import release_functions, release_now
+    from passthrough.live.livedrivers import LiveDrivers
+    from passthrough.live.release import release_functions, release_now
 
     journal = LiveDrivers.load(HostRoot(state_dir))
     if mode == "release-journal":

@@ -24,10 +24,10 @@ from passthrough.cli.plan import owed, plan_arguments, planned
 from passthrough.errors import EXIT_OK, count
 
 if TYPE_CHECKING:  # the command's modules load when it runs (start-up stays light)
-    from passthrough.execute.journal import Transaction
-    from passthrough.execute.nextboot import NextBoot
+    from passthrough.actions import Plan
+    from passthrough.boot.readback import NextBoot
     from passthrough.host.root import HostRoot
-    from passthrough.plan.actions import Plan
+    from passthrough.journal.journal import Transaction
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -50,9 +50,9 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
-    from passthrough.execute import nextboot
-    from passthrough.execute.apply import apply, apply_json, listed, why_listed
-    from passthrough.plan.actions import plan_text
+    from passthrough.actions import plan_text
+    from passthrough.journal import nextboot
+    from passthrough.journal.apply import apply, apply_json, listed, why_listed
 
     root, plan = planned(args, stack, changing="apply")
     if not plan.empty:
@@ -109,8 +109,8 @@ def next_boot(
     """What the next boot reads, checked where this apply runs commands (None where they
     are listed instead). With nothing to do it is checked too: an earlier apply that ended
     in exit 5 (the next boot lacks it) must not read as done when run again."""
-    from passthrough.execute import nextboot
-    from passthrough.execute.apply import command_mode
+    from passthrough.journal import nextboot
+    from passthrough.journal.apply import command_mode
 
     if command_mode(root) == "list":
         return None
@@ -121,7 +121,7 @@ def next_boot(
 
 def said_next_boot(checked: NextBoot) -> None:
     """The check's outcome before "reboot"; a lack stops here (exit 5, one line)."""
-    from passthrough.execute import nextboot
+    from passthrough.journal import nextboot
 
     if checked.missing:
         raise nextboot.NextBootLacks(checked.missing)

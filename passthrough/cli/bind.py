@@ -28,8 +28,8 @@ from passthrough.errors import EXIT_HOST_STEP, EXIT_OK
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from passthrough.execute.holders import Outcome
     from passthrough.host.root import HostRoot
+    from passthrough.live.holders import Outcome
     from passthrough.model import Host, PciFunction
 
 
@@ -104,8 +104,8 @@ def _binder(
     drivers: dict[str, str],
 ) -> Callable[[], list[str]]:
     """The bind itself, run alone or between stopping and starting the holders' units."""
-    from passthrough.execute.bind import bind_now
-    from passthrough.execute.livedrivers import LiveDrivers
+    from passthrough.live.bind import bind_now
+    from passthrough.live.livedrivers import LiveDrivers
 
     def bind() -> list[str]:
         # the host drivers it leaves, noted for `release` (only where it binds: the live host)
@@ -125,18 +125,18 @@ def _binder(
 
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.analysis.policy import judge_all
-    from passthrough.execute.holders import (
+    from passthrough.host.discover import discover
+    from passthrough.host.holders import find_holders
+    from passthrough.host.modalias import vfio_drivers
+    from passthrough.host.root import HostRoot
+    from passthrough.journal.state import locked
+    from passthrough.live.holders import (
         STOPPED,
         Systemctl,
         recover,
         stop_bind_start,
         units_to_stop,
     )
-    from passthrough.execute.state import locked
-    from passthrough.host.discover import discover
-    from passthrough.host.holders import find_holders
-    from passthrough.host.modalias import vfio_drivers
-    from passthrough.host.root import HostRoot
     from passthrough.plan.select import select
 
     root = HostRoot(open_root(args.root, stack, changing="bind"))

@@ -151,7 +151,7 @@ def _render(args: argparse.Namespace, stack: ExitStack) -> int:
     for line in out.decisions:
         note(args, f"layout: {line}")
     if args.output:
-        from passthrough.execute.files import atomic_write
+        from passthrough.journal.files import atomic_write
 
         atomic_write(os.path.abspath(args.output), text.encode())
     if args.json:

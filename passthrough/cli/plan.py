@@ -20,8 +20,8 @@ from passthrough.errors import EXIT_OK
 from passthrough.plan.options import add_flags, values
 
 if TYPE_CHECKING:
+    from passthrough.actions import Plan
     from passthrough.host.root import HostRoot
-    from passthrough.plan.actions import Plan
 
 
 def plan_flags(p: argparse.ArgumentParser) -> None:
@@ -55,9 +55,9 @@ def plan_arguments(p: argparse.ArgumentParser, root: str = READS) -> None:
 def planned(
     args: argparse.Namespace, stack: ExitStack, changing: str | None = None
 ) -> tuple[HostRoot, Plan]:
-    from passthrough.execute.selection import plan_options
     from passthrough.host.discover import discover
     from passthrough.host.root import HostRoot
+    from passthrough.journal.selection import plan_options
     from passthrough.plan.build import make_plan
 
     root = HostRoot(open_root(args.root, stack, changing))
@@ -69,7 +69,7 @@ def planned(
 def owed(root: HostRoot) -> list[list[str]]:
     """Commands an earlier apply could only list (or that failed) and that are still owed:
     plan, apply and status name the same ones."""
-    from passthrough.execute.status import status
+    from passthrough.journal.status import status
 
     return [p.argv for p in status(root).pending]
 
@@ -77,7 +77,7 @@ def owed(root: HostRoot) -> list[list[str]]:
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
     import shlex
 
-    from passthrough.plan.actions import plan_text
+    from passthrough.actions import plan_text
 
     root, plan = planned(args, stack)
     pending = owed(root)

@@ -57,12 +57,12 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
-    from passthrough.execute.bind import on_vfio
-    from passthrough.execute.livedrivers import LiveDrivers
-    from passthrough.execute.release import release_functions, release_now, release_plan
-    from passthrough.execute.state import locked
     from passthrough.host.discover import discover
     from passthrough.host.root import HostRoot
+    from passthrough.journal.state import locked
+    from passthrough.live.bind import on_vfio
+    from passthrough.live.livedrivers import LiveDrivers
+    from passthrough.live.release import release_functions, release_now, release_plan
 
     root = HostRoot(open_root(args.root, stack, changing="release"))
     host = discover(root)

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     for line in layout["decisions"] if layout else []:  # the address planner's reasons
         note(args, f"layout: {line}")
     if args.output:
-        from passthrough.execute.files import atomic_write
+        from passthrough.journal.files import atomic_write
 
         atomic_write(os.path.abspath(args.output), xml.encode())
         if not args.json:

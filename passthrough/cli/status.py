@@ -27,8 +27,8 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
-    from passthrough.execute.status import status, status_json, status_text
     from passthrough.host.root import HostRoot
+    from passthrough.journal.status import status, status_json, status_text
 
     report = status(HostRoot(open_root(args.root, stack)))
     if args.json:

@@ -49,10 +49,10 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
-    from passthrough.execute.apply import why_listed
-    from passthrough.execute.status import status, status_text
-    from passthrough.execute.undo import undo
     from passthrough.host.root import HostRoot
+    from passthrough.journal.apply import why_listed
+    from passthrough.journal.status import status, status_text
+    from passthrough.journal.undo import undo
 
     root = HostRoot(open_root(args.root, stack, changing="undo"))
     st = status(root)

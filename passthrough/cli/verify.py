@@ -31,9 +31,9 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
-    from passthrough.execute.verify import verify
     from passthrough.host.discover import discover
     from passthrough.host.root import HostRoot
+    from passthrough.live.verify import verify
     from passthrough.output.json import verify_json
     from passthrough.output.text import Painter, render_checks, wants_color
 

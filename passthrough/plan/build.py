@@ -6,18 +6,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
+from passthrough.actions import Action, Binding, Plan, PlannedCard, RemoveFile, WriteFile
 from passthrough.analysis.preflight import preflight_notes
 from passthrough.analysis.scan import analyse
+from passthrough.boot.families import UnknownBootloader, for_host
+from passthrough.boot.grub import GrubUnknown
+from passthrough.boot.nixos import NixosRefused, configuration_lines
 from passthrough.errors import PassthroughError
 from passthrough.host.modalias import PLAIN, vfio_drivers
 from passthrough.host.root import HostRoot
+from passthrough.kargs import ArgChange, KargOptions, desired, key_of, needed
 from passthrough.model import BootloaderKind, Finding, Host, Severity
 from passthrough.plan import modprobe_conflicts, vfio
-from passthrough.plan.actions import Action, Binding, Plan, PlannedCard, RemoveFile, WriteFile
-from passthrough.plan.bootloaders import UnknownBootloader, for_host
-from passthrough.plan.grub import GrubUnknown
-from passthrough.plan.kargs import ArgChange, KargOptions, desired, key_of, needed
-from passthrough.plan.nixos import NixosRefused, configuration_lines
 from passthrough.plan.select import Selection, select
 from passthrough.records import frozen
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import re
 
+from passthrough.actions import WriteFile
 from passthrough.host.root import HostRoot
-from passthrough.plan.actions import WriteFile
-from passthrough.plan.kargs import UnsafeCmdline, key_of, utf8_text
+from passthrough.kargs import UnsafeCmdline, key_of, utf8_text
 from passthrough.plan.vfio import MODPROBE
 
 DIRS = (

@@ -12,12 +12,12 @@ import fnmatch
 import itertools
 import re
 
+from passthrough.actions import Run, WriteFile
 from passthrough.host.modalias import PLAIN, is_vfio
 from passthrough.host.root import HostRoot
+from passthrough.kargs import UnsafeCmdline, utf8_text
 from passthrough.kernel import kernel_version
 from passthrough.model import Host, InitramfsKind, PciFunction
-from passthrough.plan.actions import Run, WriteFile
-from passthrough.plan.kargs import UnsafeCmdline, utf8_text
 
 MODPROBE = "etc/modprobe.d/passthrough-vfio.conf"
 UDEV_RULE = "etc/udev/rules.d/40-passthrough-vfio.rules"

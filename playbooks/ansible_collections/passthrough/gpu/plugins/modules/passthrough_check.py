@@ -70,9 +70,9 @@ def main() -> None:
     )
     with package_errors(module):
         from passthrough.analysis.scan import analyse
-        from passthrough.execute.verify import verify
         from passthrough.host.discover import discover
         from passthrough.host.root import HostRoot
+        from passthrough.live.verify import verify
         from passthrough.model import Level
         from passthrough.output.json import scan_json
 

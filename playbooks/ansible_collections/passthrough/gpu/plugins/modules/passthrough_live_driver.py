@@ -78,7 +78,7 @@ def main() -> None:
     )
     with package_errors(module):
         from passthrough.errors import PassthroughError
-        from passthrough.execute.live import live_move
+        from passthrough.live.live import live_move
 
         try:
             planned, moved = live_move(

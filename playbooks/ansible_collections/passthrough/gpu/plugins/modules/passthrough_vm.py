@@ -254,9 +254,9 @@ def _rendered(module: AnsibleModule) -> tuple[str, Any]:
     )
     spec = build_spec(host, opts)
     if p["require_handed_over"]:
-        from passthrough.execute.applied import last_applied
         from passthrough.host.modalias import is_vfio
         from passthrough.host.root import HostRoot
+        from passthrough.journal.applied import last_applied
 
         record = last_applied(HostRoot(p["root"]))
         planned = set(record.functions if record else ()) | set(p["planned_functions"])
