@@ -24,7 +24,19 @@ from passthrough.boot.rpmostree import RpmOstree
 from passthrough.host.root import HostRoot
 from passthrough.model import BootloaderKind, Host
 
-__all__ = ["Bootloader", "Grub", "UnknownBootloader", "for_host"]
+__all__ = [
+    "CLASSES",
+    "READ_BACK",
+    "Bootloader",
+    "Grub",
+    "Grubby",
+    "KernelCmdlineFile",
+    "Kernelstub",
+    "Proxmox",
+    "RpmOstree",
+    "UnknownBootloader",
+    "for_host",
+]
 
 
 CLASSES: dict[BootloaderKind, type[Bootloader]] = {
