@@ -31,10 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from passthrough.errors import EXIT_NEXT_BOOT, PassthroughError
-from passthrough.execute import nextboot_grub, nextboot_pe
+from passthrough.execute import nextboot_grub, nextboot_pe, readback_target
 from passthrough.execute.apply import Runner, _default_runner, command_mode
 from passthrough.execute.journal import StepState, Transaction
 from passthrough.execute.sandbox import chroot_argv
+from passthrough.host.boot import read_grub
 from passthrough.host.root import HostRoot
 from passthrough.model import BootloaderKind, InitramfsKind
 from passthrough.plan import loaderentries
@@ -42,7 +43,6 @@ from passthrough.plan.actions import Plan, PlanRecord
 from passthrough.plan.kargs import key_of
 from passthrough.plan.vfio import MODPROBE
 
-GRUB_CFGS = ("boot/grub/grub.cfg", "boot/grub2/grub.cfg")
 # the listing tool of each initramfs generator, and where its images are (dracut names
 # them initrd.img-R beside Debian's kernels); a rescue image is built once, never again
 LISTERS = {
@@ -60,6 +60,7 @@ class NextBoot:
     checked: list[str] = field(default_factory=list)  # what was read
     unchecked: list[str] = field(default_factory=list)  # what could not be, and why
     not_run: list[list[str]] = field(default_factory=list)  # regenerations that did not run
+    ran: list[list[str]] = field(default_factory=list)  # regenerations that ran: what they wrote
 
 
 def lacking(args: list[str], record: PlanRecord) -> list[str]:
@@ -73,10 +74,13 @@ def lacking(args: list[str], record: PlanRecord) -> list[str]:
 
 
 def check_grub(root: HostRoot, record: PlanRecord, out: NextBoot) -> None:
-    for rel in GRUB_CFGS:
+    # the file the regeneration wrote (its -o, update-grub's), never a guess among places
+    target, why = readback_target.grub_target(out.ran, read_grub(root).regenerate)
+    for rel in [target] if target else []:
         text = root.read(rel)
         if text is None:
-            continue
+            out.unchecked.append(f"/{rel} (the regeneration's output is not there)")
+            return
         grubenv = root.read(rel.rsplit("/", 1)[0] + "/grubenv")
         choice = nextboot_grub.choose(text, grubenv)
         if choice.args is None:
@@ -88,7 +92,7 @@ def check_grub(root: HostRoot, record: PlanRecord, out: NextBoot) -> None:
             out.missing.append(f"/{rel} ({choice.entry}): {' '.join(gone)}")
         out.checked.append("/" + rel)
         return
-    out.unchecked.append("grub.cfg (no /boot/grub/grub.cfg or /boot/grub2/grub.cfg)")
+    out.unchecked.append(why)
 
 
 def check_entries(
@@ -299,7 +303,8 @@ def check(
     not_run = [s.argv for s in tx.steps if s.regenerate and s.state is not StepState.DONE]
     if tx.record is None:
         return NextBoot(not_run=not_run)
-    return check_record(root, tx.record, initramfs, not_run, runner)
+    ran = [s.argv for s in tx.steps if s.regenerate and s.state is StepState.DONE]
+    return check_record(root, tx.record, initramfs, not_run, runner, ran=ran)
 
 
 def check_record(
@@ -308,10 +313,12 @@ def check_record(
     initramfs: InitramfsKind,
     not_run: list[list[str]] | None = None,
     runner: Runner = _default_runner,
+    ran: list[list[str]] | None = None,
 ) -> NextBoot:
     """What the next boot reads, against what ``record`` (a plan) says it must have;
-    nothing is read while a regeneration is still owed (``not_run``)."""
-    out = NextBoot(not_run=list(not_run or []))
+    nothing is read while a regeneration is still owed (``not_run``). ``ran``: the
+    regenerations this run made, whose output is what is read."""
+    out = NextBoot(not_run=list(not_run or []), ran=list(ran or []))
     if out.not_run:
         return out
     by_loader = CHECKS.get(record.bootloader)

@@ -114,23 +114,35 @@ def read_env(text: str | None) -> dict[str, str]:
 
 
 def steps(default: str) -> list[str]:
-    """The steps of a default's path: ``>`` separates them, ``>>`` is a literal ``>``."""
-    out, current, i = [], "", 0
-    while i < len(default):
-        if default.startswith(">>", i):
-            current, i = current + ">", i + 2
-        elif default[i] == ">":
-            out.append(current)
-            current, i = "", i + 1
+    """The steps of a default's path: ``>`` separates them, ``>>`` is a literal ``>``.
+    Linear in the length: each piece is sliced once, never built a character at a time."""
+    out: list[str] = []
+    current: list[str] = []
+    i = 0
+    while (j := default.find(">", i)) >= 0:
+        current.append(default[i:j])
+        if default.startswith(">>", j):
+            current.append(">")
+            i = j + 2
         else:
-            current, i = current + default[i], i + 1
-    return [*out, current]
+            out.append("".join(current))
+            current, i = [], j + 1
+    current.append(default[i:])
+    return [*out, "".join(current)]
 
 
 def _find(items: list[Item], step: str) -> Item | None:
-    if step.isdigit():
-        return items[int(step)] if int(step) < len(items) else None
+    # an entry's place: ASCII digits only (``²`` is a digit to str.isdigit, not to GRUB),
+    # and a number longer than any menu (thousands of digits) names no entry
+    if step.isascii() and step.isdigit():
+        digits = step.lstrip("0") or "0"
+        return items[int(digits)] if len(digits) <= 9 and int(digits) < len(items) else None
     return next((i for i in items if step in (i.title, i.id)), None)
+
+
+def _shown(value: str, most: int = 80) -> str:
+    """``value`` quoted for a message, cut to ``most`` characters (a default can be MiBs)."""
+    return repr(value) if len(value) <= most else repr(value[:most]) + f"... ({len(value)} chars)"
 
 
 def default_value(menu: Menu, env: dict[str, str]) -> tuple[str | None, str | None]:
@@ -146,7 +158,7 @@ def default_value(menu: Menu, env: dict[str, str]) -> tuple[str | None, str | No
     if last in ("${saved_entry}", "$saved_entry"):
         return env.get("saved_entry", ""), None
     if "$" in last:
-        return None, f"default is set from {last}"
+        return None, f"default is set from {_shown(last)[1:-1]}"
     return last, None
 
 
@@ -167,9 +179,9 @@ def choose(text: str, grubenv: str | None) -> Choice:
         for step in steps(value):
             item = _find(items, step) if items is not None else None
             if item is None:
-                return Choice(unclear=f"default {value!r} names no entry of it")
+                return Choice(unclear=f"default {_shown(value)} names no entry of it")
             items = item.children
-        label = f"default {value!r}"
+        label = f"default {_shown(value)}"
     assert item is not None
     if item.children is not None:
         return Choice(unclear=f"{label} is a submenu ({item.title!r}), not an entry")

@@ -23,8 +23,9 @@ from passthrough.model import BootloaderKind, GrubReading
 from passthrough.plan.actions import Action, RemoveFile, Run, WriteFile
 from passthrough.plan.bootloader_base import Bootloader
 from passthrough.plan.kargs import ArgChange, UnsafeCmdline, edit, key_of, utf8_text
+from passthrough.plan.shell_refuse import one_line
 from passthrough.plan.shellvalue import Origin, ShellVars
-from passthrough.plan.shellvars import append_missing, source
+from passthrough.plan.shellvars import append_missing, is_our_line, source
 
 MAIN = "etc/default/grub"
 GRUB_D = "etc/default/grub.d"
@@ -65,13 +66,17 @@ def _line(args: list[str]) -> str:
 
 
 def _without_block(text: str) -> tuple[str, int | None]:
-    """``text`` without our marker and the line after it, and the 1-based number of that
-    line (None: no block of ours)."""
+    """``text`` without our marker and our appending line (the first after the marker),
+    and the 1-based number of that line (None: no block of ours). Every other line stays
+    where it is, an admin's line written between the two included."""
     lines = text.split("\n")
     if MARKER not in lines:
         return text, None
     at = lines.index(MARKER)
-    return "\n".join(lines[:at] + lines[at + 2 :]), at + 2
+    ours = next((n for n in range(at + 1, len(lines)) if is_our_line(lines[n], TARGET)), None)
+    gone = {at} if ours is None else {at, ours}
+    kept = "\n".join(line for n, line in enumerate(lines) if n not in gone)
+    return kept, None if ours is None else ours + 1
 
 
 def with_block(text: str, args: list[str]) -> str:
@@ -168,6 +173,7 @@ class Grub(Bootloader):
             text = read("/" + rel)
             if text is not None:
                 source(text, "/" + rel, state, read)
+        one_line(state, VARS)  # a line break in the kernel line: GRUB runs the rest
         return state
 
     def configured(self) -> list[str]:
