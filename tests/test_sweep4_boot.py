@@ -345,3 +345,17 @@ def test_a_second_apply_keeps_the_admins_lines_around_our_block(
     capsys.readouterr()
     assert main(["plan", "--root", str(path), *gpu, "--hugepages-1g", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["actions"] == []
+
+
+def test_a_grubenv_past_the_read_limit_is_named_not_a_refusal(tmp_path: Path) -> None:
+    """After apply wrote everything, a grubenv over 16 MiB was MalformedHostData: exit 2,
+    "nothing was changed", a lie. Now grub.cfg is named as not read."""
+    path = build(tmp_path, "consumer-intel", {})
+    (path / "boot/grub/grub.cfg").write_text(CFG.format(d="${saved_entry}"))
+    (path / "boot/grub/grubenv").write_bytes(b"saved_entry=" + b"x" * (16 << 20))
+    record = PlanRecord.from_json({"kernel_args": {"set": ["iommu=pt"]}, "bootloader": "grub"})
+    out = nextboot.NextBoot(ran=[["update-grub"]])
+    nextboot.check_grub(HostRoot(str(path)), record, out)
+    assert out.checked == [] and out.missing == []
+    (line,) = out.unchecked
+    assert line.startswith("/boot/grub/grub.cfg (not read: ") and "16 MiB" in line

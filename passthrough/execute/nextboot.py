@@ -77,11 +77,10 @@ def check_grub(root: HostRoot, record: PlanRecord, out: NextBoot) -> None:
     # the file the regeneration wrote (its -o, update-grub's), never a guess among places
     target, why = readback_target.grub_target(out.ran, read_grub(root).regenerate)
     for rel in [target] if target else []:
-        text = root.read(rel)
+        text, grubenv, unread = readback_target.read_cfg(root, rel)
         if text is None:
-            out.unchecked.append(f"/{rel} (the regeneration's output is not there)")
+            out.unchecked.append(unread)
             return
-        grubenv = root.read(rel.rsplit("/", 1)[0] + "/grubenv")
         choice = nextboot_grub.choose(text, grubenv)
         if choice.args is None:
             # a grub.cfg that reads BLS entries (blscfg), a default naming no entry or a

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from passthrough.errors import MalformedHostData
+from passthrough.host.root import HostRoot
+
 MKCONFIG = ("grub-mkconfig", "grub2-mkconfig")
 WRAPPERS = {"update-grub": "boot/grub/grub.cfg", "update-grub2": "boot/grub/grub.cfg"}
 
@@ -71,3 +74,16 @@ def grub_target(ran: Sequence[Sequence[str]], planned: Sequence[str]) -> tuple[s
     if target is None:
         return None, f"grub.cfg (could not tell which file the regeneration wrote: {why})"
     return target, ""
+
+
+def read_cfg(root: HostRoot, rel: str) -> tuple[str | None, str | None, str]:
+    """(grub.cfg's text, the grubenv beside it, why grub.cfg is not read): a file past the
+    most one read takes is named as not read (apply has written everything by now: no
+    refusal that says nothing changed)."""
+    try:
+        text = root.read(rel)
+        if text is None:
+            return None, None, f"/{rel} (the regeneration's output is not there)"
+        return text, root.read(rel.rsplit("/", 1)[0] + "/grubenv"), ""
+    except MalformedHostData as exc:
+        return None, None, f"/{rel} (not read: {exc})"
