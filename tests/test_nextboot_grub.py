@@ -161,7 +161,7 @@ def test_check_grub_says_it_could_not_tell(tmp_path: Path) -> None:
     (tmp_path / "boot/grub2").mkdir(parents=True)
     (tmp_path / "boot/grub2/grub.cfg").write_text(header("1") + MENU)
     record = PlanRecord.from_json({"kernel_args": {"set": ["NEWEST"]}, "bootloader": "grub"})
-    out = readback.NextBoot()
+    out = readback.NextBoot(ran=[["grub2-mkconfig", "-o", "/boot/grub2/grub.cfg"]])
     grub.check_grub(HostRoot(str(tmp_path)), record, out)
     assert out.missing == [] and out.checked == []
     assert out.unchecked == [

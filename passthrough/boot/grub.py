@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from passthrough.actions import Action, PlanRecord, RemoveFile, Run, WriteFile
 from passthrough.boot.base import Bootloader
 from passthrough.boot.readback import NextBoot, lacking
+from passthrough.boot.shell_refuse import one_line
 from passthrough.boot.shellvalue import Origin, ShellVars
-from passthrough.boot.shellvars import append_missing, source
-from passthrough.errors import PassthroughError
+from passthrough.boot.shellvars import append_missing, is_our_line, source
+from passthrough.errors import MalformedHostData, PassthroughError
+from passthrough.host.boot import read_grub
 from passthrough.host.root import HostRoot
 from passthrough.kargs import ArgChange, UnsafeCmdline, edit, key_of, utf8_text
 from passthrough.model import BootloaderKind, GrubReading
@@ -69,13 +72,17 @@ def _line(args: list[str]) -> str:
 
 
 def _without_block(text: str) -> tuple[str, int | None]:
-    """``text`` without our marker and the line after it, and the 1-based number of that
-    line (None: no block of ours)."""
+    """``text`` without our marker and our appending line (the first after the marker),
+    and the 1-based number of that line (None: no block of ours). Every other line stays
+    where it is, an admin's line written between the two included."""
     lines = text.split("\n")
     if MARKER not in lines:
         return text, None
     at = lines.index(MARKER)
-    return "\n".join(lines[:at] + lines[at + 2 :]), at + 2
+    ours = next((n for n in range(at + 1, len(lines)) if is_our_line(lines[n], TARGET)), None)
+    gone = {at} if ours is None else {at, ours}
+    kept = "\n".join(line for n, line in enumerate(lines) if n not in gone)
+    return kept, None if ours is None else ours + 1
 
 
 def with_block(text: str, args: list[str]) -> str:
@@ -172,6 +179,7 @@ class Grub(Bootloader):
             text = read("/" + rel)
             if text is not None:
                 source(text, "/" + rel, state, read)
+        one_line(state, VARS)  # a line break in the kernel line: GRUB runs the rest
         return state
 
     def configured(self) -> list[str]:
@@ -276,15 +284,14 @@ class Grub(Bootloader):
         return writes
 
 
-GRUB_CFGS = ("boot/grub/grub.cfg", "boot/grub2/grub.cfg")
-
-
 def check_grub(root: HostRoot, record: PlanRecord, out: NextBoot) -> None:
-    for rel in GRUB_CFGS:
-        text = root.read(rel)
+    # the file the regeneration wrote (its -o, update-grub's), never a guess among places
+    target, why = grub_target(out.ran, read_grub(root).regenerate)
+    for rel in [target] if target else []:
+        text, grubenv, unread = read_cfg(root, rel)
         if text is None:
-            continue
-        grubenv = root.read(rel.rsplit("/", 1)[0] + "/grubenv")
+            out.unchecked.append(unread)
+            return
         choice = choose(text, grubenv)
         if choice.args is None:
             # a grub.cfg that reads BLS entries (blscfg), a default naming no entry or a
@@ -295,7 +302,90 @@ def check_grub(root: HostRoot, record: PlanRecord, out: NextBoot) -> None:
             out.missing.append(f"/{rel} ({choice.entry}): {' '.join(gone)}")
         out.checked.append("/" + rel)
         return
-    out.unchecked.append("grub.cfg (no /boot/grub/grub.cfg or /boot/grub2/grub.cfg)")
+    out.unchecked.append(why)
+
+
+# -- which grub.cfg is read back: the one the regeneration wrote ---------------------------
+# Which grub.cfg the read-back reads: the one the regeneration command wrote.
+#
+# A root can hold more than one grub.cfg (a leftover /boot/grub/grub.cfg beside the
+# /boot/grub2/grub.cfg that grub2-mkconfig writes on openSUSE and Fedora): reading whichever
+# is found first would check a file the next boot never reads. So the path comes from the
+# command itself:
+#
+# - ``grub-mkconfig``/``grub2-mkconfig``: its ``-o``/``--output`` operand (without one it
+#   writes to its standard output, and nothing on disk is what it made);
+# - ``update-grub``/``update-grub2`` (Debian's wrappers): /boot/grub/grub.cfg, the file they
+#   hand to ``grub-mkconfig -o``.
+#
+# A command of another name, or an output that is not an absolute path, is a target that
+# cannot be told: the read-back names it as not checked.
+
+MKCONFIG = ("grub-mkconfig", "grub2-mkconfig")
+WRAPPERS = {"update-grub": "boot/grub/grub.cfg", "update-grub2": "boot/grub/grub.cfg"}
+
+
+def is_grub_regeneration(argv: Sequence[str]) -> bool:
+    return bool(argv) and argv[0].rsplit("/", 1)[-1] in (*MKCONFIG, *WRAPPERS)
+
+
+def _output(args: Sequence[str]) -> str | None:
+    """The ``-o FILE``, ``-oFILE``, ``--output=FILE`` or ``--output FILE`` of grub-mkconfig
+    (the last one wins, as getopt reads them)."""
+    out: str | None = None
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-o", "--output"):
+            out = args[i + 1] if i + 1 < len(args) else None
+            i += 2
+            continue
+        if arg.startswith("--output="):
+            out = arg.split("=", 1)[1]
+        elif arg.startswith("-o"):
+            out = arg[2:]
+        i += 1
+    return out
+
+
+def grub_cfg_written(argv: Sequence[str]) -> tuple[str | None, str]:
+    """(the grub.cfg ``argv`` writes, relative to the root; or None and why not)."""
+    name = argv[0].rsplit("/", 1)[-1] if argv else ""
+    if name in WRAPPERS:
+        return WRAPPERS[name], ""
+    if name not in MKCONFIG:
+        return None, f"{' '.join(argv) or 'no command'} is not a GRUB regeneration"
+    out = _output(argv[1:])
+    if not out:
+        return None, f"{name} ran without -o: what it wrote is not on disk"
+    if not out.startswith("/") or "/../" in out + "/":
+        return None, f"{name} wrote {out!r}, not an absolute path"
+    return out.lstrip("/"), ""
+
+
+def grub_target(ran: Sequence[Sequence[str]], planned: Sequence[str]) -> tuple[str | None, str]:
+    """The grub.cfg the next boot reads: the output of the last GRUB regeneration that ran
+    (``ran``), or of the one the plan runs on this root (``planned``) where none of ``ran``
+    is one (an earlier apply regenerated it)."""
+    grub = [a for a in ran if is_grub_regeneration(a)]
+    argv = grub[-1] if grub else planned
+    target, why = grub_cfg_written(argv)
+    if target is None:
+        return None, f"grub.cfg (could not tell which file the regeneration wrote: {why})"
+    return target, ""
+
+
+def read_cfg(root: HostRoot, rel: str) -> tuple[str | None, str | None, str]:
+    """(grub.cfg's text, the grubenv beside it, why grub.cfg is not read): a file past the
+    most one read takes is named as not read (apply has written everything by now: no
+    refusal that says nothing changed)."""
+    try:
+        text = root.read(rel)
+        if text is None:
+            return None, None, f"/{rel} (the regeneration's output is not there)"
+        return text, root.read(rel.rsplit("/", 1)[0] + "/grubenv"), ""
+    except MalformedHostData as exc:
+        return None, None, f"/{rel} (not read: {exc})"
 
 
 # -- what the next boot reads: grub.cfg's default entry ------------------------------------
@@ -408,23 +498,35 @@ def read_env(text: str | None) -> dict[str, str]:
 
 
 def steps(default: str) -> list[str]:
-    """The steps of a default's path: ``>`` separates them, ``>>`` is a literal ``>``."""
-    out, current, i = [], "", 0
-    while i < len(default):
-        if default.startswith(">>", i):
-            current, i = current + ">", i + 2
-        elif default[i] == ">":
-            out.append(current)
-            current, i = "", i + 1
+    """The steps of a default's path: ``>`` separates them, ``>>`` is a literal ``>``.
+    Linear in the length: each piece is sliced once, never built a character at a time."""
+    out: list[str] = []
+    current: list[str] = []
+    i = 0
+    while (j := default.find(">", i)) >= 0:
+        current.append(default[i:j])
+        if default.startswith(">>", j):
+            current.append(">")
+            i = j + 2
         else:
-            current, i = current + default[i], i + 1
-    return [*out, current]
+            out.append("".join(current))
+            current, i = [], j + 1
+    current.append(default[i:])
+    return [*out, "".join(current)]
 
 
 def _find(items: list[Item], step: str) -> Item | None:
-    if step.isdigit():
-        return items[int(step)] if int(step) < len(items) else None
+    # an entry's place: ASCII digits only (``²`` is a digit to str.isdigit, not to GRUB),
+    # and a number longer than any menu (thousands of digits) names no entry
+    if step.isascii() and step.isdigit():
+        digits = step.lstrip("0") or "0"
+        return items[int(digits)] if len(digits) <= 9 and int(digits) < len(items) else None
     return next((i for i in items if step in (i.title, i.id)), None)
+
+
+def _shown(value: str, most: int = 80) -> str:
+    """``value`` quoted for a message, cut to ``most`` characters (a default can be MiBs)."""
+    return repr(value) if len(value) <= most else repr(value[:most]) + f"... ({len(value)} chars)"
 
 
 def default_value(menu: Menu, env: dict[str, str]) -> tuple[str | None, str | None]:
@@ -440,7 +542,7 @@ def default_value(menu: Menu, env: dict[str, str]) -> tuple[str | None, str | No
     if last in ("${saved_entry}", "$saved_entry"):
         return env.get("saved_entry", ""), None
     if "$" in last:
-        return None, f"default is set from {last}"
+        return None, f"default is set from {_shown(last)[1:-1]}"
     return last, None
 
 
@@ -461,9 +563,9 @@ def choose(text: str, grubenv: str | None) -> Choice:
         for step in steps(value):
             item = _find(items, step) if items is not None else None
             if item is None:
-                return Choice(unclear=f"default {value!r} names no entry of it")
+                return Choice(unclear=f"default {_shown(value)} names no entry of it")
             items = item.children
-        label = f"default {value!r}"
+        label = f"default {_shown(value)}"
     assert item is not None
     if item.children is not None:
         return Choice(unclear=f"{label} is a submenu ({item.title!r}), not an entry")

@@ -21,6 +21,7 @@ class NextBoot:
     checked: list[str] = field(default_factory=list)  # what was read
     unchecked: list[str] = field(default_factory=list)  # what could not be, and why
     not_run: list[list[str]] = field(default_factory=list)  # regenerations that did not run
+    ran: list[list[str]] = field(default_factory=list)  # regenerations that ran: what they wrote
 
 
 def lacking(args: list[str], record: PlanRecord) -> list[str]:

@@ -119,6 +119,14 @@ def logical_lines(text: str, path: str) -> list[tuple[int, int, str]]:
                 buf.append(c + nxt)
             i += 1
             continue
+        elif c == "<" and nxt == "<" and top in ("", "("):
+            # a here-document's body is text, not commands: read as lines it could hide
+            # (or fake) an assignment, so it is refused where it starts
+            raise UnsafeCmdline(
+                f"{path}:{line}",
+                "has a here-document (<<), whose text the planner does not read as the shell "
+                "does; move it out of the GRUB files",
+            )
         elif c == "$" and nxt == "(" and top in ("", "(", '"'):
             stack.append("(")
             buf.append("$(")

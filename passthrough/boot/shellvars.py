@@ -20,6 +20,7 @@ import re
 import shlex
 from collections.abc import Callable, Collection, Sequence
 
+from passthrough.boot.shell_refuse import refuse_set
 from passthrough.boot.shellvalue import (
     ASSIGN,
     Origin,
@@ -105,6 +106,12 @@ def loop_words(line: str) -> tuple[str, tuple[str, ...]] | None:
     where ``line`` is not one."""
     found = loop_line(line)
     return None if found is None else (found.target, found.words)
+
+
+def is_our_line(line: str, target: str) -> bool:
+    """Whether ``line`` is our appending line for ``target`` (and nothing else)."""
+    found = loop_line(line)
+    return found is not None and found.target == target
 
 
 Reader = Callable[[str], str | None]  # an absolute path → its text (None: no such file)
@@ -247,6 +254,7 @@ def _unseen_setters(code: str, state: ShellVars, where: str, plain: bool) -> Non
     removed (``export GRUB_CMDLINE_LINUX""_DEFAULT=…``)."""
     for words in _commands(code, where):
         name = words[0]
+        refuse_set(words, where)  # set -f/-u/-n change how grub-mkconfig runs on
         if name in SETTERS or (name == "printf" and any(w.startswith("-v") for w in words)):
             raise UnsafeCmdline(where, f"uses {name}, which can set the command line unseen")
         if name in (".", "source"):

@@ -47,14 +47,25 @@ def add_parser(sub: Subparsers) -> None:
     )
     plan_arguments(p, CHANGES)
     yes_flag(p)
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="write --hugepages-1g where the root reports no RAM (no /proc/meminfo) to check "
+        "the pages against: the machine that boots it must have more",
+    )
 
 
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.actions import plan_text
     from passthrough.journal import nextboot
     from passthrough.journal.apply import apply, apply_json, listed, why_listed
+    from passthrough.plan.options import values
+    from passthrough.plan.reserve import refuse_unsized
 
     root, plan = planned(args, stack, changing="apply")
+    forced = refuse_unsized(root, values(args)["hugepages_1g"], args.force)
+    if forced:
+        print(f"warning: {forced}", file=sys.stderr)
     if not plan.empty:
         confirm(args, "apply", lambda: plan_text(plan, root))
     tx = apply(root, plan, plan.record(), progress=progress(args))

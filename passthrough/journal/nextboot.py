@@ -132,7 +132,8 @@ def check(
     not_run = [s.argv for s in tx.steps if s.regenerate and s.state is not StepState.DONE]
     if tx.record is None:
         return NextBoot(not_run=not_run)
-    return check_record(root, tx.record, initramfs, not_run, runner)
+    ran = [s.argv for s in tx.steps if s.regenerate and s.state is StepState.DONE]
+    return check_record(root, tx.record, initramfs, not_run, runner, ran=ran)
 
 
 def check_record(
@@ -141,10 +142,12 @@ def check_record(
     initramfs: InitramfsKind,
     not_run: list[list[str]] | None = None,
     runner: Runner = _default_runner,
+    ran: list[list[str]] | None = None,
 ) -> NextBoot:
     """What the next boot reads, against what ``record`` (a plan) says it must have;
-    nothing is read while a regeneration is still owed (``not_run``)."""
-    out = NextBoot(not_run=list(not_run or []))
+    nothing is read while a regeneration is still owed (``not_run``). ``ran``: the
+    regenerations this run made, whose output is what is read."""
+    out = NextBoot(not_run=list(not_run or []), ran=list(ran or []))
     if out.not_run:
         return out
     by_loader = READ_BACK.get(record.bootloader)
