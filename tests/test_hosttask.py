@@ -231,13 +231,32 @@ def test_a_command_that_cannot_start_is_told_from_either_stream(tmp_path: Path) 
     )
     assert "No module named 'passthrough'" in empty.stderr, empty.stderr
     assert "No module named passthrough.hosttask" in older.stderr, older.stderr
-    for said in (empty, older):
-        assert runtime.cannot_run(said.returncode, "", said.stderr)
-        assert runtime.cannot_run(said.returncode, said.stderr.replace("\n", "\r\n"), "")
-    assert runtime.cannot_run(127, "", "sh: 1: /opt/x/bin/python: not found")
+    for said, python in ((empty, "/usr/bin/python3"), (older, sys.executable)):
+        assert runtime.cannot_run(said.returncode, "", said.stderr, python)
+        assert runtime.cannot_run(said.returncode, said.stderr.replace("\n", "\r\n"), "", python)
+    assert runtime.cannot_run(127, "", "sh: 1: /opt/x/bin/python: not found", "/opt/x/bin/python")
     crash = "Traceback (most recent call last):\nZeroDivisionError: division by zero\n"
-    assert not runtime.cannot_run(1, crash, "")
-    assert not runtime.cannot_run(0, "", "")
+    assert not runtime.cannot_run(1, crash, "", sys.executable)
+    assert not runtime.cannot_run(0, "", "", sys.executable)
+
+
+def test_a_failure_that_merely_quotes_the_words_forces_no_reinstall() -> None:
+    """Issue 46: any output holding "No module named passthrough" forced a reinstall. Only the
+    interpreter's own line for the venv's python counts: not a traceback's last line, not a
+    log line quoting it, not another interpreter's words."""
+    runtime = _action_utils()
+    python = "/opt/passthrough/venv/bin/python"
+    quoted = (
+        "Traceback (most recent call last):\n"
+        "ModuleNotFoundError: No module named 'passthrough_plugins'\n",
+        "apply: the guest said: No module named 'passthrough'\n",
+        "/usr/bin/python3: No module named passthrough.hosttask\n",
+        f"note: {python}: No module named passthrough.hosttask\n",
+    )
+    for text in quoted:
+        assert not runtime.cannot_run(1, text, "", python), text
+        assert not runtime.cannot_run(1, "", text, python), text
+    assert runtime.cannot_run(1, f"{python}: No module named passthrough.hosttask\r\n", "", python)
 
 
 def test_the_result_line_is_read_whatever_comes_before_it() -> None:

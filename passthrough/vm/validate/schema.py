@@ -216,8 +216,15 @@ def _fixing_child(work: _Work, el: Any, fixed: Callable[[Errors], bool]) -> Any:
         group = earlier if fixed(work.without(el, others)) else later
     if group and fixed(work.without(el, group)):
         return group[0]
+    # Of each tag, at most _ONE_BY_ONE children are tried: children of one tag are alike to
+    # the schema, so where removing that many of them singly fixes nothing, another does not
+    # either (10,000 failing <hostdev> each tried on the whole document took minutes).
+    tried: dict[str, int] = {}
     for child in kids:
-        if child is not (group[0] if group else None) and fixed(work.without(el, [child])):
+        if child is (group[0] if group else None):
+            continue
+        tried[child.tag] = tried.get(child.tag, 0) + 1
+        if tried[child.tag] <= _ONE_BY_ONE and fixed(work.without(el, [child])):
             return child
     return None
 
