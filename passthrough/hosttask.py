@@ -148,12 +148,30 @@ def _owed(root: HostRoot) -> list[list[str]]:
     return owed if command_mode(root) != "list" else []
 
 
+def _identity(path: str) -> str:
+    """The venv's identity file, "" where it is absent or no regular file. Opened
+    non-blocking (a FIFO there must not hang the task) with the standard library alone:
+    nothing else of the library is imported before the identity is known to be ours (so
+    not passthrough.inputs.read_head, which does the same)."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        return os.read(fd, 4096).decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+
+
 def _stale(runtime: dict[str, Any]) -> dict[str, Any] | None:
     """What the venv this runs in holds, where it is not the identity the action expects."""
-    from passthrough.inputs import read_head  # non-blocking: never waits on a FIFO
-
-    found = read_head(os.path.join(str(runtime.get("venv")), MARKER), 4096)
-    have = (found or b"").decode("utf-8", "replace").strip()
+    have = _identity(os.path.join(str(runtime.get("venv")), MARKER))
     lacking: list[str] = []
     if runtime.get("requires"):
         import importlib.util
