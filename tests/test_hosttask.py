@@ -174,6 +174,26 @@ def test_over_ssh_a_venv_from_before_the_command_is_installed_again(tmp_path: Pa
         assert _same(third, root)["plan"] == _same(first, root)["plan"]
 
 
+@pytest.mark.fleet
+def test_the_action_refuses_a_venv_path_a_shebang_cannot_hold(tmp_path: Path) -> None:
+    """Issue 46: a venv path with a space went into Ansible's interpreter line and the
+    console scripts' #! line, where the kernel cuts it at the space. The action refuses it
+    before anything runs on the host (real ansible, local connection)."""
+    root = fakehost.build(fakehost.load("consumer-intel"), tmp_path / "root")
+    venv = tmp_path / "pass through" / "venv"
+    result = _ad_hoc(
+        tmp_path,
+        root,
+        "venv",
+        {"root": str(root)},
+        "--check",
+        how={"passthrough_runtime_venv": str(venv)},
+    )
+    assert result.get("failed") is True, result
+    assert "#! line cannot hold" in result["msg"] and "nothing changed" in result["msg"]
+    assert not venv.parent.exists()
+
+
 def test_a_stale_venv_is_told_before_the_library_is_imported(tmp_path: Path) -> None:
     """The command reads the venv's identity file first: where it is not the one expected it
     says so and imports nothing of the library's beyond itself (an older library must not act
