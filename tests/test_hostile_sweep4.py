@@ -303,3 +303,13 @@ def test_the_runtime_module_refuses_a_venv_a_shebang_cannot_hold(tmp_path: Path,
     assert out.get("failed") is True, out
     assert "#! line" in out["msg"] and "nothing changed" in out["msg"]
     assert not Path(where).exists()
+
+
+def test_a_live_journal_key_given_twice_is_one_line(on_vfio: Path) -> None:
+    """The later of two ``host_driver`` keys would decide which driver the card goes back to."""
+    journal = on_vfio / LIVE
+    journal.parent.mkdir(parents=True)
+    entry = '{"host_driver": "nvidia", "host_driver": "vfio-pci", "where": "vfio"}'
+    journal.write_text(f'{{"format": 1, "functions": {{"{GPU}": {entry}}}}}')
+    r = cli("release", "--root", str(on_vfio), "--gpu", GPU, "--yes")
+    refused(r, str(journal), "key 'host_driver' given twice", "nothing was changed")

@@ -19,6 +19,7 @@ from typing import Any
 
 from passthrough.errors import PassthroughError
 from passthrough.execute.files import atomic_write, fsync_dir
+from passthrough.execute.journal_json import Twice, loads
 from passthrough.execute.state import STATE, ensure_dir, own
 from passthrough.host.root import HostRoot
 
@@ -91,10 +92,10 @@ class LiveDrivers:
                 return cls(root, {})
             raise LiveJournalDamaged(path, str(exc)) from None
         try:
-            data = json.loads(raw)
+            data = loads(raw)  # the journal's strict reader: no key twice, finite numbers
             entries = {addr: _entry(addr, e) for addr, e in data["functions"].items()}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            why = f" ({exc})" if isinstance(exc, _WrongField) else ""
+            why = f" ({exc})" if isinstance(exc, _WrongField | Twice) else ""
             raise LiveJournalDamaged(
                 path, f"not the live-driver journal this version writes{why}"
             ) from None
