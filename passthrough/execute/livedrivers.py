@@ -19,7 +19,6 @@ from typing import Any
 
 from passthrough.errors import PassthroughError
 from passthrough.execute.files import atomic_write, fsync_dir
-from passthrough.execute.journal_json import Twice, loads
 from passthrough.execute.state import STATE, ensure_dir, own
 from passthrough.host.root import HostRoot
 
@@ -82,6 +81,7 @@ class LiveDrivers:
     def load(cls, root: HostRoot) -> LiveDrivers:
         import errno
 
+        from passthrough.execute.journal_json import Twice, loads
         from passthrough.inputs import Unreadable, read_bytes
 
         path = own(root, LIVE)
