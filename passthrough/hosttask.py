@@ -148,13 +148,30 @@ def _owed(root: HostRoot) -> list[list[str]]:
     return owed if command_mode(root) != "list" else []
 
 
+def _identity(path: str) -> str:
+    """The venv's identity file, "" where it is absent or no regular file. Opened
+    non-blocking (a FIFO there must not hang the task) with the standard library alone:
+    nothing else of the library is imported before the identity is known to be ours (so
+    not passthrough.inputs.read_head, which does the same)."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        return os.read(fd, 4096).decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+
+
 def _stale(runtime: dict[str, Any]) -> dict[str, Any] | None:
     """What the venv this runs in holds, where it is not the identity the action expects."""
-    try:
-        with open(os.path.join(str(runtime.get("venv")), MARKER), encoding="utf-8") as f:
-            have = f.read().strip()
-    except OSError:
-        have = ""
+    have = _identity(os.path.join(str(runtime.get("venv")), MARKER))
     lacking: list[str] = []
     if runtime.get("requires"):
         import importlib.util
@@ -185,13 +202,38 @@ def _outcome(payload: dict[str, Any]) -> dict[str, Any]:
         }
 
 
+def _payload(text: str) -> dict[str, Any] | str:
+    """The decoded payload, or why it is not one (the action writes it: anything else was
+    typed or cut short on the way)."""
+    import binascii
+
+    try:
+        payload = json.loads(base64.b64decode(text, validate=True))
+    except (binascii.Error, ValueError, RecursionError):  # ValueError: JSON, UTF-8, digits
+        return "not base64 of a JSON object"
+    if not isinstance(payload, dict):
+        return "not a JSON object"
+    params = payload.get("params")
+    if not isinstance(params, dict) or not isinstance(payload.get("check_mode"), bool):
+        return "no params object or no check_mode true/false"
+    if not all(isinstance(params.get(k), str) for k in ("root", "state")):
+        return "params without root and state strings"
+    if not isinstance(payload.get("runtime") or {}, dict):
+        return "runtime is not an object"
+    return payload
+
+
 def main(argv: list[str]) -> int:
     """``PAYLOAD``: base64 of ``{"params": …, "check_mode": …, "runtime": {identity, venv}}``.
-    Prints the result on one line after ``RESULT``; a bug shows as its traceback (exit 1)."""
+    Prints the result on one line after ``RESULT``; a payload that is not one is a line on
+    stderr and exit 2 (nothing done); a bug shows as its traceback (exit 1)."""
     if len(argv) != 1:
         print("usage: python -I -m passthrough.hosttask PAYLOAD", file=sys.stderr)
         return 2
-    payload = json.loads(base64.b64decode(argv[0]))
+    payload = _payload(argv[0])
+    if isinstance(payload, str):
+        print(f"passthrough.hosttask: bad PAYLOAD: {payload}", file=sys.stderr)
+        return 2
     result = _outcome(payload)
     result["invocation"] = {"module_args": payload["params"]}
     print(RESULT + json.dumps(result), flush=True)

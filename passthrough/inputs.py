@@ -16,8 +16,19 @@ MAX_INPUT = 1 << 20
 MAX_DEPTH = 100
 
 
+# The longest integer a YAML input may spell (docs/limits.md): every number we read fits in
+# 64 bits (20 digits); Python refuses to turn more than 4,300 decimal digits into an int (a
+# ValueError deep in the loader), and a huge hex one would fail later, when printed.
+MAX_INT_TEXT = 100
+
+
 class Unreadable(Exception):
-    """Why the file cannot be used; the caller names the flag in its own error."""
+    """Why the file cannot be used; the caller names the flag in its own error. ``errno``:
+    the system's error number where opening it failed (ENOENT: absent)."""
+
+    def __init__(self, why: str, errno: int | None = None) -> None:
+        super().__init__(why)
+        self.errno = errno
 
 
 # What virsh reads of a domain file at most (tools/virsh.h VSH_MAX_XML_FILE, 10 MiB): a
@@ -36,18 +47,40 @@ def read_text(path: str, what: str, limit: int = MAX_INPUT) -> str:
         raise Unreadable(f"line {line}: byte 0x{data[exc.start]:02x} is not UTF-8 text") from None
 
 
-def read_bytes(path: str, what: str, limit: int = MAX_INPUT) -> bytes:
-    """The file's bytes, at most ``limit`` of them (larger is refused, never cut); a FIFO
-    or a device is refused without waiting on it or reading it."""
+def open_regular(path: str) -> int:
+    """A read-only descriptor of ``path``, which must be a regular file: a FIFO, a device, a
+    socket or a directory is :class:`Unreadable` (:data:`NOT_REGULAR`) without waiting on it
+    (opened non-blocking: opening a FIFO would otherwise wait for a writer forever). Every
+    reader of a file a user or a root hands us opens it here."""
     try:
-        # non-blocking: a FIFO given as the file must not hang us before we see what it is
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise Unreadable(exc.strerror or "cannot read it") from None
-    # decided on the descriptor before any file object: fdopen of a directory raises
+    except OSError as exc:  # a socket: ENXIO
+        raise Unreadable(exc.strerror or "cannot read it", exc.errno) from None
+    # decided on the descriptor, not on the name: what was opened is what is read
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise Unreadable(NOT_REGULAR)
+    return fd
+
+
+def read_head(path: str, limit: int) -> bytes | None:
+    """At most ``limit`` bytes of an optional file (a marker, a version file); None where it
+    is absent, unreadable or not a regular file."""
+    try:
+        fd = open_regular(path)
+    except Unreadable:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            return fh.read(limit)
+        except OSError:
+            return None
+
+
+def read_bytes(path: str, what: str, limit: int = MAX_INPUT) -> bytes:
+    """The file's bytes, at most ``limit`` of them (larger is refused, never cut); a FIFO
+    or a device is refused without waiting on it or reading it."""
+    fd = open_regular(path)
     with os.fdopen(fd, "rb") as fh:
         try:
             data = fh.read(limit + 1)  # one byte more tells "too large" from "just fits"
@@ -69,6 +102,36 @@ def depth_bounded() -> type:
         what = "a YAML file"
         depth = 0
 
+        def bounded_int(self, node: Any) -> Any:
+            if len(node.value) > MAX_INT_TEXT:
+                raise Unreadable(
+                    f"line {node.start_mark.line + 1}: an integer {len(node.value)} characters "
+                    f"long (at most {MAX_INT_TEXT}): not {self.what}"
+                )
+            return yaml.SafeLoader.construct_yaml_int(self, node)
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            # a key given twice: YAML keeps the later silently, kubectl and the API server
+            # refuse it (keys a merge ``<<`` brings are overridden, as YAML means them to be)
+            seen: dict[Any, int] = {}
+            for key_node, _value in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    first = seen.get(key)
+                    seen.setdefault(key, line)
+                except TypeError:
+                    continue  # unhashable: the constructor's own error names it
+                if first is not None:
+                    shown = repr(key) if len(repr(key)) <= 60 else repr(key)[:57] + "..."
+                    raise Unreadable(
+                        f"line {line}: key {shown} given twice (first on line {first}): "
+                        f"not {self.what}"
+                    )
+            return super().construct_mapping(node, deep)
+
         def compose_node(self, parent: Any, index: Any) -> Any:
             if self.depth >= MAX_DEPTH:
                 mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
@@ -81,6 +144,7 @@ def depth_bounded() -> type:
             finally:
                 self.depth -= 1
 
+    Loader.add_constructor("tag:yaml.org,2002:int", Loader.bounded_int)
     return Loader
 
 

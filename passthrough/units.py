@@ -19,7 +19,8 @@ _STEPS = (("T", TIB), ("G", GIB), ("M", MIB), ("K", KIB))
 def parse_size(text: str, unit: int = 1) -> int | None:
     """``16M`` → bytes; a bare number counts in ``unit``. None: not a size."""
     m = _SIZE_RE.match(text.strip())
-    if m is None or not m[1].isascii():
+    # 20 digits hold any 64-bit size; Python refuses int() of more than 4,300 of them
+    if m is None or not m[1].isascii() or len(m[1]) > 20:
         return None
     if m[2] is None:
         return int(m[1]) * (1 if text.strip()[-1:].upper() == "B" else unit)

@@ -132,3 +132,6 @@ def test_hostdevs_benchmark_runs_on_a_small_domain() -> None:
     assert report["hostdevs"] == 40
     for case in ("valid", "one_bad_hostdev"):
         assert report[case]["passthrough_cpu"] > 0 and report[case]["virt_xml_validate_cpu"] > 0
+    # 1x, 2x, 4x: a quarter, half and all of --hostdevs, every one failing
+    assert list(report["all_failing_cpu"]) == ["10", "20", "40"]
+    assert all(cpu > 0 for cpu in report["all_failing_cpu"].values())

@@ -174,6 +174,26 @@ def test_over_ssh_a_venv_from_before_the_command_is_installed_again(tmp_path: Pa
         assert _same(third, root)["plan"] == _same(first, root)["plan"]
 
 
+@pytest.mark.fleet
+def test_the_action_refuses_a_venv_path_a_shebang_cannot_hold(tmp_path: Path) -> None:
+    """Issue 46: a venv path with a space went into Ansible's interpreter line and the
+    console scripts' #! line, where the kernel cuts it at the space. The action refuses it
+    before anything runs on the host (real ansible, local connection)."""
+    root = fakehost.build(fakehost.load("consumer-intel"), tmp_path / "root")
+    venv = tmp_path / "pass through" / "venv"
+    result = _ad_hoc(
+        tmp_path,
+        root,
+        "venv",
+        {"root": str(root)},
+        "--check",
+        how={"passthrough_runtime_venv": str(venv)},
+    )
+    assert result.get("failed") is True, result
+    assert "#! line cannot hold" in result["msg"] and "nothing changed" in result["msg"]
+    assert not venv.parent.exists()
+
+
 def test_a_stale_venv_is_told_before_the_library_is_imported(tmp_path: Path) -> None:
     """The command reads the venv's identity file first: where it is not the one expected it
     says so and imports nothing of the library's beyond itself (an older library must not act
@@ -231,13 +251,32 @@ def test_a_command_that_cannot_start_is_told_from_either_stream(tmp_path: Path) 
     )
     assert "No module named 'passthrough'" in empty.stderr, empty.stderr
     assert "No module named passthrough.hosttask" in older.stderr, older.stderr
-    for said in (empty, older):
-        assert runtime.cannot_run(said.returncode, "", said.stderr)
-        assert runtime.cannot_run(said.returncode, said.stderr.replace("\n", "\r\n"), "")
-    assert runtime.cannot_run(127, "", "sh: 1: /opt/x/bin/python: not found")
+    for said, python in ((empty, "/usr/bin/python3"), (older, sys.executable)):
+        assert runtime.cannot_run(said.returncode, "", said.stderr, python)
+        assert runtime.cannot_run(said.returncode, said.stderr.replace("\n", "\r\n"), "", python)
+    assert runtime.cannot_run(127, "", "sh: 1: /opt/x/bin/python: not found", "/opt/x/bin/python")
     crash = "Traceback (most recent call last):\nZeroDivisionError: division by zero\n"
-    assert not runtime.cannot_run(1, crash, "")
-    assert not runtime.cannot_run(0, "", "")
+    assert not runtime.cannot_run(1, crash, "", sys.executable)
+    assert not runtime.cannot_run(0, "", "", sys.executable)
+
+
+def test_a_failure_that_merely_quotes_the_words_forces_no_reinstall() -> None:
+    """Issue 46: any output holding "No module named passthrough" forced a reinstall. Only the
+    interpreter's own line for the venv's python counts: not a traceback's last line, not a
+    log line quoting it, not another interpreter's words."""
+    runtime = _action_utils()
+    python = "/opt/passthrough/venv/bin/python"
+    quoted = (
+        "Traceback (most recent call last):\n"
+        "ModuleNotFoundError: No module named 'passthrough_plugins'\n",
+        "apply: the guest said: No module named 'passthrough'\n",
+        "/usr/bin/python3: No module named passthrough.hosttask\n",
+        f"note: {python}: No module named passthrough.hosttask\n",
+    )
+    for text in quoted:
+        assert not runtime.cannot_run(1, text, "", python), text
+        assert not runtime.cannot_run(1, "", text, python), text
+    assert runtime.cannot_run(1, f"{python}: No module named passthrough.hosttask\r\n", "", python)
 
 
 def test_the_result_line_is_read_whatever_comes_before_it() -> None:

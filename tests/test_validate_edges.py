@@ -278,3 +278,26 @@ def test_one_bad_hostdev_among_many_is_found_in_a_few_validations() -> None:
     ]
     assert "bogus='1'" in found[0].message
     assert rng.calls <= 4 * math.ceil(math.log2(n)) + 12, rng.calls
+
+
+def test_every_hostdev_failing_costs_a_bounded_number_of_validations() -> None:
+    """Issue 46: with every <hostdev> at fault no one child's removal fixes the document, and
+    the search tried each child on the whole document: quadratic (10,000 took 9.7 s of
+    CPU). Children of one tag are tried singly at most _ONE_BY_ONE times; the answer is
+    the same (the <devices> holding them)."""
+    import math
+    import sys
+
+    from lxml import etree
+
+    from passthrough.vm.validate.schema import _ONE_BY_ONE, faults, load
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from bench_validate_hostdevs import all_failing
+
+    n = 600
+    doc = etree.fromstring(all_failing(n).encode())
+    rng = _Counting(load(None).rng())
+    found = faults(rng, doc)
+    assert [f.element.getroottree().getpath(f.element) for f in found] == ["/domain/devices"]
+    assert rng.calls <= 4 * math.ceil(math.log2(n)) + 2 * _ONE_BY_ONE + 12, rng.calls

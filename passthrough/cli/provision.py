@@ -78,11 +78,13 @@ SAMPLE_ENV = "PASSTHROUGH_SAMPLE_ROOT"
 def _needs_sample(inventory: str) -> None:
     """inventory/sample drives a sample host built at run time; without --sample (or the
     variable it sets) say so, before Ansible fails on an empty root."""
-    try:
-        with open(inventory, encoding="utf-8", errors="replace") as f:
-            text = f.read(1 << 20)
-    except OSError:
+    from passthrough.inputs import read_head
+
+    # non-blocking: a FIFO named as the inventory must not hang us (Ansible names it then)
+    head = read_head(inventory, 1 << 20)
+    if head is None:
         return  # a directory or a missing file: the runner's own checks name it
+    text = head.decode("utf-8", "replace")
     if SAMPLE_ENV in text and not os.environ.get(SAMPLE_ENV):
         raise PassthroughError(
             f"{inventory} drives the bundled sample host, built at run time: add --sample "

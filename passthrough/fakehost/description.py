@@ -336,12 +336,12 @@ def load(name_or_path: str) -> Description:
         else:
             known = ", ".join(sample_names())
             raise BadDescription(name_or_path, f"no such file or sample host (samples: {known})")
-    from passthrough.inputs import Unreadable, yaml_without_aliases
+    from passthrough.inputs import Unreadable, read_text, yaml_without_aliases
 
     try:
         # the bundled samples share PCI entries through aliases: bounded, not refused
         loader = yaml_without_aliases("a host description", max_nodes=200_000)
-        data = yaml.load(path.read_text(), Loader=loader)
+        data = yaml.load(read_text(str(path), "a host description"), Loader=loader)
     except Unreadable as exc:
         raise BadDescription(str(path), str(exc)) from None
     except yaml.YAMLError as exc:

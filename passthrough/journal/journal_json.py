@@ -34,9 +34,28 @@ def _finite(text: str) -> float:
     return value
 
 
+class Twice(ValueError):
+    """A key given twice in one JSON object."""
+
+
+def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose every key is given once: a key given twice (json keeps the later
+    silently) is refused, as kubectl refuses it."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise Twice(f"key {key[:80]!r} given twice in one object")
+        out[key] = value
+    return out
+
+
 def loads(raw: bytes) -> Any:
+    """Our JSON state files: no NaN or Infinity, finite numbers, no key twice; a number of
+    more digits than Python converts is a ValueError too."""
     try:
-        return json.loads(raw, parse_constant=_bad_constant, parse_float=_finite)
+        return json.loads(
+            raw, parse_constant=_bad_constant, parse_float=_finite, object_pairs_hook=_once
+        )
     except RecursionError:
         raise ValueError("nested too deeply") from None
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -26,29 +25,26 @@ def dump_stream(documents: list[dict[str, Any]], header: list[str]) -> str:
 
 
 def load_stream(path: str) -> list[dict[str, Any]]:
-    p = Path(path)
-    try:
-        size = p.stat().st_size
-    except OSError as exc:
-        raise BadManifest(path, exc.strerror or str(exc)) from exc
-    if not p.is_file():
-        raise BadManifest(path, "not a regular file")
-    if size > MAX_BYTES:
-        raise BadManifest(path, f"{size} bytes, more than the {MAX_BYTES} read")
-    from passthrough.inputs import Unreadable, yaml_without_aliases
+    """The stream's Kubernetes objects. Read whole but bounded (:data:`MAX_BYTES`), then parsed
+    one document at a time: the 1,001st document, empty ones included, is refused before it
+    is parsed (a stream of millions of tiny documents costs no more than 1,000)."""
+    from passthrough.inputs import Unreadable, read_bytes, yaml_without_aliases
 
     loader = yaml_without_aliases("a manifest")
+    docs: list[dict[str, Any]] = []
     try:
-        text = p.read_text(encoding="utf-8")
-        docs = [d for d in yaml.load_all(text, Loader=loader) if d is not None]
+        text = read_bytes(path, "a manifest", MAX_BYTES).decode("utf-8")
+        for seen, d in enumerate(yaml.load_all(text, Loader=loader), start=1):
+            if seen > MAX_DOCUMENTS:
+                raise BadManifest(path, f"more than {MAX_DOCUMENTS} documents")
+            if d is not None:
+                docs.append(d)
     except Unreadable as exc:
         raise BadManifest(path, str(exc)) from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         where = getattr(exc, "problem_mark", None)
         line = f"line {where.line + 1}: " if where is not None else ""
         raise BadManifest(path, f"{line}not YAML ({type(exc).__name__})") from exc
-    if len(docs) > MAX_DOCUMENTS:
-        raise BadManifest(path, f"more than {MAX_DOCUMENTS} documents")
     for i, d in enumerate(docs, start=1):
         if not isinstance(d, dict) or not isinstance(d.get("kind"), str):
             raise BadManifest(path, f"document {i} is not a Kubernetes object (no kind)")

@@ -48,6 +48,28 @@ class LiveEntry:
         }
 
 
+class _WrongField(ValueError):
+    """A field of the wrong type or value, named."""
+
+
+def _entry(addr: object, e: dict[str, Any]) -> LiveEntry:
+    """One function's entry, each field of the type it must have (a driver name where a
+    string belongs is compared and joined into paths later)."""
+    if not isinstance(addr, str):
+        raise _WrongField("a function's address is not a string")
+    driver = e["host_driver"]
+    if driver is not None and (not isinstance(driver, str) or not driver or "/" in driver):
+        raise _WrongField(f"{addr}: 'host_driver' is not a driver name or null")
+    if e.get("moving") not in (None, "to-vfio", "to-host"):
+        raise _WrongField(f'{addr}: \'moving\' is not "to-vfio", "to-host" or null')
+    if e["where"] not in ("vfio", "host"):
+        raise _WrongField(f'{addr}: \'where\' is not "vfio" or "host"')
+    at = e.get("at", 0.0)
+    if isinstance(at, bool) or not isinstance(at, int | float):
+        raise _WrongField(f"{addr}: 'at' is not a time")
+    return LiveEntry(e["host_driver"], e["where"], e.get("moving"), float(at))
+
+
 class LiveDrivers:
     """The file's entries by PCI address, read once, saved after every change."""
 
@@ -57,28 +79,25 @@ class LiveDrivers:
 
     @classmethod
     def load(cls, root: HostRoot) -> LiveDrivers:
+        import errno
+
+        from passthrough.execute.journal_json import Twice, loads
+        from passthrough.inputs import Unreadable, read_bytes
+
         path = own(root, LIVE)
+        try:  # non-blocking and regular files only: a FIFO planted here must not hang us
+            raw = read_bytes(path, "the live-driver journal", LIVE_LIMIT)
+        except Unreadable as exc:
+            if exc.errno == errno.ENOENT:
+                return cls(root, {})
+            raise LiveJournalDamaged(path, str(exc)) from None
         try:
-            with open(path, "rb") as fh:
-                raw = fh.read(LIVE_LIMIT + 1)
-        except FileNotFoundError:
-            return cls(root, {})
-        if len(raw) > LIVE_LIMIT:
-            raise LiveJournalDamaged(path, f"larger than {LIVE_LIMIT >> 20} MiB")
-        try:
-            data = json.loads(raw)
-            entries = {
-                addr: LiveEntry(
-                    host_driver=e["host_driver"],
-                    where=e["where"],
-                    moving=e.get("moving"),
-                    at=float(e.get("at", 0.0)),
-                )
-                for addr, e in data["functions"].items()
-            }
-        except (ValueError, KeyError, TypeError, AttributeError):
+            data = loads(raw)  # the journal's strict reader: no key twice, finite numbers
+            entries = {addr: _entry(addr, e) for addr, e in data["functions"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            why = f" ({exc})" if isinstance(exc, _WrongField | Twice) else ""
             raise LiveJournalDamaged(
-                path, "not the live-driver journal this version writes"
+                path, f"not the live-driver journal this version writes{why}"
             ) from None
         return cls(root, entries)
 

@@ -239,7 +239,7 @@ def size_mib(text: str, where: str) -> int:
     """``16G`` / ``16384M`` / ``16384`` → MiB."""
     size = parse_size(text, MIB)
     if size is None or size % MIB:
-        raise BadVmSpec(where, f"{text!r} is not MiB or a size such as 16G")
+        raise BadVmSpec(where, f"{_show(text)} is not MiB or a size such as 16G")
     return size // MIB
 
 

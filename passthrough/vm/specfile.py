@@ -49,7 +49,7 @@ class _Loader(depth_bounded()):  # type: ignore[misc]
 
 def _number(loader: _Loader, node: yaml.ScalarNode, base: str) -> Any:
     value = (
-        yaml.SafeLoader.construct_yaml_int(loader, node)
+        loader.bounded_int(node)  # inputs.depth_bounded: no integer of thousands of digits
         if base == "int"
         else yaml.SafeLoader.construct_yaml_float(loader, node)
     )

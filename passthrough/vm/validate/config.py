@@ -42,15 +42,16 @@ class BadConfig(PassthroughError):
 
 
 def _table(path: str, explicit: bool) -> dict[str, Any] | None:
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except OSError as exc:
-        raise BadConfig(f"{path}: {exc.strerror}") from None
+    from passthrough.inputs import Unreadable, read_bytes
+
+    try:  # bounded, non-blocking, regular files only
+        raw = read_bytes(path, "a validate config")
+    except Unreadable as exc:
+        raise BadConfig(f"{path}: {exc}") from None
     if path.endswith((".yaml", ".yml")):
         import yaml
 
-        from passthrough.inputs import Unreadable, yaml_without_aliases
+        from passthrough.inputs import yaml_without_aliases
 
         try:
             data = yaml.load(raw, Loader=yaml_without_aliases("a validate config")) or {}
@@ -69,6 +70,8 @@ def _table(path: str, explicit: bool) -> dict[str, Any] | None:
         doc = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise BadConfig(f"{path}: not valid TOML ({exc})") from None
+    except ValueError:  # tomllib's int() of more digits than Python converts
+        raise BadConfig(f"{path}: an integer of thousands of digits: not valid TOML") from None
     table = doc.get("tool", {}).get("passthrough", {}).get("validate")
     if table is None:
         return None

@@ -14,6 +14,7 @@ import os
 import re
 
 from passthrough.errors import PassthroughError
+from passthrough.inputs import read_head
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -46,11 +47,11 @@ class DomainSchema:
         if self._iommufd is None:
             self._iommufd = False
             for name in sorted(os.listdir(self.directory))[:MAX_SCHEMA_FILES]:
-                if name.endswith(".rng"):
-                    with open(os.path.join(self.directory, name), "rb") as fh:
-                        if b'name="iommufd"' in fh.read(MAX_SCHEMA_BYTES):
-                            self._iommufd = True
-                            break
+                if name.endswith(".rng") and b'name="iommufd"' in (
+                    read_head(os.path.join(self.directory, name), MAX_SCHEMA_BYTES) or b""
+                ):
+                    self._iommufd = True
+                    break
         return self._iommufd
 
     @property
@@ -99,9 +100,8 @@ def _changelog_version(path: str) -> str | None:
     import zlib  # built in; gzip would pull in more than one line needs
 
     try:
-        with open(path, "rb") as fh:
-            head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(fh.read(4096), 256)
-    except (OSError, zlib.error):
+        head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(read_head(path, 4096) or b"", 256)
+    except zlib.error:
         return None
     m = _CHANGELOG_HEAD.match(head)
     return m[1].decode("ascii", "replace") if m else None
@@ -113,8 +113,8 @@ def schema_version(directory: str) -> str:
     a version in the path (``libvirt-libs-9.0.0-…``)."""
     marker = os.path.join(directory, "VERSION")
     if os.path.isfile(marker):
-        with open(marker, errors="replace") as fh:
-            return fh.read(64).strip() or "unknown version"
+        said = read_head(marker, 64) or b""
+        return said.decode("utf-8", "replace").strip() or "unknown version"
     # DIR is <prefix>/share/libvirt/schemas: docs are in <prefix>/share/doc/<package>/ (the
     # packages that ship the schemas, by name: listing /usr/share/doc costs more than this)
     doc = os.path.join(os.path.dirname(os.path.dirname(directory)), "doc")
@@ -216,8 +216,15 @@ def _fixing_child(work: _Work, el: Any, fixed: Callable[[Errors], bool]) -> Any:
         group = earlier if fixed(work.without(el, others)) else later
     if group and fixed(work.without(el, group)):
         return group[0]
+    # Of each tag, at most _ONE_BY_ONE children are tried: children of one tag are alike to
+    # the schema, so where removing that many of them singly fixes nothing, another does not
+    # either (10,000 failing <hostdev> each tried on the whole document took minutes).
+    tried: dict[str, int] = {}
     for child in kids:
-        if child is not (group[0] if group else None) and fixed(work.without(el, [child])):
+        if child is (group[0] if group else None):
+            continue
+        tried[child.tag] = tried.get(child.tag, 0) + 1
+        if tried[child.tag] <= _ONE_BY_ONE and fixed(work.without(el, [child])):
             return child
     return None
 

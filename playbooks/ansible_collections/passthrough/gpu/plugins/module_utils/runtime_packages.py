@@ -93,3 +93,26 @@ def package(module: str, fam: str | None) -> str:
 def missing(modules: list[str]) -> list[str]:
     """The modules of ``modules`` this interpreter cannot import."""
     return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+# The kernel reads a script's ``#!`` line into a buffer of 256 bytes (BINPRM_BUF_SIZE, Linux
+# 5.1 and later) and ends the interpreter's path at the first space or tab: a venv whose
+# bin/python does not fit whole is one no console script (nor Ansible's module) can name.
+SHEBANG_BYTES = 255
+
+
+def shebang_refusal(venv: str) -> str | None:
+    """Why ``venv``/bin/python cannot stand in a ``#!`` line; None: it can."""
+    line = f"#!{venv}/bin/python"
+    odd = sorted({c for c in venv if c.isspace() or not c.isprintable()})
+    if odd:
+        return (
+            f"venv {venv!r}: holds {', '.join(repr(c) for c in odd)}, which a #! line cannot "
+            "hold: choose a path without spaces or control characters; nothing changed"
+        )
+    if len(line.encode("utf-8", "surrogateescape")) > SHEBANG_BYTES:
+        return (
+            f"venv {venv[:60]}...: {venv}/bin/python is longer than a #! line holds "
+            f"({SHEBANG_BYTES} bytes); nothing changed"
+        )
+    return None

@@ -88,6 +88,7 @@ from ansible_collections.passthrough.gpu.plugins.module_utils.runtime_packages i
     family,
     missing,
     package,
+    shebang_refusal,
 )
 
 MARKER = "passthrough-runtime"
@@ -210,6 +211,10 @@ def main() -> None:
     fam = family()
     # `..` and links resolved before anything is decided: `venv/..` is the parent directory
     venv = os.path.realpath(p["venv"])
+    # the console scripts' #! line names it, and so does Ansible's interpreter for the modules
+    unfit = shebang_refusal(venv)
+    if unfit is not None:
+        module.fail_json(msg=unfit)
     python = os.path.join(venv, "bin", "python")
     marker = os.path.join(venv, MARKER)
     if sys.version_info < (3, 11):  # noqa: UP036 (the host's python3, not ours)

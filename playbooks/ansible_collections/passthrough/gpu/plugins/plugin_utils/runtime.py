@@ -25,6 +25,9 @@ from typing import Any
 from ansible import constants as C
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
+from ansible_collections.passthrough.gpu.plugins.module_utils.runtime_packages import (
+    shebang_refusal,
+)
 from ansible_collections.passthrough.gpu.plugins.plugin_utils.wheel import identity, wheel
 
 __all__ = ["RuntimeAction", "identity", "parse_probe", "per_run", "wheel"]
@@ -43,16 +46,26 @@ DIRECT_RESULT = "passthrough-task-result:"
 LACKING = "passthrough-runtime-lacking:"
 
 
-# Python's words where the venv holds no library, or one without the command (the name is
-# quoted where the package itself is missing); the shell's 127 where it has no interpreter
-NO_LIBRARY = re.compile(r"No module named '?passthrough\b")
+# The interpreter's own line where the venv holds no library (the package quoted, inside the
+# error finding the module's spec) or one without the command: "PYTHON: No module named
+# passthrough.hosttask" or "PYTHON: Error while finding module specification for
+# 'passthrough.hosttask' (ModuleNotFoundError: No module named 'passthrough')". A whole line,
+# starting with the venv's interpreter: a failed command's output that merely quotes the words
+# is not it. The shell's 127 where the venv has no interpreter.
+def _no_library(python: str) -> re.Pattern[str]:
+    return re.compile(
+        rf"^{re.escape(python)}: (?:No module named passthrough(?:\.[\w.]+)?|Error while "
+        r"finding module specification for 'passthrough(?:\.[\w.]+)?' \(ModuleNotFoundError: "
+        r"No module named 'passthrough(?:\.[\w.]+)?'\))\r?$",
+        re.MULTILINE,
+    )
 
 
-def cannot_run(rc: object, stdout: str, stderr: str) -> bool:
-    """Whether the direct command could not start under the venv. Both streams are read: over
-    SSH the command runs on a terminal (``ssh -tt``), where the host's stderr arrives in
-    stdout."""
-    return rc == 127 or bool(NO_LIBRARY.search(stdout + "\n" + stderr))
+def cannot_run(rc: object, stdout: str, stderr: str, python: str) -> bool:
+    """Whether the direct command could not start under the venv's ``python``. Both streams
+    are read: over SSH the command runs on a terminal (``ssh -tt``), where the host's stderr
+    arrives in stdout."""
+    return rc == 127 or bool(_no_library(python).search(stdout + "\n" + stderr))
 
 
 def direct_result(stdout: str) -> dict[str, Any] | None:
@@ -150,6 +163,9 @@ class RuntimeAction(ActionBase):  # type: ignore[misc] # Ansible is untyped
         if mode != "venv":
             return {**result, "failed": True, "msg": f"passthrough_runtime: {mode!r}: venv or none"}
         venv = str(self._var(task_vars, "passthrough_runtime_venv", DEFAULT_VENV))
+        unfit = shebang_refusal(venv)  # Ansible's interpreter line names it, as scripts do
+        if unfit is not None:
+            return {**result, "failed": True, "msg": f"passthrough_runtime_venv: {unfit}"}
         ident = str(
             self._var(task_vars, "passthrough_runtime_identity", "")
             or per_run("identity", identity)
@@ -229,7 +245,7 @@ class RuntimeAction(ActionBase):  # type: ignore[misc] # Ansible is untyped
         found = direct_result(stdout)
         if found is not None:
             return found
-        if cannot_run(res.get("rc"), stdout, stderr):
+        if cannot_run(res.get("rc"), stdout, stderr, f"{venv}/bin/python"):
             return {"changed": False, "passthrough_runtime": {"have": "", "lacking": ["venv"]}}
         last = (stderr.strip().splitlines() or stdout.strip().splitlines() or ["no output"])[-1]
         return {
