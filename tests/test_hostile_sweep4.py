@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from passthrough.execute.livedrivers import LIVE
+from passthrough.live.livedrivers import LIVE
 
 from .conftest import build_variant
 from .test_hostile_contain import one_error_line

@@ -81,8 +81,8 @@ class LiveDrivers:
     def load(cls, root: HostRoot) -> LiveDrivers:
         import errno
 
-        from passthrough.execute.journal_json import Twice, loads
         from passthrough.inputs import Unreadable, read_bytes
+        from passthrough.journal.journal_json import Twice, loads
 
         path = own(root, LIVE)
         try:  # non-blocking and regular files only: a FIFO planted here must not hang us
