@@ -1,0 +1,200 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``passthrough vgpu``: each card's vGPU types and free VFs, a layout planned, applied and
+taken back through the journal, and re-applied at boot by the unit apply installs."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from contextlib import ExitStack
+from typing import Any
+
+from passthrough.cli.common import (
+    CHANGES,
+    Parser,
+    Subparsers,
+    command,
+    common,
+    confirm,
+    dump,
+    examples,
+    open_root,
+    progress,
+    yes_flag,
+)
+from passthrough.errors import EXIT_HOST_STEP, EXIT_OK, PassthroughError
+
+ACTIONS = (
+    ("list", "each NVIDIA card's vGPU mode, its VFs and the types it can still create"),
+    ("plan", "show what apply would do for --card/--type/--count (nothing written)"),
+    ("apply", "create the vGPUs (through the journal) and install the boot unit"),
+    ("undo", "take every vGPU layout back: types, mdevs, VFs, the record and the unit"),
+    ("restore", "re-apply the recorded layout (what the boot unit runs)"),
+)
+EXAMPLES = {
+    "list": ("passthrough vgpu list", "passthrough vgpu list --json | jq '.cards[].mode'"),
+    "plan": ("passthrough vgpu plan --card 0000:41:00.0 --type L40S-12Q --count 4",),
+    "apply": ("passthrough vgpu apply --card 0000:41:00.0 --type L40S-12Q --count 4",),
+    "undo": ("passthrough vgpu undo",),
+    "restore": ("passthrough vgpu restore  # ExecStart of passthrough-vgpu.service",),
+}
+
+
+def add_parser(sub: Subparsers) -> None:
+    p = command(sub, "vgpu", run, epilog=examples("passthrough vgpu list", *EXAMPLES["plan"]))
+    actions = p.add_subparsers(dest="vgpu_command", metavar="ACTION", parser_class=Parser)
+    actions.required = True
+    for action, text in ACTIONS:
+        a = actions.add_parser(action, help=text, epilog=examples(*EXAMPLES[action]))
+        common(
+            a,
+            CHANGES if action in ("apply", "undo", "restore") else "host root to read (default: /)",
+        )
+        if action in ("plan", "apply"):
+            a.add_argument("--card", required=True, metavar="ADDRESS", help="the card (its PF)")
+            a.add_argument(
+                "--type", required=True, metavar="NAME", help="a type by name, e.g. L40S-12Q"
+            )
+            a.add_argument("--count", required=True, type=int, metavar="N", help="how many vGPUs")
+        if action in ("apply", "undo", "restore"):
+            a.add_argument(
+                "--run-root-tools",
+                action="store_true",
+                help="on a root that is not this machine, run the root's own sriov-manage "
+                "(a test root's stand-in); never needed on the live host",
+            )
+        if action in ("apply", "undo"):
+            yes_flag(a)
+
+
+def run(args: argparse.Namespace, stack: ExitStack) -> int:
+    from passthrough.host.root import HostRoot
+
+    changing = args.vgpu_command if args.vgpu_command in ("apply", "undo", "restore") else None
+    root = HostRoot(open_root(args.root, stack, changing=changing))
+    handler = {"list": _list, "plan": _plan, "apply": _apply, "undo": _undo, "restore": _restore}
+    return handler[args.vgpu_command](args, root)
+
+
+def _cards(root: Any) -> Any:
+    from passthrough.host.discover import discover
+    from passthrough.vgpu.discover import read_vgpu
+
+    return read_vgpu(root, discover(root))
+
+
+def list_text(cards: Any) -> str:
+    lines = []
+    for c in cards:
+        lines.append(f"{c.address} {c.name or ''}  mode: {c.mode.value} ({c.why})")
+        for vf in c.vfs:
+            state = "free" if vf.free else f"{vf.type_name or '?'} (id {vf.type_id})"
+            if vf.mdevs:
+                state = ", ".join(f"mdev {m.uuid} {m.type_name}" for m in vf.mdevs)
+            used = f", in use by {vf.guest}" if vf.guest else ""
+            lines.append(f"  {vf.address}  {state}{used}")
+        types = c.types()
+        if types:
+            names = ", ".join(
+                t.short + (f" ({t.available} left)" if t.available is not None else "")
+                for t in types
+            )
+            lines.append(f"  creatable: {names}")
+    return "\n".join(lines) + "\n" if lines else "No NVIDIA card.\n"
+
+
+def _list(args: argparse.Namespace, root: Any) -> int:
+    cards = _cards(root)
+    if args.json:
+        dump({"root": root.path, "cards": [c.to_json() for c in cards]}, "vgpu")
+    else:
+        sys.stdout.write(list_text(cards))
+    return EXIT_OK
+
+
+def _planned(args: argparse.Namespace, root: Any) -> Any:
+    from passthrough.vgpu.plan import find_card, plan_layout
+
+    return plan_layout(find_card(_cards(root), args.card), args.type, args.count)
+
+
+def _plan(args: argparse.Namespace, root: Any) -> int:
+    plan = _planned(args, root)
+    if args.json:
+        dump({"root": root.path, **plan.to_json()}, "vgpu")
+    else:
+        sys.stdout.write("".join(line + "\n" for line in plan.lines()))
+    return EXIT_OK
+
+
+def unit_command() -> str:
+    """The boot unit's ExecStart: this Python running this package's ``vgpu restore``."""
+    return shlex.join([sys.executable, "-m", "passthrough", "vgpu", "restore"])
+
+
+def _apply(args: argparse.Namespace, root: Any) -> int:
+    from passthrough.vgpu.apply import apply_layout, tool_runner
+
+    plan = _planned(args, root)
+    confirm(args, "apply", lambda: "\n".join(plan.lines()))
+    tool = tool_runner(root, args.run_root_tools)
+    done = apply_layout(root, plan, tool=tool, say=progress(args), unit_command=unit_command())
+    if args.json:
+        dump(
+            {
+                "root": root.path,
+                **plan.to_json(),
+                "vgpus": [p.to_json() for p in done.placements],
+                "transaction": done.tx.id,
+                "commands_not_run": done.listed,
+            },
+            "vgpu",
+        )
+    else:
+        print(
+            f"Created {len(done.placements)} {plan.type_name} on {plan.card.address} (transaction {done.tx.id})."
+        )
+        for argv in done.listed:
+            print(f"Not run on this root (run it on the host): {shlex.join(argv)}")
+    return EXIT_OK
+
+
+def _undo(args: argparse.Namespace, root: Any) -> int:
+    from passthrough.vgpu.apply import tool_runner, undo_layouts
+
+    confirm(args, "undo", lambda: "every vGPU layout passthrough created")
+    count, _ = undo_layouts(root, tool=tool_runner(root, args.run_root_tools), say=progress(args))
+    if args.json:
+        dump({"root": root.path, "undone": count}, "vgpu")
+    else:
+        print(f"Took back {count} vGPU layout(s)." if count else "No vGPU layout to take back.")
+    return EXIT_OK
+
+
+def _restore(args: argparse.Namespace, root: Any) -> int:
+    from passthrough.execute.devices import poke
+    from passthrough.vgpu.apply import tool_runner
+    from passthrough.vgpu.discover import SRIOV_MANAGE
+    from passthrough.vgpu.unit import restore
+
+    tool = tool_runner(root, args.run_root_tools or root.is_live)
+
+    def enable(pf: str) -> str | None:
+        if tool is None:
+            return "sriov-manage is not run on this root (--run-root-tools)"
+        r = tool([root.real(SRIOV_MANAGE), "-e", pf])
+        return (
+            None
+            if r.returncode == 0
+            else (r.stderr or r.stdout).strip()[-200:] or f"exit {r.returncode}"
+        )
+
+    def say(line: str) -> None:
+        print(line, flush=True)  # to the journal of systemd, line by line
+
+    try:
+        failed = restore(root, enable, lambda rel, value: poke(root, rel, value), say)
+    except ValueError as exc:
+        raise PassthroughError(str(exc)) from None
+    return EXIT_HOST_STEP if failed else EXIT_OK
