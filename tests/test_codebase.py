@@ -183,6 +183,7 @@ LAYERS: dict[str, int] = {
     **dict.fromkeys(("analysis", "fakehost"), 4),
     "plan": 5,
     **dict.fromkeys(("execute", "output", "vm", "provision"), 6),
+    "vgpu": 7,  # vGPU layouts: discovery, plan, apply through the journal, the boot unit
     "kube": 7,  # the cluster path: built from vm's spec, checked with analysis' policy
     "hosttask": 7,  # the host role's task on a host: discovery, plan, apply, output
     "cli": 8,

@@ -3,10 +3,12 @@
 
 A sysfs attribute is not a file to back up and rename over: the kernel answers a write by
 doing something (creating a vGPU, an mdev) and may refuse it or say something else when it
-is read back. So a ``sysfs`` step records what the attribute read before, what was written,
-and what takes it back (the same attribute and its old value, or another attribute: an
-mdev's ``remove``). It is journaled as begun before the write, read back after it, and undo
-writes the take-back value, newest first, before any file is restored.
+is read back. So a ``sysfs`` step records what was written and what takes it back (the same
+attribute and its old value, or another attribute: an mdev's ``remove``). In the journal:
+``argv`` is the attribute, the value, then ``key=value`` words naming the device (``pf``,
+``vf``, ``type_id``, ``type_name``, ``before``: what it read before); ``undo_argv`` is the
+attribute and value that take it back. It is journaled as begun before the write, read back
+after it, and undo writes the take-back value, newest first, before any file is restored.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 from collections.abc import Callable
 
 from passthrough.execute.journal import Journal, Step, StepKind, StepState, Transaction
+from passthrough.execute.journal_json import inside
 from passthrough.host.root import HostRoot
 
 # What a write makes the kernel do: on a real host nothing more is needed (the kernel acts
@@ -57,16 +60,14 @@ def write_attr(
     """One journaled attribute write; the step comes back DONE or FAILED (its error set)."""
     root = journal.root
     before = read_attr(root, rel)
+    words = [f"{k}={v}" for k, v in {**(device or {}), "before": before or ""}.items()]
+    back = undo_value if undo_value is not None else (before or "")
     step = Step(
         n=len(tx.steps),
         kind=StepKind.SYSFS,
         state=StepState.BEGUN,
-        path=rel,
-        written=value,
-        before=before,
-        undo_path=undo_path or rel,
-        undo_value=undo_value if undo_value is not None else (before or ""),
-        device=dict(device or {}),
+        argv=[rel, value, *words],
+        undo_argv=[undo_path or rel, back],
     )
     tx.steps.append(step)
     journal.save()  # write-ahead: a cut-off run is taken back by the next undo
@@ -75,6 +76,11 @@ def write_attr(
     step.error = error
     journal.save()
     return step
+
+
+def device_of(step: Step) -> dict[str, str]:
+    """The ``key=value`` words of a sysfs step: the device it wrote to."""
+    return dict(w.split("=", 1) for w in step.argv[2:] if "=" in w)
 
 
 def take_back(
@@ -88,22 +94,26 @@ def take_back(
     failed: list[str] = []
     steps = [s for tx in targets for s in tx.steps if s.kind is StepKind.SYSFS]
     for step in reversed(steps):
-        if step.state is StepState.UNDONE or step.undo_path is None:
+        if step.state is StepState.UNDONE:
             continue
-        if step.state is StepState.FAILED and step.path == step.undo_path:
+        try:
+            path, undo_path = inside(step.argv[0]), inside((step.undo_argv or [])[0])
+            value = (step.undo_argv or [])[1]
+        except (ValueError, IndexError):
+            failed.append(f"step {step.n}: {step.argv[:1]} cannot be taken back (damaged)")
+            continue
+        if step.state is StepState.FAILED and path == undo_path:
             # the kernel refused the write: the attribute still reads what it did
             step.state = StepState.UNDONE
             continue
-        value = step.undo_value or ""
-        if step.path != step.undo_path and not journal.root.exists(step.undo_path):
+        if path != undo_path and not journal.root.exists(undo_path):
             step.state = StepState.UNDONE  # the device it would remove is gone already
             continue
-        say(f"write {value!r} to /{step.undo_path}")
-        back = write_attr(
-            journal, undo_tx, step.undo_path, value, device=step.device, kernel=kernel
-        )
+        say(f"write {value!r} to /{undo_path}")
+        device = {k: v for k, v in device_of(step).items() if k != "before"}
+        back = write_attr(journal, undo_tx, undo_path, value, device=device, kernel=kernel)
         if back.state is StepState.FAILED:
-            failed.append(back.error or f"/{step.undo_path}")
+            failed.append(back.error or f"/{undo_path}")
             continue
         step.state = StepState.UNDONE
         journal.save()

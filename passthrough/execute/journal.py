@@ -52,7 +52,7 @@ class StepKind(Enum):
     WRITE = "write"
     REMOVE = "remove"
     RUN = "run"
-    SYSFS = "sysfs"  # a device attribute written (a vGPU type, an mdev): undone by writing back
+    SYSFS = "sysfs"  # a device attribute written: argv and undo_argv say how (devices.py)
 
 
 class StepState(Enum):
@@ -63,8 +63,7 @@ class StepState(Enum):
     UNDONE = "undone"  # a file step whose path undo has dealt with
 
 
-# A command in one of these states has not (knowingly) succeeded: it stays pending.
-UNFINISHED = frozenset({StepState.BEGUN, StepState.FAILED, StepState.LISTED})
+UNFINISHED = frozenset({StepState.BEGUN, StepState.FAILED, StepState.LISTED})  # still pending
 
 
 class BadJournal(PassthroughError):
@@ -103,11 +102,6 @@ class Step:
     regenerate: bool = False
     undo_argv: list[str] | None = None
     error: str | None = None
-    # sysfs steps: what the attribute read before, and what puts it back (undo_path, or path)
-    before: str | None = None
-    undo_path: str | None = None
-    undo_value: str | None = None
-    device: dict[str, str] = field(default_factory=dict)  # vGPU: pf, vf, type_id, type_name
 
     @property
     def is_file(self) -> bool:
@@ -131,13 +125,8 @@ class Step:
                 out["made_dirs"] = self.made_dirs
             if self.legacy:
                 out["legacy"] = True
-        elif self.kind is StepKind.SYSFS:
-            out.update(path=self.path, written=self.written, before=self.before)
-            out.update(undo_path=self.undo_path, undo_value=self.undo_value, device=self.device)
         else:
             out.update(argv=self.argv, regenerate=self.regenerate, undo_argv=self.undo_argv)
-            if self.device:
-                out["device"] = self.device
         if self.error:
             out["error"] = self.error
         return out
@@ -166,10 +155,6 @@ class Step:
             regenerate=f.flag("regenerate"),
             undo_argv=f.opt_texts("undo_argv"),
             error=f.opt_text("error"),
-            before=f.opt_text("before"),
-            undo_path=f.path("undo_path"),
-            undo_value=f.opt_text("undo_value"),
-            device={k: f.obj("device").text(k) for k in f.obj("device").d},
         )
 
 

@@ -38,6 +38,7 @@ from passthrough.vgpu.discover import (
     CURRENT,
     MDEV_TYPES,
     SRIOV_MANAGE,
+    parent_dir,
     parse_catalog,
     read_vgpu,
 )
@@ -100,7 +101,6 @@ def run_tool(
     tool: Tool,
     argv: list[str],
     undo: list[str],
-    device: dict[str, str],
 ) -> Step:
     """The root's sriov-manage as a journaled command step (its inverse recorded)."""
     root = journal.root
@@ -110,7 +110,6 @@ def run_tool(
         state=StepState.BEGUN,
         argv=["/" + SRIOV_MANAGE, *argv],
         undo_argv=["/" + SRIOV_MANAGE, *undo],
-        device=device,
     )
     tx.steps.append(step)
     journal.save()
@@ -125,11 +124,6 @@ def run_tool(
         step.state = StepState.DONE
     journal.save()
     return step
-
-
-def parent_dir(root: HostRoot, vf: str) -> str:
-    d = f"sys/bus/pci/devices/{vf}"
-    return d if root.isdir(f"{d}/{MDEV_TYPES}") else f"sys/class/mdev_bus/{vf}"
 
 
 def _place(
@@ -224,14 +218,8 @@ def apply_layout(
         try:
             if plan.enable_vfs and tool is not None:
                 say(f"run /{SRIOV_MANAGE} -e {card.address}")
-                step = run_tool(
-                    journal,
-                    tx,
-                    tool,
-                    ["-e", str(card.address)],
-                    ["-d", str(card.address)],
-                    _device(card),
-                )
+                pf = str(card.address)
+                step = run_tool(journal, tx, tool, ["-e", pf], ["-d", pf])
                 if step.state is not StepState.DONE:
                     raise VgpuFailed(step.error or "sriov-manage failed")
                 card = card_now(root, str(card.address))
@@ -296,12 +284,12 @@ def inverse_tools(
     failed = []
     for tx in reversed(targets):
         for step in reversed(tx.steps):
-            if step.kind is not StepKind.RUN or not step.device or step.state is not StepState.DONE:
+            if not is_tool(step) or step.state is not StepState.DONE:
                 continue
             if tool is None or step.undo_argv is None:
                 continue  # the generic undo lists it
             say(f"run {' '.join(step.undo_argv)}")
-            done = run_tool(journal, back, tool, step.undo_argv[1:], step.argv[1:], step.device)
+            done = run_tool(journal, back, tool, step.undo_argv[1:], step.argv[1:])
             if done.state is StepState.DONE:
                 step.state = StepState.UNDONE
             else:
@@ -310,8 +298,12 @@ def inverse_tools(
     return failed
 
 
+def is_tool(step: Step) -> bool:
+    return step.kind is StepKind.RUN and step.argv[:1] == ["/" + SRIOV_MANAGE]
+
+
 def is_vgpu(tx: Transaction) -> bool:
-    return any(s.device or s.path == LAYOUT for s in tx.steps)
+    return any(s.kind is StepKind.SYSFS or is_tool(s) or s.path == LAYOUT for s in tx.steps)
 
 
 def undo_layouts(

@@ -28,6 +28,12 @@ _ROW = re.compile(r"\s*(\d+)\s*:\s*(\S.*?)\s*")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
+def parent_dir(root: HostRoot, vf: str) -> str:
+    """Where a VF's (or mode-c card's) mdev types and mdevs are."""
+    d = f"sys/bus/pci/devices/{vf}"
+    return d if root.isdir(f"{d}/{MDEV_TYPES}") else f"sys/class/mdev_bus/{vf}"
+
+
 def parse_catalog(text: str, where: str, problems: list[str] | None = None) -> list[VgpuType]:
     """The rows of a ``creatable_vgpu_types`` file; the header and blank lines skipped, any
     other line that is not a row noted in ``problems``."""

@@ -63,8 +63,7 @@ def restore(
     """What the boot unit does: VFs enabled where the record says so and none exist, each
     recorded type written where the VF does not hold it, each mdev created where it is gone.
     Returns what failed (each one said too); a thing already in place is left alone."""
-    from passthrough.vgpu.apply import parent_dir
-    from passthrough.vgpu.discover import CURRENT, MDEV_TYPES
+    from passthrough.vgpu.discover import CURRENT, MDEV_TYPES, parent_dir
 
     failed: list[str] = []
     for pf, entry in sorted(read_layout(root).items()):
