@@ -72,6 +72,7 @@ def _describe(tmp: Path, pf_id: str, name: str, pf: str, vfs: list[str], total: 
         f'      - {{addr: "{v[5:]}", id: "{pf_id}", class: 3d, driver: nvidia, physfn: "{short}"}}'
         for v in vfs
     ]
+    tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "host.yaml"
     path.write_text(_HOST.format(children="\n".join(lines)))
     return path
@@ -229,7 +230,7 @@ class StandinDriver:
         elif rel.startswith("sys/bus/mdev/devices/") and rel.endswith("/remove"):
             uuid = rel.split("/")[4]
             dev = Path(root.real(f"sys/bus/mdev/devices/{uuid}"))
-            parent = Path((dev / "parent").read_text().strip())
+            parent = Path(root.path) / (dev / "parent").read_text().strip()
             shutil.rmtree(dev)
             (parent / uuid).unlink()
 
@@ -258,8 +259,8 @@ class StandinDriver:
         dev = Path(root.path) / "sys/bus/mdev/devices" / uuid
         dev.mkdir(parents=True)
         (dev / "remove").write_text("")
-        (dev / "parent").write_text(str(parent))
-        (parent / uuid).symlink_to(dev)
-        (dev / "mdev_type").symlink_to(kind)
+        (dev / "parent").write_text(os.path.relpath(parent, root.path))
+        (parent / uuid).symlink_to(os.path.relpath(dev, parent))  # relative, as sysfs has them
+        (dev / "mdev_type").symlink_to(os.path.relpath(kind, dev))
         left = kind / "available_instances"
         left.write_text(f"{max(0, int(left.read_text()) - 1)}\n")

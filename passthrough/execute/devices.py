@@ -31,12 +31,13 @@ def read_attr(root: HostRoot, rel: str) -> str | None:
 
 
 def poke(root: HostRoot, rel: str, value: str, kernel: Kernel | None = None) -> str | None:
-    """Write ``value`` to the attribute; None, or the kernel's refusal in words."""
+    """Write ``value`` to the attribute as ``echo value > attr`` does (a newline after it,
+    the file truncated: sysfs ignores both); None, or the kernel's refusal in words."""
     path = root.real(rel)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
         try:
-            os.write(fd, value.encode())
+            os.write(fd, value.encode() + b"\n")
         finally:
             os.close(fd)
     except OSError as exc:

@@ -1,0 +1,356 @@
+# SPDX-License-Identifier: Apache-2.0
+"""vGPU on roots built from the real captures in ../shared/realworld/vgpu/ (an L40S VF's
+``nvidia/`` directory with its 23-type catalog; an A2 VF in mdev mode), with the
+STAND-INS of tests/vgpu_standin.py for NVIDIA's sriov-manage and kernel driver (which
+cannot run here)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from passthrough.cli import main
+from passthrough.execute.journal import Journal, StepKind, StepState, TxState
+from passthrough.host.discover import discover
+from passthrough.host.root import HostRoot
+from passthrough.vgpu.apply import VgpuFailed, apply_layout, tool_runner, undo_layouts
+from passthrough.vgpu.discover import read_vgpu
+from passthrough.vgpu.plan import LayoutRefused, find_card, plan_layout
+from passthrough.vgpu.unit import LAYOUT, UNIT
+
+from .vgpu_standin import A2_PF, L40S_PF, L40S_VF, StandinDriver, a2_root, l40s_root
+
+pytestmark = pytest.mark.skipif(not L40S_VF.is_dir(), reason="../shared/realworld/vgpu absent")
+REPO = Path(__file__).parents[1]
+SCHEMA = json.loads((REPO / "passthrough/schemas/vgpu-v1.schema.json").read_text())
+VFS = ["0000:26:00.4", "0000:26:00.5", "0000:26:00.6", "0000:26:00.7"]
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every file and link under the root (our state directory aside), by content."""
+    out = {}
+    for d, dirs, files in os.walk(root):
+        for name in files + [x for x in dirs if os.path.islink(os.path.join(d, x))]:
+            p = os.path.join(d, name)
+            rel = os.path.relpath(p, root)
+            if rel.startswith("var/lib/passthrough"):
+                continue
+            if os.path.islink(p):
+                out[rel] = "-> " + os.readlink(p)
+            else:
+                out[rel] = hashlib.sha256(Path(p).read_bytes()).hexdigest()
+    return out
+
+
+def card(root: Path, pf: str = L40S_PF):  # type: ignore[no-untyped-def]
+    r = HostRoot(str(root))
+    return find_card(read_vgpu(r, discover(r)), pf)
+
+
+def current(root: Path, vf: str) -> str:
+    return (root / "sys/bus/pci/devices" / vf / "nvidia/current_vgpu_type").read_text().strip()
+
+
+def driver() -> StandinDriver:
+    return StandinDriver((L40S_VF / "creatable_vgpu_types").read_text())
+
+
+def apply(root: Path, type_name: str, count: int, kernel: StandinDriver | None, pf: str = L40S_PF):  # type: ignore[no-untyped-def]
+    r = HostRoot(str(root))
+    plan = plan_layout(card(root, pf), type_name, count)
+    return apply_layout(r, plan, tool=tool_runner(r, True), kernel=kernel, unit_command="/bin/true")
+
+
+# -- discovery --------------------------------------------------------------------------------
+
+
+def test_scan_json_names_the_vendor_vfio_mode_its_vfs_and_the_captured_catalog(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = l40s_root(tmp_path)
+    assert main(["scan", "--root", str(root), "--json"]) == 0
+    (l40s,) = json.loads(capsys.readouterr().out)["vgpu"]
+    jsonschema.validate(l40s, {**SCHEMA["$defs"]["card"], "$defs": SCHEMA["$defs"]})
+    assert l40s["mode"] == "vendor-vfio" and l40s["free_vfs"] == 4
+    assert [v["address"] for v in l40s["vfs"]] == VFS
+    catalog = l40s["vfs"][0]["creatable"]
+    assert len(catalog) == 23  # the capture's header line is not a type
+    assert {"id": 1153, "name": "NVIDIA L40S-12Q"} in catalog
+    assert catalog[-1] == {"id": 2164, "name": "NVIDIA L40S-3B"}
+
+
+def test_scan_json_names_the_mdev_mode_of_the_captured_a2_vf(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = a2_root(tmp_path)
+    assert main(["scan", "--root", str(root), "--json"]) == 0
+    (a2,) = json.loads(capsys.readouterr().out)["vgpu"]
+    assert a2["mode"] == "mdev-vf" and a2["address"] == A2_PF
+    types = {t["id"]: t for t in a2["vfs"][1]["creatable"]}
+    assert sorted(types) == list(range(742, 757))
+    assert types[754]["name"] == "NVIDIA A2-4C" and types[754]["available"] == 1
+    assert "framebuffer=4096M" in types[754]["description"]
+
+
+def test_check_reports_the_mode_and_a_card_whose_vfs_are_not_enabled(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = l40s_root(tmp_path / "a")
+    main(["check", "--root", str(root), "--json"])
+    lines = [
+        c["summary"] for c in json.loads(capsys.readouterr().out)["checks"] if c["id"] == "vgpu"
+    ]
+    assert lines == [
+        f"{L40S_PF}: vGPU mode vendor-vfio (4 VFs with nvidia/creatable_vgpu_types "
+        "(vendor VFIO)); 4 of 4 free, 23 types creatable"
+    ]
+    off = l40s_root(tmp_path / "b", enabled=False)
+    main(["check", "--root", str(off), "--json"])
+    (line,) = [c for c in json.loads(capsys.readouterr().out)["checks"] if c["id"] == "vgpu"]
+    assert line["level"] == "INFO" and "no VF is enabled" in line["summary"]
+    assert "sriov-manage -e 0000:26:00.0" in line["summary"]
+
+
+# -- vendor VFIO: apply, the driver's answers, undo ------------------------------------------------
+
+
+def test_apply_and_undo_round_trip_a_layout_with_the_vfs_enabled_by_sriov_manage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = l40s_root(tmp_path, enabled=False)
+    before = tree(root)
+    kernel = driver()
+    done = apply(root, "L40S-12Q", 2, kernel)
+    assert [current(root, vf) for vf in VFS] == ["1153", "1153", "0", "0"]
+    # the catalog shrank: the configured VFs offer nothing, the free ones only 12 GB types
+    now = card(root)
+    assert now.vfs[0].catalog == () and now.vfs[0].type_name == "NVIDIA L40S-12Q"  # from siblings
+    assert [t.short for t in now.vfs[2].catalog] == ["L40S-12Q", "L40S-12A"]
+    # the journal: sriov-manage, then (PF, VF, id, name) of each write
+    tx = Journal.load(HostRoot(str(root))).transactions[-1]
+    assert tx.id == done.tx.id and tx.state is TxState.COMPLETE
+    assert tx.steps[0].argv == ["/usr/lib/nvidia/sriov-manage", "-e", L40S_PF]
+    writes = [s for s in tx.steps if s.kind is StepKind.SYSFS]
+    assert [s.argv[:6] for s in writes] == [
+        [
+            f"sys/bus/pci/devices/{vf}/nvidia/current_vgpu_type",
+            "1153",
+            f"pf={L40S_PF}",
+            "mode=vendor-vfio",
+            f"vf={vf}",
+            "type_id=1153",
+        ]
+        for vf in VFS[:2]
+    ]
+    assert all("type_name=NVIDIA L40S-12Q" in s.argv for s in writes)
+    assert (root / UNIT).is_file() and json.loads((root / LAYOUT).read_text())["cards"][L40S_PF]
+    # another size on the same card is refused: the catalog offers only 12 GB now
+    with pytest.raises(LayoutRefused, match="offers no such type; it offers: L40S-12Q, L40S-12A"):
+        plan_layout(card(root), "L40S-24Q", 1)
+    count, _ = undo_layouts(
+        HostRoot(str(root)), tool=tool_runner(HostRoot(str(root)), True), kernel=kernel
+    )
+    assert count == 1
+    assert tree(root) == before  # types 0, full catalogs, VFs gone, layout and unit removed
+    assert Journal.load(HostRoot(str(root))).transactions[0].state is TxState.UNDONE
+
+
+def test_a_write_the_driver_resets_to_0_is_retried(tmp_path: Path) -> None:
+    root = l40s_root(tmp_path)
+    kernel = StandinDriver((L40S_VF / "creatable_vgpu_types").read_text(), resets=1)
+    apply(root, "L40S-24Q", 2, kernel)
+    assert [current(root, vf) for vf in VFS[:2]] == ["1155", "1155"]
+    first = [w for w in kernel.writes if w[0].endswith("current_vgpu_type")]
+    assert [v for _, v in first] == ["1155", "1155", "1155"]  # the first VF's twice
+    tx = Journal.load(HostRoot(str(root))).transactions[-1]
+    states = [s.state for s in tx.steps if s.kind is StepKind.SYSFS]
+    assert states == [StepState.FAILED, StepState.DONE, StepState.DONE]
+
+
+def test_a_write_the_driver_will_not_take_rolls_the_layout_back(tmp_path: Path) -> None:
+    root = l40s_root(tmp_path, enabled=False)
+    before = tree(root)
+    kernel = StandinDriver((L40S_VF / "creatable_vgpu_types").read_text(), resets=0)
+    calls = {"n": 0}
+
+    def refuse_second(root_: HostRoot, rel: str, value: str) -> None:
+        kernel(root_, rel, value)
+        if rel.endswith("current_vgpu_type") and value != "0":
+            calls["n"] += 1
+            if calls["n"] >= 2:  # the second VF: reset every time
+                Path(root_.real(rel)).write_text("0\n")
+                kernel._catalogs(root_)
+
+    r = HostRoot(str(root))
+    plan = plan_layout(card(root), "L40S-12Q", 2)
+    with pytest.raises(
+        VgpuFailed, match=r"0000:26:00.5: the driver did not take type 1153 .*rolled back"
+    ):
+        apply_layout(
+            r, plan, tool=tool_runner(r, True), kernel=refuse_second, unit_command="/bin/true"
+        )
+    assert tree(root) == before  # the first VF back to 0, the VFs disabled again, no files
+    txs = Journal.load(r).transactions
+    assert [t.state for t in txs] == [TxState.UNDONE, TxState.COMPLETE]
+
+
+def test_sriov_manage_failing_on_the_unbind_lock_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = l40s_root(tmp_path, enabled=False)
+    (root / "run").mkdir(exist_ok=True)
+    (root / "run/standin-nvml-holder").write_text("nv-hostengine\n")
+    before = tree(root)
+    argv = ["vgpu", "apply", "--root", str(root), "--card", L40S_PF, "--type", "L40S-12Q"]
+    assert main([*argv, "--count", "2", "--run-root-tools"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "Cannot obtain unbindLock for 0000:26:00.0" in err and "rolled back" in err
+    assert tree(root) == before
+
+
+def test_an_nvml_client_holding_the_card_is_named_before_anything_is_done(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = l40s_root(tmp_path, enabled=False)
+    info = root / "proc/driver/nvidia/gpus" / L40S_PF / "information"
+    info.parent.mkdir(parents=True)
+    info.write_text("Model: NVIDIA L40S\nDevice Minor: 0\n")
+    fd = root / "proc/4242/fd"
+    fd.mkdir(parents=True)
+    (fd / "5").symlink_to("/dev/nvidia0")
+    (root / "proc/4242/comm").write_text("nv-hostengine\n")
+    before = tree(root)
+    argv = ["vgpu", "apply", "--root", str(root), "--card", L40S_PF, "--type", "L40S-12Q"]
+    assert main([*argv, "--count", "1", "--run-root-tools"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "nv-hostengine (pid 4242) holds /dev/nvidia0" in err
+    assert tree(root) == before and not (root / "var/lib/passthrough").exists()
+
+
+def test_a_card_with_a_running_vgpu_guest_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = l40s_root(tmp_path)
+    running = root / "run/libvirt/qemu"
+    running.mkdir(parents=True)
+    (running / "desk1.xml").write_text(
+        "<domstatus state='running'><domain type='kvm'><name>desk1</name><devices>"
+        "<hostdev mode='subsystem' type='pci' managed='no'><source>"
+        "<address domain='0x0000' bus='0x26' slot='0x00' function='0x4'/></source></hostdev>"
+        "</devices></domain></domstatus>"
+    )
+    (root / "sys/bus/pci/devices/0000:26:00.4/nvidia/current_vgpu_type").write_text("1153\n")
+    before = tree(root)
+    argv = ["vgpu", "apply", "--root", str(root), "--card", L40S_PF, "--type", "L40S-12Q"]
+    assert main([*argv, "--count", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "passthrough: error: 0000:26:00.0: vGPU guest(s) running on it (desk1): stop them first "
+        "(a changed layout under a running guest is not taken)"
+    )
+    assert tree(root) == before
+
+
+def test_the_generic_undo_takes_a_vgpu_layout_back_too(tmp_path: Path) -> None:
+    root = l40s_root(tmp_path)
+    before = tree(root)
+    apply(root, "L40S-4Q", 3, driver())
+    assert main(["undo", "--root", str(root)]) == 0
+    # the catalogs are the driver's to refill (no stand-in driver under the CLI): the rest is back
+    assert {k: v for k, v in tree(root).items() if not k.endswith("creatable_vgpu_types")} == {
+        k: v for k, v in before.items() if not k.endswith("creatable_vgpu_types")
+    }
+
+
+# -- mdev on VFs ------------------------------------------------------------------------------
+
+
+def test_mdev_layout_round_trips_by_uuid(tmp_path: Path) -> None:
+    root = a2_root(tmp_path)
+    before = tree(root)
+    kernel = driver()
+    with pytest.raises(LayoutRefused, match="room for 2 more A2-4C, not 3"):
+        plan_layout(card(root, A2_PF), "A2-4C", 3)
+    done = apply(root, "NVIDIA A2-4C", 2, kernel, pf=A2_PF)
+    uuids = [p.uuid for p in done.placements]
+    assert all(uuids) and len(set(uuids)) == 2
+    for p in done.placements:
+        assert (root / "sys/bus/mdev/devices" / str(p.uuid)).is_dir()
+        assert (
+            root / f"sys/bus/pci/devices/{p.vf}/mdev_supported_types/nvidia-754/create"
+        ).read_text() == f"{p.uuid}\n"
+    seen = card(root, A2_PF)
+    assert [m.type_name for vf in seen.vfs for m in vf.mdevs] == ["NVIDIA A2-4C"] * 2
+    recorded = json.loads((root / LAYOUT).read_text())["cards"][A2_PF]["vgpus"]
+    assert sorted(v["uuid"] for v in recorded) == sorted(str(u) for u in uuids)
+    undo_layouts(HostRoot(str(root)), tool=None, kernel=kernel)
+    assert not list((root / "sys/bus/mdev/devices").iterdir())
+    after = tree(root)
+    changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
+    # what stays: the create attributes (sysfs write-only files here are plain files)
+    assert all(k.endswith("/create") or k.endswith("available_instances") for k in changed)
+
+
+# -- the boot unit -----------------------------------------------------------------------------
+
+
+def exec_start(root: Path) -> list[str]:
+    line = next(x for x in (root / UNIT).read_text().splitlines() if x.startswith("ExecStart="))
+    return shlex.split(line.removeprefix("ExecStart="))
+
+
+def test_the_boot_unit_re_applies_the_recorded_layout(tmp_path: Path) -> None:
+    root = l40s_root(tmp_path, enabled=False)
+    r = HostRoot(str(root))
+    from passthrough.cli.vgpu import unit_command
+
+    plan = plan_layout(card(root), "L40S-12Q", 2)
+    apply_layout(r, plan, tool=tool_runner(r, True), kernel=driver(), unit_command=unit_command())
+    unit = (root / UNIT).read_text()
+    assert "After=nvidia-vgpud.service nvidia-vgpu-mgr.service" in unit
+    assert "Before=libvirtd.service virtqemud.service libvirt-guests.service" in unit
+    assert "Type=oneshot" in unit
+    # a reboot: no VFs, no types (the stand-in sriov-manage takes the VFs away, types reset)
+    for vf in VFS:
+        (root / "sys/bus/pci/devices" / vf / "nvidia/current_vgpu_type").write_text("0\n")
+    env = dict(os.environ, PASSTHROUGH_ROOT=str(root))
+    subprocess.run([str(root / "usr/lib/nvidia/sriov-manage"), "-d", L40S_PF], check=True, env=env)
+    assert not (root / "sys/bus/pci/devices/0000:26:00.4").exists()
+    argv = [*exec_start(root), "--root", str(root), "--run-root-tools"]
+    ran = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=REPO)
+    assert ran.returncode == 0, ran.stderr
+    assert [current(root, vf) for vf in VFS] == ["1153", "1153", "0", "0"]
+    assert ran.stdout.splitlines() == [
+        f"{L40S_PF}: enabling its VFs",
+        "0000:26:00.4: NVIDIA L40S-12Q (id 1153) set",
+        "0000:26:00.5: NVIDIA L40S-12Q (id 1153) set",
+    ]
+    again = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=REPO)
+    assert again.returncode == 0 and "already there" in again.stdout
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
+    root = l40s_root(tmp_path)
+    r = HostRoot(str(root))
+    from passthrough.cli.vgpu import unit_command
+
+    apply_layout(r, plan_layout(card(root), "L40S-1Q", 1), tool=None, unit_command=unit_command())
+    unit = tmp_path / "passthrough-vgpu.service"
+    shutil.copy(root / UNIT, unit)
+    ran = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(unit)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    problems = [x for x in ran.stderr.splitlines() if "passthrough-vgpu" in x]
+    assert ran.returncode == 0 and problems == [], ran.stderr
