@@ -354,3 +354,65 @@ def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
     )
     problems = [x for x in ran.stderr.splitlines() if "passthrough-vgpu" in x]
     assert ran.returncode == 0 and problems == [], ran.stderr
+
+
+# -- guests: render --vgpu, validate, libvirt's schema -----------------------------------------
+
+
+def schema_valid(path: Path) -> None:
+    ran = subprocess.run(["virt-xml-validate", str(path), "domain"], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+
+
+@pytest.mark.skipif(shutil.which("virt-xml-validate") is None, reason="no virt-xml-validate")
+def test_render_vgpu_vf_passes_validate_and_libvirts_schema(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = l40s_root(tmp_path)
+    apply(root, "L40S-12Q", 1, driver())
+    out = tmp_path / "v1.xml"
+    assert (
+        main(["render", "--root", str(root), "--name", "v1", "--vgpu", VFS[0], "-o", str(out)]) == 0
+    )
+    xml = out.read_text()
+    assert (
+        "<hostdev mode='subsystem' type='pci' managed='no'>\n      <source>\n"
+        "        <address domain='0x0000' bus='0x26' slot='0x00' function='0x4'/>" in xml
+    )
+    assert "<driver name='vfio'/>" not in xml
+    schema_valid(out)
+    assert main(["validate", "--host-root", str(root), str(out)]) == 0
+    capsys.readouterr()
+    # the same VF given back to libvirt to manage, or a vfio driver element: an error
+    for wrong in ("managed='yes'>", "managed='no'>\n      <driver name='vfio'/>"):
+        bad = tmp_path / "bad.xml"
+        bad.write_text(xml.replace("managed='no'>", wrong))
+        schema_valid(bad)  # libvirt's schema takes it: only the host layer knows
+        assert main(["validate", "--host-root", str(root), str(bad)]) == 1
+        assert "error host-vgpu-vf-rebound" in capsys.readouterr().out
+    # a VF without a type yet is refused: nothing written
+    again = tmp_path / "v2.xml"
+    assert (
+        main(["render", "--root", str(root), "--name", "v2", "--vgpu", VFS[1], "-o", str(again)])
+        == 2
+    )
+    assert "no vGPU type on it yet" in capsys.readouterr().err and not again.exists()
+
+
+@pytest.mark.skipif(shutil.which("virt-xml-validate") is None, reason="no virt-xml-validate")
+def test_render_vgpu_mdev_names_its_uuid(tmp_path: Path) -> None:
+    root = a2_root(tmp_path)
+    done = apply(root, "A2-4C", 1, driver(), pf=A2_PF)
+    (p,) = done.placements
+    out = tmp_path / "m1.xml"
+    assert (
+        main(["render", "--root", str(root), "--name", "m1", "--vgpu", str(p.vf), "-o", str(out)])
+        == 0
+    )
+    xml = out.read_text()
+    assert (
+        "<hostdev mode='subsystem' type='mdev' model='vfio-pci'>\n      <source>\n"
+        f"        <address uuid='{p.uuid}'/>" in xml
+    )
+    schema_valid(out)
+    assert main(["validate", "--host-root", str(root), str(out)]) == 0

@@ -66,11 +66,12 @@ def _describe(tmp: Path, pf_id: str, name: str, pf: str, vfs: list[str], total: 
     short = pf[5:]
     lines = [
         f'      - {{addr: "{short}", id: "{pf_id}", class: 3d, driver: nvidia, name: "{name}", '
-        f'sriov_totalvfs: {total}, bars: {{0: "16M", 1: "64G p64"}}}}'
+        f'sriov_totalvfs: {total}, group: 30, bars: {{0: "16M", 1: "64G p64"}}}}'
     ]
-    lines += [
-        f'      - {{addr: "{v[5:]}", id: "{pf_id}", class: 3d, driver: nvidia, physfn: "{short}"}}'
-        for v in vfs
+    lines += [  # each VF in its own IOMMU group, as behind an ACS-capable port
+        f'      - {{addr: "{v[5:]}", id: "{pf_id}", class: 3d, driver: nvidia, physfn: "{short}", '
+        f"group: {31 + i}}}"
+        for i, v in enumerate(vfs)
     ]
     tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "host.yaml"

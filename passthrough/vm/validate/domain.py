@@ -300,9 +300,11 @@ def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
     from passthrough.model import Severity
     from passthrough.vm import memlock
     from passthrough.vm.layout_check import layout_findings, window_sure
+    from passthrough.vm.validate.vgpu import vgpu_findings
     from passthrough.vm.versions import host_versions
 
     known = facts(host).known
+    vgpu_findings(host, ((d.element, d.host) for d in devs), ctx.add)
     _iommufd_host(ctx, host, devs)
     for d in devs:
         if d.host is not None and d.host not in known:
