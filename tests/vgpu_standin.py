@@ -90,9 +90,10 @@ def _pf_dir(root: Path, pf: str) -> Path:
     return (root / "sys/bus/pci/devices" / pf).resolve()
 
 
-def l40s_root(tmp: Path, vfs: int = 4, enabled: bool = True) -> Path:
-    """An L40S (10de:26b9) whose VFs carry the captured ``nvidia/`` directory. Not
-    ``enabled``: the VFs are kept aside for the stand-in sriov-manage to make."""
+def l40s_root(tmp: Path, vfs: int = 4, enabled: bool = True, catalog: str | None = None) -> Path:
+    """An L40S (10de:26b9) whose VFs carry the captured ``nvidia/`` directory (or, with
+    ``catalog``, that text as their catalog). Not ``enabled``: the VFs are kept aside for
+    the stand-in sriov-manage to make."""
     addrs = _vf_addrs(L40S_PF, 4, vfs)
     root = fakehost.build(
         fakehost.load(str(_describe(tmp, "10de:26b9", "AD102GL [L40S]", L40S_PF, addrs, 32))),
@@ -100,8 +101,13 @@ def l40s_root(tmp: Path, vfs: int = 4, enabled: bool = True) -> Path:
     )
     for vf in addrs:
         dest = root / "sys/bus/pci/devices" / vf / "nvidia"
-        shutil.copytree(L40S_VF, dest)
-        _writable(dest)
+        if catalog is None:
+            shutil.copytree(L40S_VF, dest)
+            _writable(dest)
+        else:  # a catalog of the test's own, in the driver's format
+            dest.mkdir()
+            (dest / "creatable_vgpu_types").write_text(catalog)
+            (dest / "current_vgpu_type").write_text("0\n")
     (_pf_dir(root, L40S_PF) / "sriov_numvfs").write_text(f"{vfs}\n")
     install_sriov_manage(root)
     if not enabled:

@@ -8,7 +8,7 @@ mdev (on a VF or on the card): ``type='mdev' model='vfio-pci'`` naming the mdev'
 
 from __future__ import annotations
 
-from passthrough.errors import PassthroughError
+from passthrough.errors import InvalidPciAddress, PassthroughError
 from passthrough.model import PciAddress
 from passthrough.vgpu.model import Mode, VgpuCard
 
@@ -48,7 +48,7 @@ def hostdev_for(cards: tuple[VgpuCard, ...], wanted: str) -> str:
                     return mdev_hostdev(m.uuid)
     try:
         address = PciAddress.parse(wanted)
-    except ValueError:
+    except (ValueError, InvalidPciAddress):
         raise NoSuchVgpu(
             f"--vgpu {wanted!r}: neither a VF address nor an mdev's UUID on this host"
         ) from None

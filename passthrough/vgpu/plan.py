@@ -8,7 +8,7 @@ import uuid as uuidlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from passthrough.errors import PassthroughError
+from passthrough.errors import InvalidPciAddress, PassthroughError
 from passthrough.model import PciAddress
 from passthrough.vgpu.model import Mode, VgpuCard, VgpuType, short_name
 
@@ -71,7 +71,7 @@ class VgpuPlan:
 def find_card(cards: tuple[VgpuCard, ...], address: str) -> VgpuCard:
     try:
         wanted = PciAddress.parse(address)
-    except ValueError:
+    except (ValueError, InvalidPciAddress):
         raise LayoutRefused(f"--card {address!r}: not a PCI address (e.g. 0000:41:00.0)") from None
     for card in cards:
         if card.address == wanted:
