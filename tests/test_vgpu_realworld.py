@@ -416,3 +416,18 @@ def test_render_vgpu_mdev_names_its_uuid(tmp_path: Path) -> None:
     )
     schema_valid(out)
     assert main(["validate", "--host-root", str(root), str(out)]) == 0
+
+
+def test_a_snapshot_carries_the_vgpu_side(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = l40s_root(tmp_path)
+    apply(root, "L40S-12Q", 1, driver())
+    assert main(["scan", "--root", str(root), "--json"]) == 0
+    live = json.loads(capsys.readouterr().out)["vgpu"]
+    snap = tmp_path / "host.tar.gz"
+    assert main(["snapshot", "--root", str(root), "-o", str(snap)]) == 0
+    capsys.readouterr()
+    assert main(["scan", "--root", str(snap), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["vgpu"] == live
+    assert live[0]["vfs"][0]["type_name"] == "NVIDIA L40S-12Q"
