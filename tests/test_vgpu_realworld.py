@@ -431,3 +431,42 @@ def test_a_snapshot_carries_the_vgpu_side(
     assert main(["scan", "--root", str(snap), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["vgpu"] == live
     assert live[0]["vfs"][0]["type_name"] == "NVIDIA L40S-12Q"
+
+
+def test_kubevirt_render_permits_an_mdev_by_name_and_says_what_pci_cannot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+
+    a2 = a2_root(tmp_path / "a2")
+    (m,) = apply(a2, "A2-4C", 1, driver(), pf=A2_PF).placements
+    out = tmp_path / "a2.yaml"
+    argv = ["kubevirt", "render", "--root", str(a2), "--name", "m1", "-o", str(out)]
+    assert main([*argv, "--vgpu", str(m.uuid)]) == 0
+    (patch,) = list(yaml.safe_load_all(out.read_text()))
+    assert patch["spec"]["configuration"]["permittedHostDevices"] == {
+        "mediatedDevices": [
+            {"mdevNameSelector": "NVIDIA A2-4C", "resourceName": "nvidia.com/NVIDIA_A2-4C"}
+        ]
+    }
+    assert "warning" not in capsys.readouterr().err
+    assert main(["kubevirt", "validate", str(out), "--root", str(a2)]) == 0
+    l40s = l40s_root(tmp_path / "l40s")
+    apply(l40s, "L40S-12Q", 1, driver())
+    argv = ["kubevirt", "render", "--root", str(l40s), "--name", "v1", "-o", str(out)]
+    assert main([*argv, "--vgpu", VFS[0]]) == 0
+    (patch,) = list(yaml.safe_load_all(out.read_text()))
+    assert patch["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"] == [
+        {
+            "pciVendorSelector": "10DE:26B9",
+            "resourceName": "nvidia.com/AD102GL_L40S",
+            "externalResourceProvider": True,
+        }
+    ]
+    warned = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warning:")]
+    assert warned == [
+        "warning: vendor-VFIO vGPU VFs all carry the card's vendor:device id (10DE:26B9): "
+        "pciHostDevices cannot tell their types apart, so nvidia.com/AD102GL_L40S is any VF of "
+        "the card whatever its type (one resource per profile needs NVIDIA's device plugin to "
+        "publish them by type)"
+    ]

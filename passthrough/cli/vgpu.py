@@ -198,3 +198,38 @@ def _restore(args: argparse.Namespace, root: Any) -> int:
     except ValueError as exc:
         raise PassthroughError(str(exc)) from None
     return EXIT_HOST_STEP if failed else EXIT_OK
+
+
+def kube_vgpus(out: Any, host: Any, wanted: list[str]) -> None:
+    """``kubevirt render --vgpu``: the entries added to the KubeVirt patch (made when the
+    manifests have none) and the gpus to each VirtualMachine; what they cannot say, warned."""
+    from passthrough.host.root import HostRoot
+    from passthrough.kube.objects import kubevirt_patch
+    from passthrough.vgpu.discover import read_vgpu
+    from passthrough.vgpu.kubevirt import vgpu_devices
+
+    ids = {str(f.address): f"{f.vendor_id:04X}:{f.device_id:04X}" for f in host.functions}
+    permitted, gpus, notes = vgpu_devices(read_vgpu(HostRoot(host.root), host), wanted, ids)
+    patch = next((d for d in out.documents if d.get("kind") == "KubeVirt"), None)
+    if patch is None:
+        patch = kubevirt_patch([], [])
+        out.documents.insert(0, patch)
+    config = patch["spec"]["configuration"]
+    if "pciHostDevices" in permitted:
+        gates = config.setdefault("developerConfiguration", {}).setdefault("featureGates", [])
+        if "HostDevices" not in gates:
+            gates.append("HostDevices")
+    devices = config.setdefault("permittedHostDevices", {})
+    for key, entries in permitted.items():
+        devices.setdefault(key, []).extend(e for e in entries if e not in devices.get(key, []))
+    vms = [d for d in out.documents if d.get("kind") == "VirtualMachine"]
+    for doc in vms:
+        domain = doc["spec"]["template"]["spec"]["domain"]
+        domain.setdefault("devices", {}).setdefault("gpus", []).extend(gpus)
+    if not vms:
+        out.decisions.append(
+            "vGPUs only: the stream holds the KubeVirt patch; the VM's "
+            "spec.template.spec.domain.devices.gpus takes "
+            + ", ".join(f"{{name: {g['name']}, deviceName: {g['deviceName']}}}" for g in gpus)
+        )
+    out.warnings.extend(notes)
