@@ -470,3 +470,28 @@ def test_kubevirt_render_permits_an_mdev_by_name_and_says_what_pci_cannot(
         "the card whatever its type (one resource per profile needs NVIDIA's device plugin to "
         "publish them by type)"
     ]
+
+
+def test_every_vgpu_json_output_is_valid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = l40s_root(tmp_path, enabled=False)
+    layout = ["--card", L40S_PF, "--type", "L40S-12Q", "--count", "2"]
+    runs = [
+        ["vgpu", "list"],
+        ["vgpu", "plan", *layout],
+        ["vgpu", "apply", *layout, "--run-root-tools"],
+        ["vgpu", "list"],
+        ["vgpu", "undo", "--run-root-tools"],
+    ]
+    outputs = []
+    for argv in runs:
+        assert main([*argv, "--root", str(root), "--json"]) == 0, argv
+        out = json.loads(capsys.readouterr().out)
+        jsonschema.validate(out, SCHEMA)
+        outputs.append(out)
+    assert outputs[1]["enable_vfs"] is True and outputs[1]["vgpus"] == []  # VFs picked later
+    assert [v["vf"] for v in outputs[2]["vgpus"]] == VFS[:2]
+    assert outputs[2]["commands_not_run"] == [["systemctl", "enable", "passthrough-vgpu.service"]]
+    assert [v["type_id"] for v in outputs[3]["cards"][0]["vfs"]] == [1153, 1153, 0, 0]
+    assert outputs[4]["undone"] == 1 and outputs[0]["cards"][0]["mode"] == "none"
