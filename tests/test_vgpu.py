@@ -114,3 +114,48 @@ def test_hostdev_for_refuses_what_is_not_a_vgpu() -> None:
         hostdev_for((card,), "0000:27:00.4")
     with pytest.raises(NoSuchVgpu, match="neither a VF address nor an mdev's UUID"):
         hostdev_for((card,), "gpu-one")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("cards:\n  0000:26:00.0: {T1-4Q: 1}\n", "card 1560.0: quote the address"),
+        ('cards:\n  "0000:26:00.0": {T1-4Q: 1, T1-8Q: 1}\n', "one type per card"),
+        ('cards:\n  "0000:26:00.0": {T1-4Q: two}\n', "expected TYPE: COUNT, got 'T1-4Q': 'two'"),
+        ("- a list\n", "expected 'cards:' mapping each card to {TYPE: COUNT}"),
+        (
+            'cards:\n  "0000:26:00.0": {T1-9Q: 1}\n',
+            "--type 'T1-9Q': 0000:26:00.0 offers no such type",
+        ),
+    ],
+)
+def test_a_bad_layout_file_is_refused_before_anything_is_done(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+) -> None:
+    root = l40s_root(tmp_path, catalog=CATALOG)
+    before = tree(root)
+    layout = tmp_path / "vgpu.yaml"
+    layout.write_text(text)
+    assert main(["vgpu", "apply", "--root", str(root), "--layout", str(layout)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert message in line
+    assert tree(root) == before and not (root / "var/lib/passthrough").exists()
+
+
+def test_a_layout_file_applies_like_the_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = l40s_root(tmp_path, catalog=CATALOG)
+    layout = tmp_path / "vgpu.yaml"
+    layout.write_text('cards:\n  "0000:26:00.0": {T1-8Q: 2}\n')
+    assert main(["vgpu", "apply", "--root", str(root), "--layout", str(layout)]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("Created 2 T1-8Q on 0000:26:00.0")
+    types = [
+        (root / f"sys/bus/pci/devices/0000:26:00.{f}/nvidia/current_vgpu_type").read_text()
+        for f in (4, 5, 6)
+    ]
+    assert types == ["11\n", "11\n", "0\n"]
+    assert (
+        main(["vgpu", "apply", "--root", str(root), "--layout", str(layout), "--count", "1"]) == 2
+    )
+    assert capsys.readouterr().err.strip() == "passthrough: error: --layout or --count: not both"

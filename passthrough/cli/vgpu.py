@@ -34,7 +34,10 @@ ACTIONS = (
 )
 EXAMPLES = {
     "list": ("passthrough vgpu list", "passthrough vgpu list --json | jq '.cards[].mode'"),
-    "plan": ("passthrough vgpu plan --card 0000:41:00.0 --type L40S-12Q --count 4",),
+    "plan": (
+        "passthrough vgpu plan --card 0000:41:00.0 --type L40S-12Q --count 4",
+        "passthrough vgpu plan --layout vgpu.yaml",
+    ),
     "apply": ("passthrough vgpu apply --card 0000:41:00.0 --type L40S-12Q --count 4",),
     "undo": ("passthrough vgpu undo",),
     "restore": ("passthrough vgpu restore  # ExecStart of passthrough-vgpu.service",),
@@ -52,11 +55,15 @@ def add_parser(sub: Subparsers) -> None:
             CHANGES if action in ("apply", "undo", "restore") else "host root to read (default: /)",
         )
         if action in ("plan", "apply"):
-            a.add_argument("--card", required=True, metavar="ADDRESS", help="the card (its PF)")
+            a.add_argument("--card", metavar="ADDRESS", help="the card (its PF)")
+            a.add_argument("--type", metavar="NAME", help="a type by name, e.g. L40S-12Q")
+            a.add_argument("--count", type=int, metavar="N", help="how many vGPUs")
             a.add_argument(
-                "--type", required=True, metavar="NAME", help="a type by name, e.g. L40S-12Q"
+                "--layout",
+                metavar="FILE.yaml",
+                help="instead of --card/--type/--count: 'cards:' mapping each card's quoted "
+                'address to {TYPE: COUNT} ("0000:41:00.0": {L40S-12Q: 4})',
             )
-            a.add_argument("--count", required=True, type=int, metavar="N", help="how many vGPUs")
         if action in ("apply", "undo", "restore"):
             a.add_argument(
                 "--run-root-tools",
@@ -113,18 +120,37 @@ def _list(args: argparse.Namespace, root: Any) -> int:
     return EXIT_OK
 
 
-def _planned(args: argparse.Namespace, root: Any) -> Any:
-    from passthrough.vgpu.plan import find_card, plan_layout
+def _planned(args: argparse.Namespace, root: Any) -> list[Any]:
+    """One plan per card (--layout), or the one of --card/--type/--count; every one made
+    before anything is done, so that a bad entry changes nothing."""
+    from passthrough.vgpu.layoutfile import load_layout
+    from passthrough.vgpu.plan import LayoutRefused, find_card, plan_layout
 
-    return plan_layout(find_card(_cards(root), args.card), args.type, args.count)
+    given = [f for f in ("card", "type", "count") if getattr(args, f) is not None]
+    if args.layout is not None:
+        if given:
+            raise LayoutRefused(f"--layout or --{'/--'.join(given)}: not both")
+        wanted = load_layout(args.layout)
+    elif len(given) < 3:
+        raise LayoutRefused("--card, --type and --count are needed (or --layout FILE.yaml)")
+    else:
+        wanted = [(args.card, args.type, args.count)]
+    cards = _cards(root)
+    plans = [plan_layout(find_card(cards, c), t, n) for c, t, n in wanted]
+    seen = [str(p.card.address) for p in plans]
+    if len(set(seen)) < len(seen):
+        raise LayoutRefused("a card is named twice in the layout")
+    return plans
 
 
 def _plan(args: argparse.Namespace, root: Any) -> int:
-    plan = _planned(args, root)
+    plans = _planned(args, root)
     if args.json:
-        dump({"root": root.path, **plan.to_json()}, "vgpu")
+        dump(
+            {"root": root.path, **plans[0].to_json(), "plans": [p.to_json() for p in plans]}, "vgpu"
+        )
     else:
-        sys.stdout.write("".join(line + "\n" for line in plan.lines()))
+        sys.stdout.write("".join(line + "\n" for p in plans for line in p.lines()))
     return EXIT_OK
 
 
@@ -134,29 +160,41 @@ def unit_command() -> str:
 
 
 def _apply(args: argparse.Namespace, root: Any) -> int:
-    from passthrough.vgpu.apply import apply_layout, tool_runner
+    from passthrough.vgpu.apply import VgpuFailed, apply_layout, tool_runner
 
-    plan = _planned(args, root)
-    confirm(args, "apply", lambda: "\n".join(plan.lines()))
+    plans = _planned(args, root)
+    confirm(args, "apply", lambda: "\n".join(line for p in plans for line in p.lines()))
     tool = tool_runner(root, args.run_root_tools)
-    done = apply_layout(root, plan, tool=tool, say=progress(args), unit_command=unit_command())
+    done = []
+    for plan in plans:  # each card its own transaction
+        try:
+            done.append(
+                apply_layout(root, plan, tool=tool, say=progress(args), unit_command=unit_command())
+            )
+        except VgpuFailed as exc:
+            if done:
+                cards = ", ".join(str(p.card.address) for p in plans[: len(done)])
+                exc.message += (
+                    f"; applied before it: {cards} (`passthrough vgpu undo` takes them back)"
+                )
+            raise
+    applied = [
+        {**p.to_json(), "vgpus": [v.to_json() for v in d.placements], "transaction": d.tx.id}
+        for p, d in zip(plans, done, strict=True)
+    ]
+    listed = [argv for d in done for argv in d.listed]
     if args.json:
         dump(
-            {
-                "root": root.path,
-                **plan.to_json(),
-                "vgpus": [p.to_json() for p in done.placements],
-                "transaction": done.tx.id,
-                "commands_not_run": done.listed,
-            },
+            {"root": root.path, **applied[-1], "applied": applied, "commands_not_run": listed},
             "vgpu",
         )
-    else:
+        return EXIT_OK
+    for p, d in zip(plans, done, strict=True):
         print(
-            f"Created {len(done.placements)} {plan.type_name} on {plan.card.address} (transaction {done.tx.id})."
+            f"Created {len(d.placements)} {p.type_name} on {p.card.address} (transaction {d.tx.id})."
         )
-        for argv in done.listed:
-            print(f"Not run on this root (run it on the host): {shlex.join(argv)}")
+    for argv in {tuple(a): a for a in listed}.values():
+        print(f"Not run on this root (run it on the host): {shlex.join(argv)}")
     return EXIT_OK
 
 
