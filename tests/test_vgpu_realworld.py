@@ -289,7 +289,9 @@ def test_mdev_layout_round_trips_by_uuid(tmp_path: Path) -> None:
         ).read_text() == f"{p.uuid}\n"
     seen = card(root, A2_PF)
     assert [m.type_name for vf in seen.vfs for m in vf.mdevs] == ["NVIDIA A2-4C"] * 2
-    recorded = json.loads((root / LAYOUT).read_text())["cards"][A2_PF]["vgpus"]
+    entry = json.loads((root / LAYOUT).read_text())["cards"][A2_PF]
+    assert entry["mode"] == "mdev-vf" and entry["enable_vfs"] is True  # VFs are gone at boot
+    recorded = entry["vgpus"]
     assert sorted(v["uuid"] for v in recorded) == sorted(str(u) for u in uuids)
     undo_layouts(HostRoot(str(root)), tool=None, kernel=kernel)
     assert not list((root / "sys/bus/mdev/devices").iterdir())

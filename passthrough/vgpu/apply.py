@@ -176,8 +176,9 @@ class Applied:
     listed: list[list[str]]
 
 
-def record_layout(root: HostRoot, plan: VgpuPlan, placements: list[Placement]) -> bytes:
-    """The layout file with this card's vGPUs added (other cards' kept)."""
+def record_layout(root: HostRoot, card: VgpuCard, placements: list[Placement]) -> bytes:
+    """The layout file with this card's vGPUs added (other cards' kept). VFs (vendor VFIO
+    or mdev on VFs) are gone after a reboot: the record says to enable them again."""
     try:
         data = json.loads(root.read(LAYOUT) or "{}")
     except ValueError:
@@ -185,11 +186,9 @@ def record_layout(root: HostRoot, plan: VgpuPlan, placements: list[Placement]) -
     cards = data.get("cards") if isinstance(data, dict) else None
     cards = cards if isinstance(cards, dict) else {}
     entry = cards.setdefault(
-        str(plan.card.address), {"mode": plan.mode.value, "enable_vfs": False, "vgpus": []}
+        str(card.address), {"mode": card.mode.value, "enable_vfs": False, "vgpus": []}
     )
-    entry["enable_vfs"] = (
-        entry.get("enable_vfs") or plan.enable_vfs or plan.mode is Mode.VENDOR_VFIO
-    )
+    entry["enable_vfs"] = card.mode in (Mode.VENDOR_VFIO, Mode.MDEV_VF)
     entry["vgpus"] = [*entry.get("vgpus", []), *(p.to_json() for p in placements)]
     return (json.dumps({"version": 1, "cards": cards}, indent=2, sort_keys=True) + "\n").encode()
 
@@ -234,7 +233,7 @@ def apply_layout(
         files: list[Action] = [
             WriteFile(
                 LAYOUT,
-                record_layout(root, plan, placements),
+                record_layout(root, card, placements),
                 "the vGPU layout the boot unit re-applies",
             ),
             WriteFile(UNIT, unit_text(unit_command).encode(), "re-applies the layout at boot"),
