@@ -45,11 +45,24 @@ EXAMPLES = {
 
 
 def add_parser(sub: Subparsers) -> None:
-    p = command(sub, "vgpu", run, epilog=examples("passthrough vgpu list", *EXAMPLES["plan"]))
+    p = command(
+        sub,
+        "vgpu",
+        run,
+        description="NVIDIA vGPU on this host: each card's mode (vendor VFIO on SR-IOV VFs, mdev "
+        "on VFs or on the card), a layout of types by name applied through the journal and taken "
+        "back by undo, and the boot unit that re-applies it (docs/vgpu.md).",
+        epilog=examples("passthrough vgpu list", *EXAMPLES["plan"]),
+    )
     actions = p.add_subparsers(dest="vgpu_command", metavar="ACTION", parser_class=Parser)
     actions.required = True
     for action, text in ACTIONS:
-        a = actions.add_parser(action, help=text, epilog=examples(*EXAMPLES[action]))
+        a = actions.add_parser(
+            action,
+            help=text,
+            description=text[0].upper() + text[1:] + ".",
+            epilog=examples(*EXAMPLES[action]),
+        )
         common(
             a,
             CHANGES if action in ("apply", "undo", "restore") else "host root to read (default: /)",
