@@ -59,6 +59,9 @@ class PciFunction:
     sysfs_path: str  # real device path relative to the root, e.g. sys/devices/pci0000:00/...
     vendor_name: str | None = None
     device_name: str | None = None
+    # an SR-IOV VF that NVIDIA's vGPU manager serves (nvidia/current_vgpu_type, or
+    # mdev_supported_types): it stays on the nvidia driver, never on vfio-pci
+    vgpu_vf: bool = False
 
     @property
     def id(self) -> str:

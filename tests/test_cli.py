@@ -469,7 +469,7 @@ def test_an_unknown_command_gets_the_closest_name_and_the_list() -> None:
     assert r.stderr.splitlines() == [
         "passthrough: error: unknown command 'scna' (did you mean scan?); the commands: "
         "scan, check, snapshot, sample, plan, apply, undo, status, verify, bind, release, render, "
-        "validate, kubevirt, vm, provision, guest, completion, man"
+        "validate, kubevirt, vm, vgpu, provision, guest, completion, man"
     ]
     r = run("common")  # a module of the CLI package, but no command: nothing imported by name
     assert r.returncode == 2 and "unknown command 'common'" in r.stderr
@@ -627,7 +627,7 @@ def test_every_help_has_examples_that_parse() -> None:
 
     top = build_parser()
     helps = _helps(top)
-    assert len(helps) == 33  # the listing, 19 commands, 13 subcommands: none left out
+    assert len(helps) == 39  # the listing, 20 commands, 18 subcommands: none left out
     for path, text in helps.items():
         assert "examples:\n" in text and "exit codes:" in text, (
             f"{path or 'passthrough'}: no examples"

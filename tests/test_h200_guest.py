@@ -64,6 +64,9 @@ def test_scan_of_the_capture_is_the_live_scan(capsys: pytest.CaptureFixture[str]
     (iommufd,) = [c for c in got["checks"] if c["id"] == "iommufd"]
     got["checks"].remove(iommufd)
     assert iommufd["level"] == "SKIP" and "not applicable" in iommufd["summary"]
+    # and each NVIDIA card's vGPU side (issue 49): none inside this guest
+    (vgpu,) = got.pop("vgpu")
+    assert vgpu["address"] == "0000:00:06.0" and vgpu["mode"] == "none"
     assert got == live
     (gpu,) = got["gpus"]
     assert (gpu["address"], gpu["id"], gpu["driver"], gpu["viable"]) == (

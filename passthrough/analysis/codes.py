@@ -47,6 +47,7 @@ APU_IGPU = "apu-igpu"
 NVSWITCH = "nvswitch"
 LAPTOP_3D = "laptop-3d"
 SRIOV_VF = "sriov-vf"
+VGPU_VF = "vgpu-vf"
 VFIO_BOUND = "vfio-bound"
 VFIO_PARTLY = "vfio-partly"
 # the address check's codes (vm/layout_check.py)
@@ -181,6 +182,9 @@ POLICY: dict[str, Policy] = {
         "a laptop 3D controller (Optimus): no display outputs, may need the ACPI vBIOS"
     ),
     SRIOV_VF: _warning("an SR-IOV virtual function: a GPU of its own, its physical function named"),
+    VGPU_VF: _error(
+        "a vGPU virtual function: it stays on the nvidia driver (passthrough vgpu, render --vgpu)"
+    ),
     VFIO_BOUND: Policy("info", "already bound to vfio-pci"),
     VFIO_PARTLY: _warning("only some functions are bound to vfio-pci"),
     MMIO_TOO_SMALL: _error(

@@ -38,6 +38,7 @@ from passthrough.analysis.codes import (
     UNKNOWN_DEVICE,
     VFIO_BOUND,
     VFIO_PARTLY,
+    VGPU_VF,
     harms_host,
     severity,
 )
@@ -96,6 +97,7 @@ class HostIndex:
     by_addr: dict[PciAddress, PciFunction]
     groups: dict[int, IommuGroup]
     nvswitches: tuple[PciFunction, ...]
+    vgpu_pfs: frozenset[PciAddress]  # cards whose VFs NVIDIA's vGPU manager serves
 
     @classmethod
     def of(cls, host: Host) -> HostIndex:
@@ -107,6 +109,7 @@ class HostIndex:
                 for f in host.functions
                 if f.vendor_id == NVIDIA and f.subclass == SUBCLASS_OTHER_BRIDGE
             ),
+            frozenset(f.physfn for f in host.functions if f.vgpu_vf and f.physfn),
         )
 
 
@@ -194,6 +197,13 @@ def _function_findings(fn: PciFunction) -> list[Finding]:
     if fn.is_bridge_like:
         why = f"{describe(fn)} is a bridge: bridges and root ports stay with the host"
         found.append(_finding(BRIDGE_SELECTED, why, (fn.address,)))
+    if fn.vgpu_vf:
+        why = (
+            f"{fn.address}: a vGPU virtual function of {fn.physfn}, served by NVIDIA's vGPU "
+            "manager on the nvidia driver: binding it to vfio-pci would destroy its vGPU; "
+            "hand it to a guest with `passthrough render --vgpu`"
+        )
+        found.append(_finding(VGPU_VF, why, (fn.address,)))
     return found
 
 
@@ -262,6 +272,12 @@ def selection_findings(
             continue
         chosen.append(fn)
         found += _function_findings(fn)
+        if addr in index.vgpu_pfs:
+            why = (
+                f"{addr}: its SR-IOV VFs serve vGPUs (NVIDIA's vGPU manager): binding the card "
+                "to vfio-pci would take every vGPU away; `passthrough vgpu undo` first"
+            )
+            found.append(_finding(VGPU_VF, why, (addr,)))
     found += _grouping_findings(host, index, taken, chosen)
     found += [
         _boot_vga_finding(host, fn, allow_boot_gpu)

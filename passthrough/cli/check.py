@@ -29,12 +29,14 @@ def add_parser(sub: Subparsers) -> None:
 
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.analysis.preflight import held_checks
-    from passthrough.cli.scan import analysed
+    from passthrough.cli.scan import analysed, vgpu_cards
     from passthrough.output.json import check_json
     from passthrough.output.text import Painter, machine_line, render_checks, wants_color, write
+    from passthrough.vgpu.checks import vgpu_checks
 
     scan = analysed(args, stack)
     scan.checks.extend(held_checks(scan))
+    scan.checks.extend(vgpu_checks(vgpu_cards(scan)))
     if args.json:
         dump(check_json(scan), "check")
     else:

@@ -56,6 +56,7 @@ COMMANDS: dict[str, str] = {
     "validate": "check domain XML: libvirt schema, passthrough policy, optionally libvirt",
     "kubevirt": "KubeVirt/DRA manifests, their validation, and the node preflight",
     "vm": "define, start, stop, undefine and inspect guests (libvirt)",
+    "vgpu": "NVIDIA vGPU: types and free VFs per card; create, keep at boot and undo a layout",
     "provision": "run the playbooks (host → vm → guest) through ansible-runner",
     "guest": "inside a guest: does it see its GPU, and is the stack above it wired?",
     "completion": "print a shell completion script (bash or zsh)",

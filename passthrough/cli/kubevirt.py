@@ -112,6 +112,14 @@ def _render_flags(render: Parser) -> None:
         "--per-card", action="store_true", help="one VM per card instead of one VM with all of them"
     )
     render.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    render.add_argument(
+        "--vgpu",
+        action="append",
+        default=[],
+        metavar="VF|UUID",
+        help="a vGPU for the VM: its permittedHostDevices entry (mediatedDevices for an mdev, "
+        "pciHostDevices for a vendor-VFIO VF) and a gpus entry (repeat for more)",
+    )
 
 
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
@@ -138,13 +146,18 @@ def _render(args: argparse.Namespace, stack: ExitStack) -> int:
 
     if args.output:
         output_file(args.output)
-    out = build_manifests(
-        discover(open_root(args.root, stack)),
-        vm_options(args),
-        args.route,
-        args.provider,
-        args.per_card,
-    )
+    host = discover(open_root(args.root, stack))
+    options = vm_options(args)
+    if options.no_gpu and args.vgpu:  # vGPUs only: the KubeVirt patch for them, no card
+        from passthrough.kube.build import Manifests
+
+        out = Manifests()
+    else:
+        out = build_manifests(host, options, args.route, args.provider, args.per_card)
+    if args.vgpu:
+        from passthrough.cli.vgpu import kube_vgpus
+
+        kube_vgpus(out, host, args.vgpu)
     text = dump_stream(out.documents, out.header(args.route))
     for w in once(out.warnings):
         warn(w)

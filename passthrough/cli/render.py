@@ -49,6 +49,14 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--spec", metavar="FILE.yaml", help="VM options as YAML (flags given too win)")
     add_flags(p)  # one flag per row of the VM options table
     p.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    p.add_argument(
+        "--vgpu",
+        action="append",
+        default=[],
+        metavar="VF|UUID",
+        help="a vGPU for the guest: a vendor-VFIO VF holding a type (a managed='no' PCI "
+        "hostdev, no vfio driver element) or an mdev's UUID (repeat for more)",
+    )
 
 
 def vm_options(args: argparse.Namespace) -> VmOptions:
@@ -59,6 +67,8 @@ def vm_options(args: argparse.Namespace) -> VmOptions:
 
     values: dict[str, Any] = load_spec_file(args.spec) if args.spec else {}
     values.update(from_flags(args))  # flags given too win
+    if getattr(args, "vgpu", None) and not values.get("gpus"):
+        values["no_gpu"] = True  # the vGPUs are the guest's GPUs: no whole card picked
     if "name" not in values:
         raise PassthroughError("render: a domain name is needed (--name, or name: in --spec)")
     return VmOptions(**values)
@@ -90,6 +100,13 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     host = discover(open_root(args.root, stack))
     spec = build_spec(host, vm_options(args))
     xml = render(spec)
+    if args.vgpu:
+        from passthrough.host.root import HostRoot
+        from passthrough.vgpu.discover import read_vgpu
+        from passthrough.vgpu.hostdev import add_hostdevs, hostdev_for
+
+        cards = read_vgpu(HostRoot(host.root), host)
+        xml = add_hostdevs(xml, [hostdev_for(cards, v) for v in args.vgpu])
     boot = nothing_to_boot(spec)
     warnings = [*spec.warnings, *memlock_warnings(xml, host), *([boot] if boot else [])]
     for w in once(warnings):
@@ -102,7 +119,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
 
         atomic_write(os.path.abspath(args.output), xml.encode())
         if not args.json:
-            hostdevs = sum(len(c.functions) for c in spec.cards)
+            hostdevs = sum(len(c.functions) for c in spec.cards) + len(args.vgpu)
             print(f"wrote {args.output} ({spec.name}: {count(hostdevs, 'hostdev')})")
     if args.json:
         dump(

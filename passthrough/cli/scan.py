@@ -14,6 +14,7 @@ from passthrough.errors import EXIT_OK
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from passthrough.analysis.scan import Scan
+    from passthrough.vgpu.model import VgpuCard
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -66,10 +67,23 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     scan = analysed(args, stack)
     if wanted:
         scan = only(scan, wanted)
+    cards = vgpu_cards(scan)
     if args.json:
-        dump(scan_json(scan), "scan")
+        dump({**scan_json(scan), "vgpu": [c.to_json() for c in cards]}, "scan")
     else:
+        from passthrough.cli.vgpu import list_text
+
         paint = Painter(wants_color(sys.stdout, args.color))
         gpus_only = args.gpus_only or bool(wanted)
         write(render_scan(scan, paint, gpus_only=gpus_only, topology=args.topology))
+        if any(c.mode.value != "none" for c in cards):
+            write("\nvGPU (passthrough vgpu list):\n" + list_text(cards))
     return EXIT_OK
+
+
+def vgpu_cards(scan: Scan) -> tuple[VgpuCard, ...]:
+    """Each NVIDIA card's vGPU side, read from the root the scan read."""
+    from passthrough.host.root import HostRoot
+    from passthrough.vgpu.discover import read_vgpu
+
+    return read_vgpu(HostRoot(scan.host.root), scan.host)

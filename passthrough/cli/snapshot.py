@@ -9,6 +9,11 @@ from contextlib import ExitStack
 from passthrough.cli.common import Subparsers, command, common, dump, examples, open_root
 from passthrough.errors import EXIT_OK, PassthroughError, output_file
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from passthrough.host.root import HostRoot
+    from passthrough.model import Host
+
 
 def add_parser(sub: Subparsers) -> None:
     p = command(
@@ -30,13 +35,21 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write")
 
 
+def _also(root: HostRoot, host: Host) -> None:
+    """What plan reads and the vGPU side of each NVIDIA card (catalogs, mdev types, VFs)."""
+    from passthrough.plan.record import record_plan
+    from passthrough.vgpu.discover import read_vgpu
+
+    record_plan(root, host)
+    read_vgpu(root, host)
+
+
 def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.host.snapshot import capture
-    from passthrough.plan.record import record_plan
 
     if args.output == "-":  # a gzip stream is no text for a terminal or a pipe to read
         raise PassthroughError("-o -: snapshot writes an archive file; name one (FILE.tar.gz)")
-    host, stats = capture(open_root(args.root, stack), output_file(args.output), record_plan)
+    host, stats = capture(open_root(args.root, stack), output_file(args.output), _also)
     if args.json:
         dump({"output": args.output, **stats}, "snapshot")
     else:

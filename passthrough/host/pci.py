@@ -254,6 +254,15 @@ def build_function(
         sysfs_path=sysfs_path,
         vendor_name=vendor_name,
         device_name=device_name,
+        vgpu_vf=physfn is not None and _serves_vgpu(src),
+    )
+
+
+def _serves_vgpu(src: FunctionFacts) -> bool:
+    """A VF NVIDIA's vGPU manager serves: vendor VFIO (its ``nvidia/`` type files) or
+    mdev on the VF (``mdev_supported_types``)."""
+    return src.attr("nvidia/current_vgpu_type") is not None or os.path.isdir(
+        src.where("mdev_supported_types")
     )
 
 

@@ -52,6 +52,7 @@ class StepKind(Enum):
     WRITE = "write"
     REMOVE = "remove"
     RUN = "run"
+    SYSFS = "sysfs"  # a device attribute written: argv and undo_argv say how (devices.py)
 
 
 class StepState(Enum):
@@ -62,8 +63,7 @@ class StepState(Enum):
     UNDONE = "undone"  # a file step whose path undo has dealt with
 
 
-# A command in one of these states has not (knowingly) succeeded: it stays pending.
-UNFINISHED = frozenset({StepState.BEGUN, StepState.FAILED, StepState.LISTED})
+UNFINISHED = frozenset({StepState.BEGUN, StepState.FAILED, StepState.LISTED})  # still pending
 
 
 class BadJournal(PassthroughError):
@@ -107,7 +107,7 @@ class Step:
 
     @property
     def is_file(self) -> bool:
-        return self.kind is not StepKind.RUN
+        return self.kind in (StepKind.WRITE, StepKind.REMOVE)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"n": self.n, "kind": self.kind.value, "state": self.state.value}

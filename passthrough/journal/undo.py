@@ -33,7 +33,7 @@ from typing import Any
 
 from passthrough.errors import EXIT_HOST_STEP, PassthroughError
 from passthrough.host.root import HostRoot
-from passthrough.journal import files
+from passthrough.journal import devices, files
 from passthrough.journal.apply import (
     Runner,
     _default_runner,
@@ -141,7 +141,9 @@ def _commands(targets: list[Transaction]) -> list[Step]:
     regenerate: list[list[str]] = []
     for tx in reversed(targets):
         for step in reversed(tx.steps):
-            if step.kind is StepKind.RUN and step.undo_argv and step.undo_argv not in inverse:
+            if step.state is StepState.UNDONE or step.kind is not StepKind.RUN:
+                continue
+            if step.undo_argv and step.undo_argv not in inverse:
                 inverse.append(step.undo_argv)
     for tx in targets:
         for step in tx.steps:
@@ -261,15 +263,18 @@ def undo(
     runner: Runner = _default_runner,
     progress: Callable[[str], None] | None = None,
     force: bool = False,
+    only: Callable[[Transaction], bool] | None = None,
+    kernel: devices.Kernel | None = None,
 ) -> UndoResult:
-    """Undo every apply not yet undone (see the module's docstring). Raises DriftRefused
-    (nothing changed), UndoIncomplete or UndoStopped (exit 3: the next undo finishes)."""
+    """Undo every apply not yet undone (see the module's docstring), or those ``only``
+    picks. Raises DriftRefused (nothing changed), UndoIncomplete or UndoStopped (exit 3:
+    the next undo finishes). ``kernel``: a test root's stand-in for the device driver."""
     say = progress or (lambda _m: None)
     result = UndoResult()
     if not os.path.lexists(own(root, STATE)):
         return result  # never applied here: nothing to undo, and nothing to write (no lock)
     with session(root) as journal:
-        targets = journal.live()
+        targets = [t for t in journal.live() if only is None or only(t)]
         decisions = decide_all(journal, targets)
         drifted = {d.path: d.why for d in decisions if d.action == "drifted"}
         if drifted and not force:
@@ -277,7 +282,7 @@ def undo(
         try:
             if not targets:
                 return _rerun_pending(journal, runner, say, result)
-            return _undo(journal, targets, decisions, runner, say, force, result)
+            return _undo(journal, targets, decisions, runner, say, force, result, kernel)
         except OSError as exc:
             changed = result.restored or result.unpicked or result.forced
             raise UndoStopped(why(exc), changed=bool(changed)) from None
@@ -291,13 +296,15 @@ def _undo(
     say: Callable[[str], None],
     force: bool,
     result: UndoResult,
+    kernel: devices.Kernel | None = None,
 ) -> UndoResult:
     for t in targets:
         t.state = TxState.UNDOING
     tx = journal.begin(TxKind.UNDO, undid=[t.id for t in targets])
+    failed = devices.take_back(journal, tx, targets, say, kernel)  # vGPUs before their VFs
     missing = _files(journal, tx, decisions, result, say, force)
     _remove_dirs(journal.root, targets, say)
-    failed = _run_all(journal, tx, _commands(targets), runner, say, result)
+    failed += _run_all(journal, tx, _commands(targets), runner, say, result)
     if missing:
         tx.state = TxState.FAILED
     else:

@@ -296,13 +296,15 @@ def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
     from dataclasses import replace
 
     from passthrough.analysis import policy
-    from passthrough.analysis.codes import LARGE_BAR, UNKNOWN_DEVICE
+    from passthrough.analysis.codes import LARGE_BAR, UNKNOWN_DEVICE, VGPU_VF
     from passthrough.model import Severity
     from passthrough.vm import memlock
     from passthrough.vm.layout_check import layout_findings, window_sure
+    from passthrough.vm.validate.vgpu import vgpu_findings
     from passthrough.vm.versions import host_versions
 
     known = facts(host).known
+    vgpu_findings(host, ((d.element, d.host) for d in devs), ctx.add)
     _iommufd_host(ctx, host, devs)
     for d in devs:
         if d.host is not None and d.host not in known:
@@ -329,6 +331,10 @@ def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
     # A boot VGA the host was prepared for (--allow-boot-gpu) is a warning here, not a
     # refusal: validate cannot know how the host was set up.
     findings = policy.verdict_findings(host, taken, allow_boot_gpu=True)
+    # a vGPU VF's own hostdev is what a vGPU guest is given: its form (managed='no', no vfio
+    # driver) is judged by host-vgpu-vf-rebound; the card's, with VFs serving vGPUs, stays
+    vgpu_vfs = {f.address for f in host.functions if f.vgpu_vf}
+    findings = [f for f in findings if not (f.code == VGPU_VF and set(f.devices) <= vgpu_vfs)]
     versions = host_versions(host)
     layout = layout_findings(ctx.doc, host, versions)
     if window_sure(ctx.doc, host, layout, versions):

@@ -134,6 +134,13 @@ CATALOGUE: tuple[Rule, ...] = (
         "hostdevs on iommufd where the host (kernel options, /dev/iommu, vfio cdevs), "
         "QEMU (9.0+) or libvirt (12.1+) lacks it: the guest does not start",
     ),
+    Rule(
+        "host-vgpu-vf-rebound",
+        "host",
+        _E,
+        "a vGPU VF (NVIDIA vendor VFIO) given managed='yes' or <driver name='vfio'/>: libvirt "
+        "would move it off the nvidia driver, and its vGPU with it",
+    ),
     Rule("libvirt-refused", "libvirt", _E, "the libvirt connection given refuses to define it"),
 )
 

@@ -1,0 +1,51 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A layout file: the vGPUs of each card, by type name, in YAML.
+
+    # passthrough vgpu apply --layout vgpu.yaml
+    cards:
+      "0000:41:00.0": {L40S-12Q: 4}
+      "0000:c1:00.0": {L40S-24Q: 2}
+
+A card takes one type (a card holds one framebuffer size until heterogeneous mode, which
+passthrough does not set). Addresses are quoted: unquoted, YAML 1.1 reads ``0000:41:00.0``
+as a base-60 number.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from passthrough.inputs import Unreadable, read_text
+from passthrough.vgpu.plan import LayoutRefused
+
+
+def load_layout(path: str) -> list[tuple[str, str, int]]:
+    """(card, type name, count) for each card of the file; LayoutRefused naming the problem."""
+    import yaml
+
+    where = f"--layout {path}"
+    try:
+        loaded: Any = yaml.safe_load(read_text(path, "a vGPU layout file"))
+    except Unreadable as exc:
+        raise LayoutRefused(f"{where}: {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"line {mark.line + 1}: " if mark is not None else ""
+        raise LayoutRefused(f"{where}: {at}not valid YAML") from None
+    cards = loaded.get("cards") if isinstance(loaded, dict) else None
+    if not isinstance(cards, dict) or not cards:
+        raise LayoutRefused(f"{where}: expected 'cards:' mapping each card to {{TYPE: COUNT}}")
+    out = []
+    for card, types in cards.items():
+        if not isinstance(card, str):
+            raise LayoutRefused(f'{where}: card {card!r}: quote the address ("0000:41:00.0")')
+        if not isinstance(types, dict) or len(types) != 1:
+            raise LayoutRefused(
+                f"{where}: {card}: one type per card ({{L40S-12Q: 4}}); heterogeneous layouts "
+                "are not set by passthrough"
+            )
+        ((name, count),) = types.items()
+        if not isinstance(name, str) or isinstance(count, bool) or not isinstance(count, int):
+            raise LayoutRefused(f"{where}: {card}: expected TYPE: COUNT, got {name!r}: {count!r}")
+        out.append((card, name, count))
+    return out
