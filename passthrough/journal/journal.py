@@ -63,7 +63,8 @@ class StepState(Enum):
     UNDONE = "undone"  # a file step whose path undo has dealt with
 
 
-UNFINISHED = frozenset({StepState.BEGUN, StepState.FAILED, StepState.LISTED})  # still pending
+# A command in one of these states has not (knowingly) succeeded: it stays pending.
+UNFINISHED = frozenset({StepState.BEGUN, StepState.FAILED, StepState.LISTED})
 
 
 class BadJournal(PassthroughError):
