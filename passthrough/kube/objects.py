@@ -11,6 +11,7 @@ from typing import Any
 from passthrough.kube.names import resource_name, vendor_selector
 from passthrough.model import PciFunction
 from passthrough.records import frozen
+from passthrough.vm.install import topology
 from passthrough.vm.spec import VmSpec
 
 KUBEVIRT_API = "kubevirt.io/v1"
@@ -176,11 +177,13 @@ def _features(spec: VmSpec) -> dict[str, Any]:
 
 
 def _cpu(spec: VmSpec) -> dict[str, Any]:
+    # the same topology the libvirt domain gets (vm/install.py decides it for both)
+    top = spec.install.topology if spec.install else topology(spec.vcpus, 1)
     cpu: dict[str, Any] = {
         "model": "host-passthrough",
-        "sockets": 1,
-        "cores": spec.vcpus,
-        "threads": 1,
+        "sockets": top.sockets,
+        "cores": top.cores,
+        "threads": top.threads,
     }
     if spec.vcpu_pins:
         # the kubelet's CPU manager gives dedicated CPUs; its topology manager
