@@ -79,6 +79,9 @@ WINDOWS_ENLIGHTENMENTS = (
     Enlightenment("tlbflush"),
     Enlightenment("ipi"),
 )
+# QEMU sets VP_INDEX through KVM only (under TCG it refuses to start: "kernel doesn't allow
+# setting HyperV VP_INDEX"), and these need it (QEMU's docs/system/i386/hyperv.rst)
+NEEDS_VPINDEX = frozenset({"vpindex", "synic", "stimer", "tlbflush", "ipi"})
 # host-passthrough needs KVM; under TCG the closest is QEMU's "max" model (libvirt: maximum)
 CPU_MODES = {"kvm": "host-passthrough", "qemu": "maximum"}
 
@@ -347,7 +350,11 @@ def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) ->
         emulator_cpus=emulator,
         virt_type=opts.virt_type,
         cpu_mode=CPU_MODES[opts.virt_type],
-        enlightenments=WINDOWS_ENLIGHTENMENTS if windows else (),
+        enlightenments=tuple(
+            e
+            for e in (WINDOWS_ENLIGHTENMENTS if windows else ())
+            if opts.virt_type == "kvm" or e.name not in NEEDS_VPINDEX
+        ),
         hyperv_vendor_id=opts.vendor_id if opts.hide else None,
         kvm_hidden=opts.hide,
         vmport_off=windows,
