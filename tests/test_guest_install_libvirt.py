@@ -30,7 +30,9 @@ from tests.cli_process import run_cli
 pytestmark = pytest.mark.slow
 URI = "qemu:///system"
 NETBOOT_PACKAGE = "debian-installer-12-netboot-amd64"
-BOOT_WAIT = 420  # seconds: TCG on a shared two-core machine, firmware and a kernel
+BOOT_WAIT = (
+    600  # seconds: TCG on a shared two-core machine (5 min seen at load 12), firmware and a kernel
+)
 
 
 def virsh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -134,6 +134,13 @@ CATALOGUE: tuple[Rule, ...] = (
         "hostdevs on iommufd where the host (kernel options, /dev/iommu, vfio cdevs), "
         "QEMU (9.0+) or libvirt (12.1+) lacks it: the guest does not start",
     ),
+    Rule(
+        "host-secure-boot-2011",
+        "host",
+        _W,
+        "a Secure Boot domain whose variable store template holds only Microsoft's 2011 CAs: "
+        "media and option ROMs signed under the 2023 CAs do not start",
+    ),
     Rule("libvirt-refused", "libvirt", _E, "the libvirt connection given refuses to define it"),
 )
 
