@@ -248,3 +248,34 @@ def test_a_windows_guest_under_tcg_leaves_out_what_needs_kvm(hosts: dict[str, Pa
     hyperv = {e.tag for e in one(dom, "features/hyperv")}
     assert not hyperv & {"vpindex", "synic", "stimer", "tlbflush", "ipi"}
     assert {"relaxed", "vapic", "spinlocks", "vendor_id"} <= hyperv
+
+
+def test_kubevirt_gets_the_same_secure_boot_and_tpm(hosts: dict[str, Path]) -> None:
+    def domain(*args: str) -> dict[str, object]:
+        r = run_cli(
+            [
+                "kubevirt",
+                "render",
+                "--root",
+                str(hosts["consumer-intel"]),
+                "--name",
+                "w",
+                "--gpu",
+                "01:00.0",
+                "--profile",
+                "windows",
+                *args,
+            ]
+        )
+        assert r.returncode == 0, r.stderr
+        docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+        vm = next(d for d in docs if d.get("kind") == "VirtualMachine")
+        return vm["spec"]["template"]["spec"]["domain"]  # type: ignore[no-any-return]
+
+    win = domain()
+    assert win["firmware"] == {"bootloader": {"efi": {"secureBoot": True}}}
+    assert win["features"]["smm"] == {"enabled": True}  # type: ignore[index]
+    assert win["devices"]["tpm"] == {}  # type: ignore[index]
+    off = domain("--no-secure-boot", "--no-tpm")
+    assert off["firmware"] == {"bootloader": {"efi": {"secureBoot": False}}}
+    assert "smm" not in off["features"] and "tpm" not in off["devices"]  # type: ignore[operator]
