@@ -12,6 +12,11 @@ conf=/etc/libvirt/qemu.conf
 touch "$conf"
 # QEMU as root: this machine has no per-VM uid setup (a lab/CI daemon, not production)
 grep -q '^user = "root"' "$conf" || printf 'user = "root"\ngroup = "root"\n' >> "$conf"
+# virtlogd keeps QEMU's log and each started domain's console log: no domain starts without it
+if [ -x /usr/sbin/virtlogd ] && ! [ -S /run/libvirt/virtlogd-sock ]; then
+    /usr/sbin/virtlogd -d
+    for _ in $(seq 1 50); do [ -S /run/libvirt/virtlogd-sock ] && break; sleep 0.1; done
+fi
 if virsh -c qemu:///system version >/dev/null 2>&1; then
     exit 0
 fi

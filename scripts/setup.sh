@@ -47,6 +47,10 @@ if [ "$mode" != demo ]; then
     packages+=(libvirt-clients libxml2-utils libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 ovmf qemu-utils)
     # the lab: an ext4 image straight from a directory, SSH into the lab machine
     packages+=(e2fsprogs openssh-client grub-efi-amd64-bin grub-common dosfstools mtools fdisk)
+    # the guests a user installs (tests/test_guest_install.py): swtpm for the emulated TPM 2.0,
+    # virt-install to compare the Windows 11 domain with, Debian's netboot installer (its
+    # kernel and initrd on an ISO that grub-mkrescue builds, xorriso under it)
+    packages+=(swtpm swtpm-tools virtinst debian-installer-12-netboot-amd64 xorriso)
     # sudo: the playbooks' become (tests/test_ansible.py runs them as Ansible users do)
     packages+=(sudo)
     # openssh-server + iproute2: a throwaway SSH host in a network namespace

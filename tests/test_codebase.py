@@ -23,7 +23,13 @@ MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 
 # module (relative to the repository) -> why it may be longer: data, not logic
-MODULE_ALLOW: dict[str, str] = {}
+MODULE_ALLOW: dict[str, str] = {
+    "passthrough/vm/options.py": (
+        "OPTIONS, the one table of VM options (issue 11 item 4; issue 47 added the installable "
+        "guest's rows), is about 210 of its code lines; the code around it (checks, CLI flags, "
+        "Ansible argument_spec) is about 215"
+    ),
+}
 
 # "module:qualified.function" -> why it may be longer
 FUNCTION_ALLOW: dict[str, str] = {}

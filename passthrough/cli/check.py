@@ -37,6 +37,11 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     scan = analysed(args, stack)
     scan.checks.extend(held_checks(scan))
     scan.checks.extend(vgpu_checks(vgpu_cards(scan)))
+    if not scan.host.machine.guest:  # what a Windows guest's firmware trusts
+        from passthrough.analysis.guest_firmware import secure_boot_check
+        from passthrough.host.root import HostRoot
+
+        scan.checks.append(secure_boot_check(HostRoot(scan.host.root)))
     if args.json:
         dump(check_json(scan), "check")
     else:

@@ -4,6 +4,8 @@ firmware, DMI, os-release, pci.ids, the root disk and the default route."""
 
 from __future__ import annotations
 
+import json
+
 from passthrough.errors import BadDescription
 from passthrough.fakehost.boot import boot_files
 from passthrough.fakehost.description import Description, Node
@@ -177,6 +179,27 @@ def _firmware_files(desc: Description, w: Writer) -> None:
     w.file("usr/lib/os-release", "".join(f'{k}="{v}"\n' for k, v in desc.os_release.items()))
     w.link("etc/os-release", "usr/lib/os-release")
     boot_files(desc, w)
+    _qemu_files(desc, w)
+
+
+def _qemu_files(desc: Description, w: Writer) -> None:
+    """QEMU where the distro installs it, and one firmware descriptor (Secure Boot with
+    Microsoft keys) as QEMU's interop format has it (discovery reads them: host/qemu.py)."""
+    family = {desc.os_release.get("ID", ""), *desc.os_release.get("ID_LIKE", "").split()}
+    rhel = "rhel" in family  # RHEL, Rocky, Alma (Fedora ships qemu-system-x86_64)
+    w.file("usr/libexec/qemu-kvm" if rhel else "usr/bin/qemu-system-x86_64", "")
+    ovmf = "OVMF/OVMF_{}_4M.ms.fd" if "debian" in family else "edk2/ovmf/OVMF_{}.secboot.fd"
+    descriptor = {
+        "interface-types": ["uefi"],
+        "mapping": {
+            "device": "flash",
+            "executable": {"filename": "/usr/share/" + ovmf.format("CODE"), "format": "raw"},
+            "nvram-template": {"filename": "/usr/share/" + ovmf.format("VARS"), "format": "raw"},
+        },
+        "targets": [{"architecture": "x86_64", "machines": ["pc-q35-*"]}],
+        "features": ["acpi-s3", "enrolled-keys", "requires-smm", "secure-boot"],
+    }
+    w.file("usr/share/qemu/firmware/40-edk2-x86_64-secure-enrolled.json", json.dumps(descriptor))
 
 
 def _names(desc: Description, w: Writer) -> None:

@@ -246,8 +246,10 @@ def capture(
     if source is not None:
         # pyudev read the PCI tree behind the recorder's back: read it again through it.
         root_pci_source(recorder)
+    from passthrough.host.qemu import read_qemu
     from passthrough.host.recorded import record_guest_check
 
+    read_qemu(recorder)  # what render reads: the emulator, firmware descriptors, SMT
     if host.machine.guest:
         record_guest_check(recorder)
     elif also is not None:

@@ -11,6 +11,7 @@ from typing import Any
 from passthrough.kube.names import resource_name, vendor_selector
 from passthrough.model import PciFunction
 from passthrough.records import frozen
+from passthrough.vm.install import topology
 from passthrough.vm.spec import VmSpec
 
 KUBEVIRT_API = "kubevirt.io/v1"
@@ -176,11 +177,13 @@ def _features(spec: VmSpec) -> dict[str, Any]:
 
 
 def _cpu(spec: VmSpec) -> dict[str, Any]:
+    # the same topology the libvirt domain gets (vm/install.py decides it for both)
+    top = spec.install.topology if spec.install else topology(spec.vcpus, 1)
     cpu: dict[str, Any] = {
         "model": "host-passthrough",
-        "sockets": 1,
-        "cores": spec.vcpus,
-        "threads": 1,
+        "sockets": top.sockets,
+        "cores": top.cores,
+        "threads": top.threads,
     }
     if spec.vcpu_pins:
         # the kubelet's CPU manager gives dedicated CPUs; its topology manager
@@ -195,16 +198,22 @@ def _cpu(spec: VmSpec) -> dict[str, Any]:
 
 
 def virtual_machine(spec: VmSpec, cards: Sequence[VmCard], dra: bool) -> dict[str, Any]:
+    secure_boot = bool(spec.install and spec.install.secure_boot)
     memory: dict[str, Any] = {"guest": f"{spec.memory_mib}Mi"}
     if spec.hugepages:
         memory["hugepages"] = {"pageSize": HUGEPAGE_SIZE}
     domain: dict[str, Any] = {
         "cpu": _cpu(spec),
         "memory": memory,
-        "firmware": {"bootloader": {"efi": {"secureBoot": False}}},
+        # Secure Boot as the libvirt render has it (vm/install.py): KubeVirt needs SMM for it
+        "firmware": {"bootloader": {"efi": {"secureBoot": secure_boot}}},
         "features": _features(spec),
         "devices": _devices(cards, dra),
     }
+    if secure_boot:
+        domain["features"]["smm"] = {"enabled": True}
+    if spec.install and spec.install.tpm:
+        domain["devices"]["tpm"] = {}  # KubeVirt's emulated TPM 2.0 (swtpm in the pod)
     if spec.hyperv_clock:
         domain["clock"] = {"timer": {"hyperv": {"present": True}}}
     vmi: dict[str, Any] = {

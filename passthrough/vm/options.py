@@ -167,6 +167,73 @@ OPTIONS: tuple[VmOption, ...] = (
         "seed", Kind.PATH, "cloud-init seed ISO (user, SSH key)", pattern=PATH_SAFE, metavar="ISO"
     ),
     VmOption(
+        "cdrom",
+        Kind.PATH,
+        "an installer ISO: a SATA CD-ROM the guest boots from first, then its disk",
+        pattern=PATH_SAFE,
+        metavar="ISO",
+    ),
+    VmOption(
+        "driver_iso",
+        Kind.PATH,
+        "a second CD-ROM: drivers for Setup (virtio-win for a Windows guest's virtio disk)",
+        pattern=PATH_SAFE,
+        metavar="ISO",
+    ),
+    VmOption(
+        "disk_bus",
+        Kind.CHOICE,
+        "the disk's bus (default: sata for Windows without --driver-iso, which Setup sees "
+        "without a driver; else virtio)",
+        choices=("virtio", "sata"),
+    ),
+    VmOption(
+        "secure_boot",
+        Kind.BOOL,
+        "UEFI Secure Boot with Microsoft keys enrolled (default: on for Windows, off for Linux)",
+        flag="--no-secure-boot",
+        flag_help="firmware without Secure Boot (the Windows profile has it)",
+        negated=True,
+    ),
+    VmOption(
+        "tpm",
+        Kind.BOOL,
+        "an emulated TPM 2.0 (tpm-crb, swtpm) (default: on for Windows, off for Linux)",
+        flag="--no-tpm",
+        flag_help="no emulated TPM (the Windows profile has one)",
+        negated=True,
+    ),
+    VmOption(
+        "usb_input",
+        Kind.BOOL,
+        "a USB tablet and keyboard (default: on for Windows, off for Linux)",
+        flag="--no-usb-input",
+        flag_help="no USB tablet and keyboard (the Windows profile has them)",
+        negated=True,
+    ),
+    VmOption(
+        "graphics",
+        Kind.CHOICE,
+        "a console on 127.0.0.1: vnc or spice (default: vnc for Windows, none for Linux, "
+        "whose console is the serial one)",
+        choices=("vnc", "spice"),
+    ),
+    VmOption(
+        "headless",
+        Kind.BOOL,
+        "no graphical console (after installation; the serial console stays)",
+        default=False,
+    ),
+    VmOption(
+        "topology",
+        Kind.BOOL,
+        "one socket, the vCPUs as cores (threads as the host's SMT where they divide)",
+        default=True,
+        flag="--no-topology",
+        flag_help="leave the vCPU topology to libvirt (one socket per vCPU)",
+        negated=True,
+    ),
+    VmOption(
         "profile",
         Kind.CHOICE,
         "guest OS profile",

@@ -13,8 +13,10 @@ from pathlib import Path
 
 from passthrough.analysis import codes, policy
 from passthrough.analysis.cards import NoSuchCard, choose_cards
+from passthrough.host.qemu import qemu_of
 from passthrough.model import GpuVerdict, Host, PciAddress, PciFunction, Severity
 from passthrough.records import frozen
+from passthrough.vm.install import Install, build_install
 from passthrough.vm.layout import Layout, plan_layout
 from passthrough.vm.options import (
     DEFAULT_VENDOR_ID,
@@ -77,6 +79,9 @@ WINDOWS_ENLIGHTENMENTS = (
     Enlightenment("tlbflush"),
     Enlightenment("ipi"),
 )
+# QEMU sets VP_INDEX through KVM only (under TCG it refuses to start: "kernel doesn't allow
+# setting HyperV VP_INDEX"), and these need it (QEMU's docs/system/i386/hyperv.rst)
+NEEDS_VPINDEX = frozenset({"vpindex", "synic", "stimer", "tlbflush", "ipi"})
 # host-passthrough needs KVM; under TCG the closest is QEMU's "max" model (libvirt: maximum)
 CPU_MODES = {"kvm": "host-passthrough", "qemu": "maximum"}
 
@@ -104,6 +109,16 @@ class VmOptions:
     overcommit: bool = False  # allow more guest memory than the host's RAM
     iommufd: bool = False  # hostdevs on iommufd instead of the legacy vfio container
     no_gpu: bool = False  # a guest without a card, asked for: none found is no refusal then
+    # what the guest is installed and run with (vm/install.py); None: the profile decides
+    cdrom: str | None = None
+    driver_iso: str | None = None
+    disk_bus: str | None = None
+    secure_boot: bool | None = None
+    tpm: bool | None = None
+    usb_input: bool | None = None
+    graphics: str | None = None
+    headless: bool = False
+    topology: bool = True
 
 
 @frozen
@@ -141,6 +156,7 @@ class VmSpec:
     warnings: tuple[str, ...] = ()
     layout: Layout | None = None  # the address planner's decisions (vm/layout.py)
     iommufd: bool = False  # each hostdev's <driver iommufd='yes'/>
+    install: Install | None = None  # emulator, topology, firmware, TPM, drives (vm/install.py)
 
 
 def _cpuset(cpus: tuple[int, ...]) -> str:
@@ -161,7 +177,7 @@ def _cpuset(cpus: tuple[int, ...]) -> str:
 
 
 def _check_files(opts: VmOptions) -> None:
-    for field_name in ("disk", "base_image", "seed"):
+    for field_name in ("disk", "base_image", "seed", "cdrom", "driver_iso"):
         value = getattr(opts, field_name)
         if value is not None and not Path(value).exists():
             raise BadVmSpec(field_name, f"{value} does not exist")
@@ -270,7 +286,7 @@ def _numa(
 def nothing_to_boot(spec: VmSpec) -> str | None:
     """The warning for a libvirt guest with no disk: it boots from disk (``<boot dev='hd'/>``)
     and has none, so it starts into the firmware's shell. (KubeVirt's boots from its PVC.)"""
-    if spec.disk or spec.base_image:
+    if spec.disk or spec.base_image or (spec.install and spec.install.boot_dev is None):
         return None
     return (
         "nothing to boot: no --disk or --base-image, so <boot dev='hd'/> finds no disk "
@@ -305,6 +321,9 @@ def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) ->
         virt_type=opts.virt_type,
     )
     windows = opts.profile == "windows"
+    disk_format = "raw" if opts.disk and opts.disk.endswith((".img", ".raw")) else "qcow2"
+    overlay = f"{opts.image_dir.rstrip('/')}/{opts.name}.qcow2" if opts.base_image else None
+    install = build_install(opts, qemu_of(host.root), opts.disk or overlay, disk_format, warnings)
     if opts.iommufd:
         _check_iommufd(host, versions if versions is not None else host_versions(host))
     return VmSpec(
@@ -319,9 +338,9 @@ def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) ->
         rom=opts.rom,
         hugepages=opts.hugepages,
         disk=opts.disk,
-        disk_format="raw" if opts.disk and opts.disk.endswith((".img", ".raw")) else "qcow2",
+        disk_format=disk_format,
         base_image=opts.base_image,
-        overlay=f"{opts.image_dir.rstrip('/')}/{opts.name}.qcow2" if opts.base_image else None,
+        overlay=overlay,
         bridge=opts.bridge,
         network=None if opts.bridge or opts.network == NO_NETWORK else opts.network,
         seed=opts.seed,
@@ -331,7 +350,11 @@ def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) ->
         emulator_cpus=emulator,
         virt_type=opts.virt_type,
         cpu_mode=CPU_MODES[opts.virt_type],
-        enlightenments=WINDOWS_ENLIGHTENMENTS if windows else (),
+        enlightenments=tuple(
+            e
+            for e in (WINDOWS_ENLIGHTENMENTS if windows else ())
+            if opts.virt_type == "kvm" or e.name not in NEEDS_VPINDEX
+        ),
         hyperv_vendor_id=opts.vendor_id if opts.hide else None,
         kvm_hidden=opts.hide,
         vmport_off=windows,
@@ -340,6 +363,7 @@ def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) ->
         warnings=tuple(warnings),
         layout=layout,
         iommufd=opts.iommufd,
+        install=install,
     )
 
 

@@ -325,6 +325,7 @@ def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
             )
     for finding, where in memlock.check(ctx.doc, host):
         ctx.add_finding(finding, ctx.doc.find(where))
+    _secure_boot_store(ctx, host)
     taken = [a for a in passed if a in known]
     if not taken:
         return
@@ -349,3 +350,30 @@ def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
         ]
     place(ctx, [f for f in findings if f.code != UNKNOWN_DEVICE], devs)
     place(ctx, layout, devs)
+
+
+def _secure_boot_store(ctx: _Ctx, host: Host) -> None:
+    """A domain that asks for Secure Boot starts from a variable store template: its own
+    ``<nvram template=...>``, else the one libvirt picks from the root's descriptors."""
+    from passthrough.analysis.guest_firmware import FIX_2011, ONLY_2011, template_cas
+    from passthrough.guest.secureboot import vars_file_cas
+    from passthrough.host.root import HostRoot
+
+    os_el = ctx.doc.find("os")
+    if os_el is None:
+        return
+    secure = os_el.find("firmware/feature[@name='secure-boot']")
+    if (secure is None or secure.get("enabled") != "yes") and os_el.find(
+        "loader[@secure='yes']"
+    ) is None:
+        return
+    root = HostRoot(host.root)
+    nvram = os_el.find("nvram")
+    own = nvram.get("template") if nvram is not None else None
+    if own:
+        data = root.read_bytes(own.lstrip("/"))
+        found = (own, vars_file_cas(data)) if data is not None else None
+    else:
+        found = template_cas(root)
+    if found is not None and found[1].only_2011:
+        ctx.add("host-secure-boot-2011", os_el, f"{found[0]} {ONLY_2011}; {FIX_2011}")

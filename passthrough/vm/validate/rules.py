@@ -141,6 +141,13 @@ CATALOGUE: tuple[Rule, ...] = (
         "a vGPU VF (NVIDIA vendor VFIO) given managed='yes' or <driver name='vfio'/>: libvirt "
         "would move it off the nvidia driver, and its vGPU with it",
     ),
+    Rule(
+        "host-secure-boot-2011",
+        "host",
+        _W,
+        "a Secure Boot domain whose variable store template holds only Microsoft's 2011 CAs: "
+        "media and option ROMs signed under the 2023 CAs do not start",
+    ),
     Rule("libvirt-refused", "libvirt", _E, "the libvirt connection given refuses to define it"),
 )
 

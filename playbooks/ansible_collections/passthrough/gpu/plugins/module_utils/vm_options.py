@@ -57,6 +57,43 @@ GUEST_OPTIONS: dict[str, dict[str, Any]] = json.loads(
   "seed": {
     "type": "str"
   },
+  "cdrom": {
+    "type": "str"
+  },
+  "driver_iso": {
+    "type": "str"
+  },
+  "disk_bus": {
+    "type": "str",
+    "choices": [
+      "virtio",
+      "sata"
+    ]
+  },
+  "secure_boot": {
+    "type": "bool"
+  },
+  "tpm": {
+    "type": "bool"
+  },
+  "usb_input": {
+    "type": "bool"
+  },
+  "graphics": {
+    "type": "str",
+    "choices": [
+      "vnc",
+      "spice"
+    ]
+  },
+  "headless": {
+    "type": "bool",
+    "default": false
+  },
+  "topology": {
+    "type": "bool",
+    "default": true
+  },
   "profile": {
     "type": "str",
     "choices": [

@@ -113,6 +113,37 @@ options:
     type: str
     default: kvm
     choices: [kvm, qemu]
+  cdrom:
+    description: An installer ISO (absolute path), a SATA CD-ROM booted first, then the disk
+    type: str
+  driver_iso:
+    description: A second CD-ROM (absolute path), virtio-win for a Windows guest's virtio disk
+    type: str
+  disk_bus:
+    description: "The disk's bus; default: sata for Windows without driver_iso, else virtio"
+    type: str
+    choices: [virtio, sata]
+  secure_boot:
+    description: "Secure Boot with Microsoft keys enrolled; default: on for Windows, off for Linux"
+    type: bool
+  tpm:
+    description: "An emulated TPM 2.0 (tpm-crb, swtpm); default: on for Windows, off for Linux"
+    type: bool
+  usb_input:
+    description: "A USB tablet and keyboard; default: on for Windows, off for Linux"
+    type: bool
+  graphics:
+    description: "A console on 127.0.0.1; default: vnc for Windows, none for Linux"
+    type: str
+    choices: [vnc, spice]
+  headless:
+    description: No graphical console (the serial console stays)
+    type: bool
+    default: false
+  topology:
+    description: One socket with the vCPUs as cores (threads as the host's SMT where they divide)
+    type: bool
+    default: true
   state:
     description: running, defined or absent
     type: str
