@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -108,6 +109,11 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
         stack.callback(shutil.rmtree, tmp, ignore_errors=True)
         root = fakehost.build(fakehost.load("hgx-h100"), os.path.join(tmp, "hgx-h100"))
         env[SAMPLE_ENV] = str(root)  # inventory/sample reads it (env lookup)
+    if args.playbook in ("host.yml", "site.yml"):  # the rolling play: its settings checked
+        from passthrough.provision.fleetvars import extra_values, inventory_hosts, resolve
+
+        settings = resolve(inventory_hosts(args.inventory, env), extra_values(args.extra_vars))
+        extra += ["-e", json.dumps(settings)]  # Ansible reads a play's serial from -e only
     log = (args.log and output_file(args.log, "--log")) or _default_log()
     result = run(
         args.inventory,
