@@ -83,7 +83,7 @@ DESCRIBED = {
     "reboot pending": "applied: reboot pending, not verified",
     "rebooted": "applied: restarted by passthrough_host_reboot_command, not verified",
     "verified": "applied: rebooted and verified",
-    "not started": "not started (the batch was stopped)",
+    "not started": "not started: its batch was stopped before its change was written",
 }
 
 

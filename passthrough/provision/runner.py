@@ -61,6 +61,8 @@ class HostResult:
     @property
     def why(self) -> str | None:
         """The reason shown: the failure, why it was skipped, or what its status means."""
+        if self.waiting:
+            return "not started: an earlier batch stopped the rolling play"
         return self.reason or self.outcome.skipped or DESCRIBED.get(self.status)
 
 
