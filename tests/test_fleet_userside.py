@@ -100,6 +100,15 @@ def test_the_documented_check_runs_succeed(demo_venv: Path, tmp_path: Path) -> N
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
 
+    # plain ansible-playbook reads the play's settings from -e: a canary of 0 (which Ansible
+    # would read as "every host at once") stops the play before its first task
+    r = _run(demo_venv, [*book, "-e", "passthrough_canary=0"], PASSTHROUGH_SAMPLE_ROOT=str(root))
+    assert r.returncode != 0 and "passthrough_canary: 0 is not a number of hosts" in r.stdout + (
+        r.stderr
+    )
+    assert "TASK [" not in r.stdout
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
+
     r = _run(demo_venv, ["ansible-doc", "passthrough.gpu.passthrough_host"])
     assert r.returncode == 0 and "passthrough_host" in r.stdout, r.stderr
 
