@@ -93,7 +93,7 @@ def canary_line(name: str, status: str) -> str | None:
         return f"canary {name}: booted with the new arguments and verify passed"
     if status in ("reboot pending", "rebooted"):
         return (
-            f"canary {name}: the files were written, the host was not rebooted and verified: "
+            f"canary {name}: the files were written, the host was not rebooted, so not verified: "
             "the canary proved the files only (passthrough_reboot_ok=true reboots and verifies it)"
         )
     return None
