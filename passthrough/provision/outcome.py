@@ -91,7 +91,12 @@ def canary_line(name: str, status: str) -> str | None:
     """What the canary proved, said plainly."""
     if status == "verified":
         return f"canary {name}: booted with the new arguments and verify passed"
-    if status in ("reboot pending", "rebooted"):
+    if status == "rebooted":
+        return (
+            f"canary {name}: the files were written and passthrough_host_reboot_command ran in "
+            "place of the reboot; not verified (verify runs where the root is /)"
+        )
+    if status == "reboot pending":
         return (
             f"canary {name}: the files were written, the host was not rebooted, so not verified: "
             "the canary proved the files only (passthrough_reboot_ok=true reboots and verifies it)"

@@ -85,9 +85,8 @@ class RunResult:
     def notes(self) -> list[str]:
         """Below the table: what the canary proved, and each host's policy warnings once."""
         lines: list[str] = []
-        canary = [h for h in self.hosts.values() if h.batch == 1]
-        if len(canary) == 1:
-            line = canary_line(canary[0].name, canary[0].status)
+        for host in sorted(self.hosts.values(), key=lambda h: h.name):
+            line = canary_line(host.name, host.status) if host.batch == 1 else None
             lines += [line] if line else []
         for h in sorted(self.hosts.values(), key=lambda h: h.name):
             lines += [f"warning: {h.name}: {w}" for w in h.outcome.warnings]
