@@ -61,6 +61,28 @@ def test_group_vars_canary_and_batch_are_honoured(
     assert all(_written(r) for r in roots)
 
 
+def test_plain_ansible_playbook_names_a_group_vars_canary_it_cannot_read(tmp_path: Path) -> None:
+    """ansible-playbook reads a play's serial from -e only: with passthrough_canary: 2 in
+    group_vars its canary would be one host, silently. The Batch task stops the play, naming
+    the setting, before any host is touched; with -e the same run goes."""
+    import subprocess
+    import sys
+
+    inv, roots = _hosts(tmp_path, 3)
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars/gpu_hosts.yml").write_text("passthrough_canary: 2\n")
+    before = [_tree(r) for r in roots]
+    book = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inv)]
+    book.append(str(Path(__file__).parents[1] / "playbooks/host.yml"))
+    r = subprocess.run(book, capture_output=True, text=True, check=False)
+    assert r.returncode != 0
+    assert "passthrough_canary is 2 for these hosts but this batch has 1" in r.stdout + r.stderr
+    assert [_tree(r) for r in roots] == before
+    r = subprocess.run([*book, "-e", "passthrough_canary=2"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert all(_written(root) for root in roots)
+
+
 @pytest.mark.parametrize(
     ("where", "name", "value", "shown"),
     [

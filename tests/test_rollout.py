@@ -106,3 +106,17 @@ def test_each_hosts_window_and_guest_policy_are_checked() -> None:
     assert resolve(
         {"a": {"passthrough_guests": "skip", "passthrough_reboot_window": "{{ w }}"}}, {}
     )
+
+
+def test_a_batch_that_does_not_follow_the_hosts_settings_is_named() -> None:
+    """ansible-playbook alone reads serial from -e only: a group_vars canary of 2 gave a
+    canary of 1 without a word; the Batch task now stops the play naming it."""
+    hosts = ["a", "b", "c", "d", "e"]
+    rollout.batch_seen(["a", "b"], hosts, 2, None)  # followed
+    rollout.batch_seen(["c", "d", "e"], hosts, 2, 5)  # the last batch holds what is left
+    rollout.batch_seen(["a"], hosts, None, None)  # unset: the defaults
+    rollout.batch_seen(["a"], hosts, "30%", None)  # shares: Ansible rounds them
+    with pytest.raises(rollout.BadSetting, match=r"^passthrough_canary is 2 .* has 1: Ansible"):
+        rollout.batch_seen(["a"], hosts, 2, None)
+    with pytest.raises(rollout.BadSetting, match=r"^passthrough_batch is 10 .* has 3"):
+        rollout.batch_seen(["b", "c", "d", "e"][:3], ["x", *hosts], 1, 10)

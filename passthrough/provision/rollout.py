@@ -117,3 +117,24 @@ def play_settings(values: dict[str, Any]) -> dict[str, Any]:
             "passthrough_max_fail_percentage", merged["passthrough_max_fail_percentage"]
         ),
     }
+
+
+def batch_seen(batch: list[str], hosts: list[str], canary: Any, size: Any) -> None:
+    """Where the play's settings are set as host variables (the inventory, group_vars) but the
+    batch Ansible made does not follow them, say so: Ansible reads a play's ``serial`` from
+    extra vars only, so a ``passthrough_batch: 10`` in group_vars would be ignored without a
+    word. ``canary``/``size``: the variables as the batch's first host sees them (None: unset).
+    Shares are not checked (Ansible rounds them)."""
+    if not batch or batch[0] not in hosts:
+        return
+    first = hosts.index(batch[0])
+    name, value = ("passthrough_canary", canary) if first == 0 else ("passthrough_batch", size)
+    if value is None or "%" in str(value):
+        return
+    wanted = min(int(count(name, value)), len(hosts) - first)
+    if len(batch) != wanted:
+        raise BadSetting(
+            f"{name} is {echo(str(value))} for these hosts but this batch has {len(batch)}: "
+            "Ansible reads a play's serial from extra vars only; give it with -e (passthrough "
+            "provision reads it from the inventory and does so)"
+        )

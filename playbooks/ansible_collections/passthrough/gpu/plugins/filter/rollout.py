@@ -34,6 +34,15 @@ def rollout_percent(value: Any, name: str) -> int:
     return int(_checked(lambda: percent(name, value)))
 
 
+def rollout_batch(shown: dict[str, Any], canary: Any = None, size: Any = None) -> Any:
+    """The Batch task's message, where the batch follows the play's settings as the hosts'
+    variables give them; else the play stops here, before any host is touched."""
+    from passthrough.provision.rollout import batch_seen
+
+    _checked(lambda: batch_seen(list(shown["batch"]), list(shown["hosts"]), canary, size))
+    return shown
+
+
 def window_inside(value: Any) -> bool:
     """Whether now is inside the reboot window (True for "": any time)."""
     from passthrough.provision.rollout import inside
@@ -61,6 +70,7 @@ class FilterModule:
         return {
             "rollout_count": rollout_count,
             "rollout_percent": rollout_percent,
+            "rollout_batch": rollout_batch,
             "window_inside": window_inside,
             "guest_policy": guest_policy,
             "missing_collection": missing_collection,
