@@ -116,6 +116,9 @@ def run(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
         "functions": list(plan.functions),
         "diff": diff,
         "pending": owed,
+        # the policy's warnings on the cards (NVSwitch, large BARs...), one line each: the
+        # fleet's summary shows them once per host
+        "policy_warnings": list(plan.warnings),
     }
     if check_mode or (plan.empty and not owed):
         return result

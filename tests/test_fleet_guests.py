@@ -19,11 +19,13 @@ from typing import Any
 
 import libvirt
 import pytest
+import yaml
 
 from passthrough.cli import main
 from passthrough.provision.runner import run, summary_table
 from tests.kube_standin import Cluster, StandIn, pod
 from tests.test_ansible import _inventory, _root
+from tests.test_fleet_rolling import _tree
 
 pytestmark = pytest.mark.fleet
 
@@ -237,3 +239,41 @@ def test_standin_kubernetes_node_drained_before_and_uncordoned_after(
     assert kube.cluster.node["spec"]["unschedulable"] is False
     assert not kube.cluster.pods
     assert "vfio-pci" in (root / "etc/modprobe.d/passthrough-vfio.conf").read_text()
+
+
+def test_skip_leaves_the_host_under_a_running_guest_and_the_rollout_goes_on(
+    tmp_path: Path, guest: libvirt.virDomain
+) -> None:
+    """passthrough_guests=skip: the canary's card is held by the running gpu-guest, so that
+    host is left as it was (tree byte-identical, the guest never stopped) and reported
+    skipped naming the guest; the next batch's host (another card) is done."""
+    first = _root(tmp_path, "a", "hgx-h100")
+    second = _root(tmp_path, "b", "hgx-h100")
+    common = {
+        "passthrough_reboot_ok": True,
+        "passthrough_host_libvirt_uri": URI,
+        "passthrough_guests": "skip",
+    }
+    inv = _inventory(
+        tmp_path,
+        {
+            "a": {"passthrough_root": str(first), "passthrough_host_gpus": ["0000:18:00.0"]},
+            "b": {"passthrough_root": str(second), "passthrough_host_gpus": ["0000:19:00.0"]},
+        },
+    )
+    tree = yaml.safe_load(inv.read_text())
+    for host in tree["all"]["children"]["gpu_hosts"]["hosts"].values():
+        host.update(common)
+    inv.write_text(yaml.safe_dump(tree, sort_keys=False))
+    before = _tree(first)
+    result = run(str(inv), "host.yml")
+    assert result.ok, summary_table(result)
+    a, b = result.hosts["a"], result.hosts["b"]
+    assert (a.status, a.batch, b.status, b.batch) == ("skipped", 1, "reboot pending", 2)
+    assert "guests gpu-guest running with the cards (passthrough_guests=skip)" in (a.why or "")
+    assert _tree(first) == before
+    assert guest.isActive() and _events() == []
+    assert (
+        'KERNEL=="0000:19:00.0"'
+        in (second / "etc/udev/rules.d/40-passthrough-vfio.rules").read_text()
+    )

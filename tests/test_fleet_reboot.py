@@ -73,6 +73,11 @@ def test_at_most_reboot_max_hosts_reboot_at_once(tmp_path: Path) -> None:
     spans = _intervals(log)
     assert sorted(spans) == [f"host-{i}" for i in range(4)]
     assert _most_at_once(list(spans.values())) == 2, spans
+    # the summary says what happened: written, restarted by the command, not verified
+    assert {h.status for h in result.hosts.values()} == {"rebooted"}, summary_table(result)
+    assert not any(h.reboot_required for h in result.hosts.values())
+    canary = [n for n in result.notes() if n.startswith("canary ")]
+    assert len(canary) == 4 and all("ran in place of the reboot" in n for n in canary)
 
 
 def test_outside_the_reboot_window_no_host_reboots(tmp_path: Path) -> None:

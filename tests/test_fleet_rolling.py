@@ -68,7 +68,7 @@ def test_a_failing_canary_leaves_every_other_host_untouched(
     assert row.split()[1] == "failed" and "sorts after 99-passthrough.cfg" in row
     assert row.endswith("(exit 2)"), row
     for i in (1, 2, 3):
-        assert f"host-{i}  waiting" in out
+        assert f"host-{i}  not started" in out
         assert _tree(roots[i]) == before[i], f"host-{i} was changed"
     assert err.strip().splitlines()[-1] == (
         "passthrough: error: host-0 failed (status failed, rc 2); "
@@ -89,8 +89,8 @@ def test_a_failure_in_batch_two_stops_before_batch_three_and_a_resume_finishes(
     assert main(argv) == 4
     report = json.loads(capsys.readouterr().out)["hosts"]
     assert [report[f"host-{i}"]["status"] for i in range(6)] == [
-        *("changed", "changed", "failed"),
-        *("waiting", "waiting", "waiting"),
+        *("reboot pending", "reboot pending", "failed"),
+        *("not started", "not started", "not started"),
     ]
     assert [report[f"host-{i}"]["batch"] for i in range(6)] == [1, 2, 2, None, None, None]
     assert "(exit 2)" in report["host-2"]["reason"]
@@ -120,16 +120,18 @@ def test_a_failure_limit_the_user_raises_lets_the_later_batches_go_on(
     assert main(argv) == 4
     out, err = capsys.readouterr()
     lines = [line for line in err.splitlines() if line.startswith(("canary", "batch", "  host"))]
-    assert lines[0] == "canary: host-0 (3 waiting)" and lines[1] == "  host-0: done"
+    done = "applied: reboot pending, not verified"
+    assert lines[0] == "canary: host-0 (3 waiting)" and lines[1] == f"  host-0: {done}"
     assert lines[2] == "batch 2: host-1, host-2 (1 waiting)"
     assert lines[3].startswith("  host-1: failed: ") and lines[3].endswith("(exit 2)")
-    assert lines[4:] == ["  host-2: done", "batch 3: host-3 (0 waiting)", "  host-3: done"]
-    table = [line.split()[:2] + line.split()[6:8] for line in out.splitlines()[:5]]
-    assert table == [
+    assert lines[4:] == [f"  host-2: {done}", "batch 3: host-3 (0 waiting)", f"  host-3: {done}"]
+    table = [line.split("  ") for line in out.splitlines()[:5]]
+    table = [[c.strip() for c in row if c.strip()] for row in table]
+    assert [row[:2] + row[6:8] for row in table] == [
         ["host", "status", "reboot", "batch"],
-        ["host-0", "changed", "required", "1"],
+        ["host-0", "reboot pending", "required", "1"],
         ["host-1", "failed", "-", "2"],
-        ["host-2", "changed", "required", "2"],
-        ["host-3", "changed", "required", "3"],
+        ["host-2", "reboot pending", "required", "2"],
+        ["host-3", "reboot pending", "required", "3"],
     ]
     assert (roots[3] / "etc/default/grub.d/99-passthrough.cfg").exists()

@@ -566,9 +566,11 @@ def test_preflight_large_bar_and_group_codes(
 @pytest.mark.parametrize(
     ("flags", "field"),
     [
-        (["--rom", "off"], "rom"),
-        (["--bridge", "br0"], "bridge"),
-        (["--virt-type", "qemu"], "virt_type"),
+        # no flag for them (kubevirt render --help shows only what it takes): a spec naming
+        # one is refused with the field
+        (["--spec", "rom: 'off'"], "rom"),
+        (["--spec", "bridge: br0"], "bridge"),
+        (["--spec", "virt_type: qemu"], "virt_type"),
         (["--name", "GPU_vm"], "name"),
         (["--vcpus", "0"], "--vcpus"),
     ],
@@ -580,6 +582,9 @@ def test_what_kubevirt_cannot_say_is_refused_with_the_field(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
 ) -> None:
+    if flags[0] == "--spec":
+        (tmp_path / "spec.yaml").write_text(flags[1] + "\n")
+        flags = ["--spec", str(tmp_path / "spec.yaml")]
     argv = ["kubevirt", "render", "--root", str(roots["turing-desktop"]), "--name", "ok", *flags]
     line = _refusal(argv, capsys, tmp_path / "never.yaml")
     assert line.startswith(f"passthrough: error: {field}")

@@ -91,7 +91,9 @@ def test_vm_define_refuses_a_disk_that_does_not_exist(
 
 def test_kubevirt_render_refuses_no_gpu(hosts: dict[str, Path]) -> None:
     """The cluster path is for a GPU's guest: a VM without one is refused, not written."""
-    args = ["kubevirt", "render", "--name", "g", "--root", str(hosts["hgx-h100"]), "--no-gpu"]
-    got = run_cli(args)
+    spec = hosts["hgx-h100"].parent / "no-gpu.yaml"
+    spec.write_text("no_gpu: true\n")  # kubevirt render has no --no-gpu flag: a spec says it
+    args = ["kubevirt", "render", "--name", "g", "--root", str(hosts["hgx-h100"])]
+    got = run_cli([*args, "--spec", str(spec)])
     assert got.returncode == 2 and got.stdout == ""
     assert "no_gpu: kubevirt renders a VM for GPUs" in got.stderr

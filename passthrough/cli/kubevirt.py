@@ -87,15 +87,25 @@ def add_parser(sub: Subparsers) -> None:
     pre.add_argument(
         "--memory", default="8G", help="guest memory the large-BAR fit assumes (default: 8G)"
     )
+    pre.add_argument(
+        "--route",
+        choices=("device-plugin", "plugin", "dra"),
+        default="device-plugin",
+        help="the cluster's route, checked by its own rules: device-plugin (plugin; default: "
+        "every card on vfio-pci, then the GPU Operator's mode label) or dra (NVIDIA's DRA "
+        "driver: the cards stay on nvidia, which it moves to vfio-pci itself; no label)",
+    )
 
 
 def _render_flags(render: Parser) -> None:
-    from passthrough.kube import PROVIDERS, ROUTES
+    from passthrough.kube import KUBE_LEAVES_OUT, PROVIDERS, ROUTES
     from passthrough.vm.options import add_flags
 
     common(render)
     render.add_argument("--spec", metavar="FILE.yaml", help="VM options as YAML (flags win)")
-    add_flags(render)
+    add_flags(
+        render, KUBE_LEAVES_OUT
+    )  # only the flags it takes: KubeVirt has no field for the rest
     render.add_argument(
         "--route",
         choices=ROUTES,
@@ -219,7 +229,8 @@ def _preflight(args: argparse.Namespace, stack: ExitStack) -> int:
 
     # the range render holds --memory to (a guest of 0 MiB fits every card and means nothing)
     memory = check(BY_NAME["memory_mib"], size_mib(args.memory, "--memory"), "--memory")
-    report = preflight(discover(open_root(args.root, stack)), tuple(args.gpu), memory)
+    route = "device-plugin" if args.route == "plugin" else args.route
+    report = preflight(discover(open_root(args.root, stack)), tuple(args.gpu), memory, route)
     if args.json:
         dump(report.as_json(), "kubevirt-preflight")
     else:

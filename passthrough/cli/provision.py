@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -21,11 +22,16 @@ def add_parser(sub: Subparsers) -> None:
         run,
         description="Run playbooks/site.yml (or --playbook host.yml|vm.yml|guest.yml) against an "
         "inventory through ansible-runner, with live progress (a line per batch of the rolling "
-        "host play and per host), a per-host summary (reboot required and batch shown per host; "
-        "hosts a stopped rollout did not reach: waiting) and the full log (0600). Ansible's configuration is yours: "
+        "host play and per host), a per-host summary (what happened to each host: unchanged, "
+        "applied, reboot pending, verified, skipped, not started, failed; the canary's proof and "
+        "the policy warnings below it) and the full log (0600). The rolling play's settings "
+        "(passthrough_canary, passthrough_batch, passthrough_max_fail_percentage) are read from "
+        "the inventory, group_vars, host_vars and -e, and every rollout setting is checked before "
+        "anything runs (exit 2 naming a bad one). Ansible's configuration is yours: "
         "$ANSIBLE_CONFIG, ./ansible.cfg, ~/.ansible.cfg or /etc/ansible/ansible.cfg, as Ansible "
         "finds it; the playbooks' own only where you have none. Exit codes: 0 every host ok; "
-        "2 bad input (missing inventory, playbook or -e file; nothing ran); 4 a host failed or "
+        "2 bad input (missing inventory, playbook or -e file, a bad rollout setting; nothing ran); "
+        "4 a host failed or "
         "was unreachable, or Ansible failed (host.yml stops at the first batch with a failed host: "
         "-e passthrough_max_fail_percentage=N); 130 interrupted.",
         epilog=examples(
@@ -110,6 +116,11 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
         stack.callback(shutil.rmtree, tmp, ignore_errors=True)
         root = fakehost.build(fakehost.load("hgx-h100"), os.path.join(tmp, "hgx-h100"))
         env[SAMPLE_ENV] = str(root)  # inventory/sample reads it (env lookup)
+    if args.playbook in ("host.yml", "site.yml"):  # the rolling play: its settings checked
+        from passthrough.provision.fleetvars import extra_values, inventory_hosts, resolve
+
+        settings = resolve(inventory_hosts(args.inventory, env), extra_values(args.extra_vars))
+        extra += ["-e", json.dumps(settings)]  # Ansible reads a play's serial from -e only
     log = (args.log and output_file(args.log, "--log")) or _default_log()
     result = run(
         args.inventory,

@@ -110,6 +110,13 @@ _LIBVIRT_ONLY = (
     ("network", "default", "a libvirt network (the VM uses the pod network)"),
     ("seed", None, "a cloud-init seed ISO on the host"),
     ("virt_type", "kvm", "software emulation"),
+    ("cdrom", None, "a host ISO path (KubeVirt attaches a CD-ROM from a PVC or DataVolume)"),
+    ("driver_iso", None, "a host ISO path (KubeVirt attaches a CD-ROM from a PVC or DataVolume)"),
+    ("disk_bus", None, "the root disk's bus chosen here"),
+    ("graphics", None, "a VNC or SPICE console chosen here (virtctl vnc reaches the VM's own)"),
+    ("headless", False, "leaving the console out (virtctl vnc reaches the VM's own)"),
+    ("usb_input", None, "USB input chosen here"),
+    ("topology", True, "leaving the vCPU topology to libvirt (the VM gets one socket)"),
 )
 
 

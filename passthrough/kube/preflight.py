@@ -29,6 +29,7 @@ VFIO_DRIVERS = frozenset({"vfio-pci", "nvgrace_gpu_vfio_pci", "nvgrace-gpu-vfio-
 class Preflight:
     checks: list[CheckResult] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
+    route: str = "device-plugin"
 
     @property
     def ok(self) -> bool:
@@ -38,6 +39,7 @@ class Preflight:
         return {
             "schema": "passthrough.kubevirt-preflight/v1",
             "ok": self.ok,
+            "route": self.route,
             "labels": self.labels,
             "checks": checks_json(self.checks),
         }
@@ -112,8 +114,15 @@ def _fits(host: Host, v: GpuVerdict, memory_mib: int) -> CheckResult:
     return CheckResult(policy.LARGE_BAR, Level.PASS, f"{where}: {layout.decisions[-1]}")
 
 
-def preflight(host: Host, gpus: tuple[str, ...] = (), memory_mib: int = 8192) -> Preflight:
-    report = Preflight()
+def preflight(
+    host: Host, gpus: tuple[str, ...] = (), memory_mib: int = 8192, route: str = "device-plugin"
+) -> Preflight:
+    """The node's checks for ``route``: on the device-plugin route every card is on vfio-pci
+    and the node gets the GPU Operator's mode label; on the DRA route (NVIDIA's DRA driver)
+    the cards stay on nvidia, which the driver moves to vfio-pci itself (kube/dra_node.py)."""
+    from passthrough.kube import dra_node
+
+    report = Preflight(route=route)
     if not host.groups:
         report.checks.append(
             CheckResult(
@@ -128,11 +137,15 @@ def preflight(host: Host, gpus: tuple[str, ...] = (), memory_mib: int = 8192) ->
         report.checks.append(CheckResult(BOUND, Level.FAIL, "no NVIDIA GPU on this node", None))
     unsafe: list[str] = []
     for v in chosen:
-        card = [_bound(v), *_policy(host, v), _fits(host, v, memory_mib)]
+        bound = dra_node.driver_check(v) if route == "dra" else _bound(v)
+        card = [bound, *_policy(host, v), _fits(host, v, memory_mib)]
         # a warning the cluster path refuses (laptop-3d in _fits) is told once, as the refusal
         failed = {c.id for c in card if c.level is Level.FAIL}
         report.checks += [c for c in card if c.level is not Level.WARN or c.id not in failed]
         unsafe += [f.code for f in codes.unsafe_for_guest(v.findings, codes.PREPARED)]
+    if route == "dra":
+        report.checks += dra_node.route_checks(report.checks, unsafe)
+        return report  # no mode label: VMs claim their cards through ResourceClaims
     report.checks.append(_label(report, unsafe, bindable=bool(chosen)))
     if report.ok:
         report.labels[WORKLOAD_LABEL] = "vm-passthrough"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from passthrough.errors import EXIT_BACKEND, Interrupted, PassthroughError, echo_path
+from passthrough.provision.outcome import DESCRIBED, Outcome, canary_line
 from passthrough.provision.settings import flags, user_config
 
 
@@ -36,16 +37,33 @@ class HostResult:
     reboot: bool = False  # a task reported reboot_required (the host module)
     batch: int | None = None  # the rolling batch it ran in (1: the canary), None: no batches
     waiting: bool = False  # in the rolling play, not reached: an earlier batch stopped it
+    check: bool = False  # a check run: plans only
+    outcome: Outcome = field(default_factory=Outcome)  # what the role's tasks told
 
     @property
     def status(self) -> str:
         if self.waiting:
-            return "waiting"
+            return "not started"
         if self.unreachable:
             return "unreachable"
         if self.failed:
             return "failed"
-        return "changed" if self.changed else "ok"
+        return self.outcome.status(self.check) or ("changed" if self.changed else "ok")
+
+    @property
+    def reboot_required(self) -> bool:
+        """A reboot is due and has not been done: written (or, in a check run, planned) and
+        neither rebooted nor verified; hosts the role never saw: what a task reported."""
+        if not self.outcome.seen:
+            return self.reboot and not (self.waiting or self.failed or self.unreachable)
+        return self.outcome.reboot_due and self.status in ("reboot pending", "would change")
+
+    @property
+    def why(self) -> str | None:
+        """The reason shown: the failure, why it was skipped, or what its status means."""
+        if self.waiting:
+            return "not started: an earlier batch stopped the rolling play"
+        return self.reason or self.outcome.skipped or DESCRIBED.get(self.status)
 
 
 @dataclass
@@ -63,6 +81,16 @@ class RunResult:
             and self.rc == 0
             and not any(h.failed or h.unreachable for h in self.hosts.values())
         )
+
+    def notes(self) -> list[str]:
+        """Below the table: what the canary proved, and each host's policy warnings once."""
+        lines: list[str] = []
+        for host in sorted(self.hosts.values(), key=lambda h: h.name):
+            line = canary_line(host.name, host.status) if host.batch == 1 else None
+            lines += [line] if line else []
+        for h in sorted(self.hosts.values(), key=lambda h: h.name):
+            lines += [f"warning: {h.name}: {w}" for w in h.outcome.warnings]
+        return lines
 
     def failure(self) -> ProvisionFailed:
         """The one-line error for a run that was not ok: the hosts that failed."""
@@ -89,12 +117,14 @@ class RunResult:
                     "changed": h.changed,
                     "failed": h.failed,
                     "unreachable": h.unreachable,
-                    "reason": h.reason,
-                    "reboot_required": h.reboot,
+                    "reason": h.why,
+                    "reboot_required": h.reboot_required,
                     "batch": h.batch,
+                    "warnings": h.outcome.warnings,
                 }
                 for h in self.hosts.values()
             },
+            "notes": self.notes(),
         }
 
 
@@ -157,8 +187,13 @@ class _Events:
     """ansible-runner's events as they come: progress lines, each host's first failure, the log."""
 
     def __init__(
-        self, say: Callable[[str], None], show: Callable[[str], None] | None, verbose: bool
+        self,
+        say: Callable[[str], None],
+        show: Callable[[str], None] | None,
+        verbose: bool,
+        check: bool = False,
     ) -> None:
+        self.check = check
         self.say = say
         self.show = show  # where diffs go (--diff), as ansible-playbook prints them
         self.verbose = verbose  # -v: Ansible's own output, live, instead of progress lines
@@ -170,7 +205,7 @@ class _Events:
         self.open: list[str] = []  # the batch running now, not yet reported
 
     def host(self, name: str) -> HostResult:
-        return self.hosts.setdefault(name, HostResult(name))
+        return self.hosts.setdefault(name, HostResult(name, check=self.check))
 
     def __call__(self, event: dict[str, Any]) -> bool:
         kind = event.get("event", "")
@@ -182,6 +217,8 @@ class _Events:
         res = data.get("res") or {}
         if name and isinstance(res, dict) and res.get("reboot_required") is True:
             self.host(name).reboot = True
+        if name and kind == "runner_on_ok" and isinstance(res, dict):
+            self.host(name).outcome.observe(data, res)
         batch = _batch_of(kind, data, res)
         if batch is not None:
             self.start_batch(*batch)
@@ -225,7 +262,12 @@ class _Events:
         """A progress line per host of the batch that ended: done or failed."""
         for name in self.open:
             host = self.host(name)
-            self.note(f"  {name}: failed: {host.reason}" if host.reason else f"  {name}: done")
+            if host.reason:
+                self.note(f"  {name}: failed: {host.reason}")
+            elif host.outcome.skipped:
+                self.note(f"  {name}: skipped: {host.outcome.skipped}")
+            else:
+                self.note(f"  {name}: {DESCRIBED.get(host.status, host.status)}")
         self.open = []
 
     def tally(self, stats: dict[str, Any]) -> None:
@@ -277,7 +319,7 @@ def run(
     except ImportError as exc:  # pragma: no cover - a dependency
         raise ProvisionFailed(f"ansible-runner cannot be imported ({exc})") from None
     books, inv = _preflight(inventory, playbook)
-    events = _Events(progress or (lambda _m: None), show if diff else None, verbosity > 0)
+    events = _Events(progress or (lambda _m: None), show if diff else None, verbosity > 0, check)
     private = tempfile.mkdtemp(prefix="passthrough-runner-")
     started = time.monotonic()
     try:
@@ -340,12 +382,15 @@ def summary_table(result: RunResult) -> str:
     order = sorted(result.hosts.values(), key=lambda h: (h.batch or 1 << 30, h.name))
     for h in order:
         counts = (h.ok, h.changed, h.failed, h.unreachable)
-        reboot = "required" if h.reboot else "-"
+        reboot = "required" if h.reboot_required else "-"
         batch = "-" if h.batch is None else str(h.batch)
-        rows.append((h.name, h.status, *map(str, counts), reboot, batch, h.reason or ""))
+        rows.append((h.name, h.status, *map(str, counts), reboot, batch, h.why or ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join(
-        "  ".join(r[i].ljust(widths[i]) for i in range(len(head))).rstrip()
-        + ("  " + r[-1] if r[-1] else "")
-        for r in rows
+        [
+            "  ".join(r[i].ljust(widths[i]) for i in range(len(head))).rstrip()
+            + ("  " + r[-1] if r[-1] else "")
+            for r in rows
+        ]
+        + result.notes()
     )

@@ -416,11 +416,14 @@ def unknown_key(key: str, where: str) -> BadVmSpec:
 # -- the render flags --------------------------------------------------------------------
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
+def add_flags(parser: argparse.ArgumentParser, leave_out: frozenset[str] = frozenset()) -> None:
     """One render flag per option, text in, checked by :func:`from_flags` (so a refusal
-    names the flag and reads like one from the spec file)."""
+    names the flag and reads like one from the spec file); none for the options named in
+    ``leave_out`` (a command that has no use for them: kubevirt render)."""
     metavars = {Kind.INT: "N", Kind.SIZE: "SIZE", Kind.PATH: "PATH", Kind.ROM: "on|off|FILE"}
     for opt in OPTIONS:
+        if opt.name in leave_out:
+            continue
         help = opt.flag_help or opt.help
         if opt.kind is Kind.BOOL:
             parser.add_argument(
