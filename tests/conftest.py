@@ -106,7 +106,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 # Beside CI's lab tier (scripts/setup.sh test names the file): while the lab's nested guest
-# boots (lab/run.py `alone`, the file holding the lab's process id) no test starts here, and
+# boots (lab/labcore.py `alone`, the file holding the lab's process id) no test starts here, and
 # the tests already running finish. TCG inside TCG slows down three- to fourfold beside any
 # busy thread, even at nice 19 (docs/lab.md); the wait ends when the file goes, when the
 # process named in it is gone, or after LAB_ALONE_LIMIT seconds. Each wait is logged to
