@@ -13,8 +13,6 @@ row of the exit codes) with nothing changed. CI's one install without the extra 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from .test_apply import snapshot_tree
-from .test_wheel import SOURCES
+from .test_wheel import clean_env, copy_sources
 
 REPO = Path(__file__).parents[1]
 INSTALL_LINE = "libvirt-python is not installed: pip install 'passthrough[libvirt]'"
@@ -44,15 +42,8 @@ def _run(
 def venv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     """(a fresh venv holding `pip install <the sources>`, no extra; the environment to run it)."""
     tmp = tmp_path_factory.mktemp("nolibvirt")
-    src = tmp / "src"
-    src.mkdir()
-    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
-    for name in (*SOURCES, "LICENSE"):
-        if (REPO / name).is_dir():
-            shutil.copytree(REPO / name, src / name, ignore=skip)
-        else:
-            shutil.copy2(REPO / name, src / name)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONPATH", "PASSTHROUGH_"))}
+    src = copy_sources(tmp / "src")
+    env = clean_env()
     venv = tmp / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], env, tmp)
     _run([str(venv / "bin/python"), "-m", "pip", "install", "-q", str(src)], env, tmp)
