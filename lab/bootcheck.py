@@ -47,17 +47,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import image
 import machine
 from grub_upstream import MARKER, REGENERATE, upstream_tune
-from run import (
-    ADMIN_ARG,
-    ADMIN_GRUB,
-    CARD,
-    CARD_FUNCTIONS,
-    REPO,
-    LabFailed,
-    lab_main,
-    parser,
-    with_admin_edit,
-)
+from labcore import ADMIN_ARG, ADMIN_GRUB, CARD, CARD_FUNCTIONS, REPO, LabFailed, with_admin_edit
+from run import lab_main, parser
 from stacks import STACKS, _esp_from_boot_efi, _mounted
 
 sys.path.insert(0, str(REPO))
@@ -162,7 +153,7 @@ class Target:
     plan: tuple[str, ...]  # what plan and apply are asked for
     binds: bool  # whether the plan binds the card to vfio-pci
     # the admin's own edit of /etc/default/grub after apply and their grub-mkconfig
-    # (lab/run.py ADMIN_ARG): it boots with ours, undo keeps it
+    # (lab/labcore.py ADMIN_ARG): it boots with ours, undo keeps it
     admin_edit: bool = False
 
 

@@ -36,7 +36,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import image
-from run import ADMIN_ARG, ADMIN_GRUB, Lab, LabFailed, _sha256, lab_main, parser, with_admin_edit
+from labcore import ADMIN_ARG, ADMIN_GRUB, LabFailed, _sha256, with_admin_edit
+from run import Lab, lab_main, parser
 
 # Debian's patch to grub-mkconfig: after sourcing /etc/default/grub, every grub.d/*.cfg
 GRUB_D_LOOP = re.compile(

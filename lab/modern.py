@@ -26,7 +26,7 @@ Stages (each prints its time):
            node's numbers those of sysfs' vfio-dev/vfioN/dev
   ready    `passthrough check --json`: `iommufd` PASS, naming /dev/iommu and each node
   nested   (only with --nested: 24 min under TCG inside TCG on a quiet machine, up to
-           run.NESTED_TIMEOUT) `passthrough render --iommufd` for the card, `validate --host-root /`, the guest
+           labcore.NESTED_TIMEOUT) `passthrough render --iommufd` for the card, `validate --host-root /`, the guest
            started by the lab host's libvirt: its QEMU's iommufd object and vfio-pci
            devices and the files behind their fds (/proc), then the guest's own view of both
            functions printed by its busybox init on its serial port
@@ -61,7 +61,8 @@ import image
 import machine
 import nested
 import run
-from run import CARD, CARD_FUNCTIONS, IMAGES, NESTED, NESTED_MIB, Lab, LabFailed
+from labcore import CARD, CARD_FUNCTIONS, IMAGES, NESTED, NESTED_MIB, NESTED_TIMEOUT, LabFailed
+from run import Lab
 
 ARCHIVE = "http://archive.ubuntu.com/ubuntu"
 POCKET = "noble-updates"  # Ubuntu 24.04's updates: its hardware-enablement kernels
@@ -469,7 +470,7 @@ class ModernLab(Lab):
         try:
             qemu = self.qemu_view(cdevs)
             state = "running"
-            while time.monotonic() - started < run.NESTED_TIMEOUT and state == "running":
+            while time.monotonic() - started < NESTED_TIMEOUT and state == "running":
                 time.sleep(10)
                 state = self.sh(f"{virsh} domstate {NESTED}").stdout.strip()
             seconds = time.monotonic() - started

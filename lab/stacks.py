@@ -36,7 +36,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import image
-from run import CARD, CARD_FUNCTIONS, Lab, LabFailed, lab_main, parser
+from labcore import CARD, CARD_FUNCTIONS, LabFailed
+from run import Lab, lab_main, parser
 
 # What `passthrough plan/apply/verify/undo` needs on a Debian host, nothing of the lab's
 # libvirt or QEMU: the kernel, systemd, sshd for the lab to reach it, and the toolkit's

@@ -26,8 +26,9 @@ cd "$(dirname "$0")/.."
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
-# System packages: a compiler, pkg-config and libvirt's headers build libvirt-python
-# (PyPI ships no wheels for it); libudev is what pyudev loads.
+# System packages: a compiler, pkg-config and libvirt's headers build libvirt-python, the
+# extra passthrough[libvirt] that `vm` and `validate --connect` need (PyPI ships no wheels for
+# it; the other commands need no compiler: README "Install"); libudev is what pyudev loads.
 packages=(python3 python3-venv python3-dev gcc pkg-config libvirt-dev libudev1 libvirt-clients)
 if [ "$mode" != demo ]; then
     # umockdev: recorded devices for the pyudev tests; pciutils: lspci cross-checks
@@ -113,7 +114,9 @@ if [ ! -x .venv/bin/python ]; then
     echo "==> creating .venv"
     python3 -m venv .venv
 fi
-extra=""
+# the demo ends with `vm define` (libvirt's test driver): the extra [libvirt]; [test] holds it
+# too (the tests' own install without it: tests/test_install_without_libvirt.py)
+extra="[libvirt]"
 [ "$mode" = test ] && extra="[test]"
 echo "==> installing passthrough${extra} into .venv"
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null

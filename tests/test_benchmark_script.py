@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).parents[1] / "benchmarks" / "bench_scan.py"
 
 
@@ -65,6 +67,9 @@ def test_validate_startup_benchmark_runs() -> None:
     assert all(v > 0 for v in report["median_seconds"].values())
 
 
+# slow: synthetic hosts of 1,000 and 2,000 functions (60,000 files; bench_speed.py's smallest)
+# and about 40 process starts, 15 s of CPU: a sixth of the quick tier's; CI runs the slow tier
+@pytest.mark.slow
 def test_speed_benchmark_reports_each_figure_beside_its_reference() -> None:
     """bench_speed.py, shrunk: start-up beside the interpreter, scan beside lspci for each
     size (with its growth), one file and a batch beside virt-xml-validate, all in one run."""

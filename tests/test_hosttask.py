@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import venv
 from pathlib import Path
 from typing import Any
 
@@ -240,14 +241,23 @@ def test_a_command_that_cannot_start_is_told_from_either_stream(tmp_path: Path) 
     empty = subprocess.run(
         ["/usr/bin/python3", "-I", "-m", "passthrough.hosttask"], capture_output=True, text=True
     )
+    # a venv of its own holding an old library (this environment's editable install, whose
+    # finder would hand out the checkout's passthrough.hosttask, is not on its path)
     old = tmp_path / "old"
-    (old / "passthrough").mkdir(parents=True)
-    (old / "passthrough/__init__.py").write_text('__version__ = "0.0.1"\n')
-    older = subprocess.run(
-        [sys.executable, "-m", "passthrough.hosttask"],
+    venv.create(old, with_pip=False)
+    purelib = subprocess.run(
+        [old / "bin/python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
         text=True,
-        cwd=old,  # the old library first on the path
+        check=True,
+    ).stdout.strip()
+    (Path(purelib) / "passthrough").mkdir()
+    (Path(purelib) / "passthrough/__init__.py").write_text('__version__ = "0.0.1"\n')
+    older = subprocess.run(
+        [old / "bin/python", "-m", "passthrough.hosttask"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert "No module named 'passthrough'" in empty.stderr, empty.stderr
     assert "No module named passthrough.hosttask" in older.stderr, older.stderr

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """CI's schedule beside the lab tier: while the lab's nested guest boots, the tests run beside
-it start nothing new (lab/run.py `alone`, tests/conftest.py `wait_for_the_lab`). Real
+it start nothing new (lab/labcore.py `alone`, tests/conftest.py `wait_for_the_lab`). Real
 processes and files; the lab itself is not booted here."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from .conftest import REPO, wait_for_the_lab
 
 sys.path.insert(0, str(REPO / "lab"))
-import run as lab_run
+import labcore as lab_run
 
 
 def test_no_file_no_wait(tmp_path: Path) -> None:

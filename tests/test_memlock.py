@@ -349,8 +349,6 @@ def test_render_refuses_as_validate_does_and_snapshots_agree(
     assert f"{found[0]['message']} [memlock-capped]" in err
     # a snapshot carries the units: every command answers the same on it
     assert _parity("capped", host_root, tmp_path, capsys) >= 11
-    # a snapshot carries the units: every command answers the same on it
-    assert _parity("capped", host_root, tmp_path, capsys) >= 11
 
 
 def test_sizes_beyond_what_libvirt_or_systemd_read_are_no_sizes(host_root: Path) -> None:

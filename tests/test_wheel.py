@@ -38,6 +38,24 @@ COLLECTION = "ansible_collections/passthrough/gpu"
 pytestmark = pytest.mark.slow
 
 
+def copy_sources(src: Path) -> Path:
+    """What the build reads, copied to ``src`` (outside the checkout: a build writes beside
+    its sources)."""
+    src.mkdir()
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
+    for name in SOURCES:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, src / name, ignore=skip)
+        else:
+            shutil.copy2(REPO / name, src / name)
+    return src
+
+
+def clean_env() -> dict[str, str]:
+    """This environment without what would point a fresh venv back at the checkout."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONPATH", "PASSTHROUGH_"))}
+
+
 def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     r = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"{argv}: rc {r.returncode}\n{r.stdout}\n{r.stderr}"
@@ -50,15 +68,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     major = int(importlib.metadata.version("setuptools").split(".")[0])
     assert major >= 77, "building needs setuptools>=77 (pip install -e '.[test]' brings it)"
     tmp = tmp_path_factory.mktemp("wheel")
-    src = tmp / "src"
-    src.mkdir()
-    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
-    for name in SOURCES:
-        if (REPO / name).is_dir():
-            shutil.copytree(REPO / name, src / name, ignore=skip)
-        else:
-            shutil.copy2(REPO / name, src / name)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONPATH", "PASSTHROUGH_"))}
+    src = copy_sources(tmp / "src")
+    env = clean_env()
     dist = tmp / "dist"
     pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
     _run([*pip_wheel, "-w", str(dist), "."], src, env)

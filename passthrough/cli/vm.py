@@ -121,6 +121,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
         raise PassthroughError(f"vm: an action is needed ({names})")
     if action == "seed":
         return _seed(args)
+    lv.binding()  # without libvirt-python: how to install it, before any file is read
     uri = args.connect
     result: dict[str, Any]
     if action == "define":

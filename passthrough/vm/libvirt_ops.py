@@ -42,17 +42,29 @@ class DomainRefused(LibvirtError):
     exit_code = EXIT_USAGE
 
 
-def _libvirt() -> Any:
+# what `vm` and `validate --connect` say where the binding is not installed: it is an extra
+# (pyproject.toml), a C build against libvirt's headers, which the host commands never need
+MISSING = (
+    "libvirt-python is not installed: pip install 'passthrough[libvirt]' "
+    '(it builds against libvirt\'s headers: README, "Install")'
+)
+
+
+def binding() -> Any:
+    """The libvirt module, its error handler silenced; one line where it cannot be imported:
+    how to install it where it is missing, what broke where it is there but broken."""
     try:
         import libvirt
-    except ImportError as exc:  # pragma: no cover - libvirt-python is a dependency
+    except ImportError as exc:
+        if exc.name == "libvirt":
+            raise LibvirtError(MISSING) from None
         raise LibvirtError(f"libvirt-python cannot be imported ({exc})") from None
     libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
     return libvirt
 
 
 def connect(uri: str) -> Any:
-    libvirt = _libvirt()
+    libvirt = binding()
     try:
         return libvirt.open(uri)
     except libvirt.libvirtError as exc:
@@ -60,7 +72,7 @@ def connect(uri: str) -> Any:
 
 
 def _lookup(conn: Any, name: str) -> Any:
-    libvirt = _libvirt()
+    libvirt = binding()
     try:
         return conn.lookupByName(name)
     except libvirt.libvirtError:
@@ -81,7 +93,7 @@ def define(
     makes a qcow2 overlay on the base image (a disk already at ``path`` is handled as
     ``existing`` says; see :mod:`passthrough.vm.disk`). Returns the domain's status, with
     ``disk`` saying what was done at the overlay's path."""
-    libvirt = _libvirt()
+    libvirt = binding()
     conn = connect(uri)
     try:
         try:
@@ -177,7 +189,7 @@ def _refuse_missing_disks(doc: Any, path: str, made: str | None) -> None:
 
 
 def start(uri: str, name: str) -> None:
-    libvirt = _libvirt()
+    libvirt = binding()
     conn = connect(uri)
     try:
         dom = _lookup(conn, name)
@@ -192,7 +204,7 @@ def start(uri: str, name: str) -> None:
 
 
 def stop(uri: str, name: str, force: bool = False) -> None:
-    libvirt = _libvirt()
+    libvirt = binding()
     conn = connect(uri)
     try:
         dom = _lookup(conn, name)
@@ -207,7 +219,7 @@ def stop(uri: str, name: str, force: bool = False) -> None:
 
 
 def undefine(uri: str, name: str) -> None:
-    libvirt = _libvirt()
+    libvirt = binding()
     conn = connect(uri)
     try:
         dom = _lookup(conn, name)

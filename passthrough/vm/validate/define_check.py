@@ -45,9 +45,9 @@ def libvirt_check(doc: Any, file: str, uri: str) -> list[DomainFinding]:
     """Define a private copy on ``uri``, read it back, undefine that copy."""
     from lxml import etree
 
-    from passthrough.vm.libvirt_ops import _libvirt, connect
+    from passthrough.vm.libvirt_ops import binding, connect
 
-    libvirt = _libvirt()
+    libvirt = binding()
     mine, _name, fresh = private_copy(doc)
     conn = connect(uri)
     try:

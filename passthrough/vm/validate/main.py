@@ -114,6 +114,10 @@ def run(args: Args, open_root: Callable[[str], str]) -> int:
             raise NotAHostRoot(exc.root, exc.why, "--host-root") from None
     schema = load(args.schema_dir or cfg.schema_dir)
     schema.rng()  # a missing or broken schema dir is one usage error, before any file
+    if args.libvirt:  # so is a missing libvirt-python: one line, before any file
+        from passthrough.vm.libvirt_ops import binding
+
+        binding()
     opts = Options(
         host=host,
         schema=schema,

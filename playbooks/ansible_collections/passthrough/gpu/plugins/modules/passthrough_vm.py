@@ -385,6 +385,10 @@ def main() -> None:
     spec_args = argument_spec()
     module = AnsibleModule(argument_spec=spec_args, supports_check_mode=True)
     with package_errors(module):
+        # the binding first: where it is missing, package_errors names the distro's package
+        # that provides it (the runtime's venv sees the system's site packages)
+        import libvirt  # noqa: F401
+
         from passthrough.vm import libvirt_ops as lv
 
         p = module.params
