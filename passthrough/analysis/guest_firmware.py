@@ -6,22 +6,12 @@ Secure Boot domain whose template holds only the 2011 CAs."""
 
 from __future__ import annotations
 
-from passthrough.guest.secureboot import StoreCas, vars_file_cas
+from passthrough.guest.secureboot import FIX_2011, ONLY_2011, StoreCas, vars_file_cas
 from passthrough.host.qemu import read_qemu
 from passthrough.host.root import HostRoot
 from passthrough.model import CheckResult, Level
 
 CHECK_ID = "guest-secure-boot-cas"
-ONLY_2011 = (
-    "holds only Microsoft's 2011 CAs, which expire in 2026: Windows boot media and GPU option "
-    "ROMs signed only under the 2023 CAs (Windows UEFI CA 2023, Microsoft UEFI CA 2023, Option ROM "
-    "UEFI CA 2023) will not start under Secure Boot"
-)
-FIX_2011 = (
-    "update the firmware package (an OVMF whose Microsoft-keys variable store enrols the 2023 "
-    "CAs), or let Windows Update add them to the guest's own store (its db updates are signed "
-    "by the KEK the store has)"
-)
 
 
 def template_cas(root: HostRoot) -> tuple[str, StoreCas] | None:

@@ -355,8 +355,8 @@ def host_layer(ctx: _Ctx, host: Host, devs: list[Hostdev]) -> None:
 def _secure_boot_store(ctx: _Ctx, host: Host) -> None:
     """A domain that asks for Secure Boot starts from a variable store template: its own
     ``<nvram template=...>``, else the one libvirt picks from the root's descriptors."""
-    from passthrough.analysis.guest_firmware import FIX_2011, ONLY_2011, template_cas
-    from passthrough.guest.secureboot import vars_file_cas
+    from passthrough.analysis.guest_firmware import template_cas
+    from passthrough.guest.secureboot import FIX_2011, ONLY_2011, vars_file_cas
     from passthrough.host.root import HostRoot
 
     os_el = ctx.doc.find("os")

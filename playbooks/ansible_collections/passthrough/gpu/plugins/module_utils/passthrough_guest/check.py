@@ -23,6 +23,7 @@ from .hardware import (
 from .report import SKIP, GuestCheck, GuestReport
 from .root import GuestRoot
 from .runner import Runner
+from .secureboot import check_guest_cas
 from .stack import (
     ComputeProbe,
     check_cdi,
@@ -31,6 +32,7 @@ from .stack import (
     check_nvidia_smi,
     check_runtime,
     check_toolkit,
+    check_vgpu,
     nvidia_smi,
 )
 from .virt import detect, pci_ids
@@ -52,6 +54,7 @@ def run_guest_checks(
     machine = detect(root.read, pci_ids(root.read, root.listdir))
     gpus = read_gpus(root)
     toolkit = check_toolkit(runner)
+    smi = nvidia_smi(runner)
     checks: tuple[GuestCheck, ...] = (
         check_functions(gpus),
         check_bars(gpus),
@@ -59,12 +62,14 @@ def run_guest_checks(
         check_driver_version(root, gpus),
         check_device_nodes(root, gpus),
         check_kernel_log(runner),
-        check_nvidia_smi(gpus, nvidia_smi(runner)),
+        check_nvidia_smi(gpus, smi),
+        check_vgpu(smi),
         check_compute(root.is_live, compute, probe, driver_loaded(gpus)),
         check_runtime(root, runner),
         toolkit,
         check_cdi(root, toolkit),
         check_kubernetes(root, runner, gpus, node, labels),
+        check_guest_cas(root),
     )
     if root.host_files_only:
         checks = tuple(_not_recorded(c) if c.id in NOT_IN_HOST_SNAPSHOTS else c for c in checks)

@@ -75,6 +75,11 @@ class GuestRoot:
             return []
 
     def read(self, rel: str) -> str | None:
+        data = self.read_bytes(rel)
+        return None if data is None else data.decode("utf-8", "replace").strip()
+
+    def read_bytes(self, rel: str) -> bytes | None:
+        """A regular file's bytes (at most ``READ_LIMIT``); None where it is not one."""
         try:
             fd = os.open(self.real(rel), os.O_RDONLY | os.O_NONBLOCK)
         except OSError:
@@ -89,7 +94,7 @@ class GuestRoot:
                     break
                 chunks.append(chunk)
                 size += len(chunk)
-            return b"".join(chunks).decode("utf-8", "replace").strip()
+            return b"".join(chunks)
         except OSError:
             return None
         finally:

@@ -20,6 +20,9 @@ from __future__ import annotations
 import struct
 import uuid
 from dataclasses import dataclass
+from typing import Protocol
+
+from .report import PASS, SKIP, WARN, GuestCheck
 
 X509_GUID = uuid.UUID("a5c059a1-94e4-4aa7-87b5-ab155c2bf072")
 GLOBAL_GUID = uuid.UUID("8be4df61-93ca-11d2-aa0d-00e098032b8c")  # PK, KEK
@@ -181,3 +184,58 @@ def efivar_cas(db: bytes | None, kek: bytes | None) -> StoreCas:
 EFIVARS = "sys/firmware/efi/efivars"
 DB_EFIVAR = f"{EFIVARS}/db-{IMAGE_SECURITY_GUID}"
 KEK_EFIVAR = f"{EFIVARS}/KEK-{GLOBAL_GUID}"
+SECURE_BOOT_EFIVAR = f"{EFIVARS}/SecureBoot-{GLOBAL_GUID}"
+
+# What a store with only the 2011 CAs means, and what to do (host `check` and guest check).
+ONLY_2011 = (
+    "holds only Microsoft's 2011 CAs, which expire in 2026: Windows boot media and GPU option "
+    "ROMs signed only under the 2023 CAs (Windows UEFI CA 2023, Microsoft UEFI CA 2023, Option ROM "
+    "UEFI CA 2023) will not start under Secure Boot"
+)
+FIX_2011 = (
+    "update the firmware package (an OVMF whose Microsoft-keys variable store enrols the 2023 "
+    "CAs), or let Windows Update add them to the guest's own store (its db updates are signed "
+    "by the KEK the store has)"
+)
+GUEST_CHECK = "secure-boot-cas"
+GUEST_FIX_2011 = (
+    "this store was copied from the host's template when the VM was made: let Windows Update "
+    "add the 2023 CAs to it (their db and KEK updates are signed by the 2011 KEK it holds), or "
+    "on the host update OVMF and recreate the VM's NVRAM (`virsh start --reset-nvram`)"
+)
+
+
+class _Root(Protocol):
+    def isdir(self, rel: str) -> bool: ...
+    def read_bytes(self, rel: str) -> bytes | None: ...
+
+
+def secure_boot_state(var: bytes | None) -> str:
+    """``on``/``off`` from efivarfs' SecureBoot (attributes, then one byte); ``unknown``."""
+    if var is None or len(var) < 5:
+        return "unknown"
+    return "on" if var[-1] == 1 else "off"
+
+
+def check_guest_cas(root: _Root) -> GuestCheck:
+    """The Microsoft CAs in this guest's own db and KEK, read from efivarfs."""
+    if not root.isdir("sys/firmware/efi"):
+        return GuestCheck(GUEST_CHECK, SKIP, "not an EFI guest (no /sys/firmware/efi)")
+    if not root.isdir(EFIVARS):
+        return GuestCheck(GUEST_CHECK, SKIP, f"no efivars (/{EFIVARS} is not mounted or recorded)")
+    db, kek = root.read_bytes(DB_EFIVAR), root.read_bytes(KEK_EFIVAR)
+    if db is None and kek is None:
+        return GuestCheck(GUEST_CHECK, SKIP, "no db or KEK variable: no Secure Boot keys enrolled")
+    cas = efivar_cas(db, kek)
+    state = secure_boot_state(root.read_bytes(SECURE_BOOT_EFIVAR))
+    data = {"secure_boot": state, "db": list(cas.db or ()), "kek": list(cas.kek or ())}
+    where = f"Secure Boot {state}; db and KEK"
+    if cas.only_2011:
+        return GuestCheck(
+            GUEST_CHECK, WARN, f"{where}: {cas.summary()} — {ONLY_2011}", GUEST_FIX_2011, data
+        )
+    if 2023 in cas.microsoft.values():
+        return GuestCheck(GUEST_CHECK, PASS, f"{where}: {cas.summary()}", data=data)
+    return GuestCheck(
+        GUEST_CHECK, SKIP, f"{where} hold no Microsoft CA (keys of its own)", data=data
+    )

@@ -82,6 +82,45 @@ def check_nvidia_smi(
     return GuestCheck("nvidia-smi", PASS, "; ".join(parts), data=data)
 
 
+def check_vgpu(smi: tuple[ET.Element | None, str | None, bool]) -> GuestCheck:
+    """A vGPU (``Virtualization Mode: VGPU`` in ``nvidia-smi -q``): its type and licence.
+    NVIDIA's guest driver names the type as the product (``NVIDIA A2-4Q``) and reports the
+    licence under ``vGPU Software Licensed Product``; an unlicensed vGPU is restricted."""
+    xml = smi[0]
+    vgpus = [
+        g
+        for g in (xml.findall("gpu") if xml is not None else [])
+        if (_text(g, "gpu_virtualization_mode/virtualization_mode") or "").upper() == "VGPU"
+    ]
+    if not vgpus:
+        return GuestCheck("vgpu", SKIP, "no vGPU: nvidia-smi reports no GPU in VGPU mode")
+    seen = {
+        bus_id(g.get("id") or _text(g, "pci/pci_bus_id") or ""): {
+            "type": _text(g, "product_name"),
+            "product": _text(g, "vgpu_software_licensed_product/licensed_product_name"),
+            "license": _text(g, "vgpu_software_licensed_product/license_status"),
+        }
+        for g in vgpus
+    }
+    parts = [
+        f"{bus} {v['type']} ({v['product'] or 'no licensed product named'}: "
+        f"{v['license'] or 'licence status not reported'})"
+        for bus, v in sorted(seen.items())
+    ]
+    unlicensed = [b for b, v in seen.items() if not (v["license"] or "").startswith("Licensed")]
+    if unlicensed:
+        return GuestCheck(
+            "vgpu",
+            WARN,
+            "vGPU not licensed: " + "; ".join(parts),
+            "give the guest a client configuration token from the NVIDIA License System "
+            "(/etc/nvidia/ClientConfigToken/) and restart nvidia-gridd; an unlicensed vGPU "
+            "runs restricted",
+            {"vgpus": seen},
+        )
+    return GuestCheck("vgpu", PASS, "; ".join(parts), data={"vgpus": seen})
+
+
 ComputeProbe = Callable[[], Any]
 
 
