@@ -206,6 +206,8 @@ GUEST_FIX_2011 = (
 
 
 class _Root(Protocol):
+    is_live: bool
+
     def isdir(self, rel: str) -> bool: ...
     def read_bytes(self, rel: str) -> bytes | None: ...
 
@@ -220,7 +222,8 @@ def secure_boot_state(var: bytes | None) -> str:
 def check_guest_cas(root: _Root) -> GuestCheck:
     """The Microsoft CAs in this guest's own db and KEK, read from efivarfs."""
     if not root.isdir("sys/firmware/efi"):
-        return GuestCheck(GUEST_CHECK, SKIP, "not an EFI guest (no /sys/firmware/efi)")
+        why = "" if root.is_live else " in this root (or it was not recorded)"
+        return GuestCheck(GUEST_CHECK, SKIP, f"not an EFI guest: no /sys/firmware/efi{why}")
     if not root.isdir(EFIVARS):
         return GuestCheck(GUEST_CHECK, SKIP, f"no efivars (/{EFIVARS} is not mounted or recorded)")
     db, kek = root.read_bytes(DB_EFIVAR), root.read_bytes(KEK_EFIVAR)
