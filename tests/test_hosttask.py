@@ -261,7 +261,7 @@ def test_a_command_that_cannot_start_is_told_from_either_stream(tmp_path: Path) 
     )
     assert "No module named 'passthrough'" in empty.stderr, empty.stderr
     assert "No module named passthrough.hosttask" in older.stderr, older.stderr
-    for said, python in ((empty, "/usr/bin/python3"), (older, sys.executable)):
+    for said, python in ((empty, "/usr/bin/python3"), (older, str(old / "bin/python"))):
         assert runtime.cannot_run(said.returncode, "", said.stderr, python)
         assert runtime.cannot_run(said.returncode, said.stderr.replace("\n", "\r\n"), "", python)
     assert runtime.cannot_run(127, "", "sh: 1: /opt/x/bin/python: not found", "/opt/x/bin/python")
