@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from passthrough import fakehost
 from passthrough.cli import main
 
 from .conftest import tree_hash
@@ -119,3 +120,18 @@ def test_per_card_vms_cannot_take_the_nvswitches(
     assert main([*argv, "--per-card"]) == 2
     err = capsys.readouterr().err
     assert "--per-card splits the NVLink domain" in err and err.count("\n") == 1
+
+
+def test_a_later_plan_keeps_the_nvswitches_an_apply_bound(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The apply's record lists the NVSwitches among its cards: a plan without --nvswitch
+    keeps them (nothing to change), and releasing one splits the domain (refused)."""
+    root = fakehost.build(fakehost.load("hgx-h100"), tmp_path / "hgx")
+    assert main(["apply", "--root", str(root), "--nvswitch", "all"]) == 0
+    capsys.readouterr()
+    assert main(["plan", "--root", str(root), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [c["address"] for c in plan["cards"]][-4:] == SWITCHES and not plan["changed"]
+    assert main(["plan", "--root", str(root), "--release", "0000:dd:00.0"]) == 2
+    assert "3 of 4 NVSwitches" in capsys.readouterr().err
