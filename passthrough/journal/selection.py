@@ -73,6 +73,7 @@ def plan_options(root: HostRoot, values: Mapping[str, Any], via: Via = "cli") ->
             )
     return PlanOptions(
         gpus=gpus,
+        nvswitches=tuple(values["nvswitches"]),
         include_group=values["include_group"],
         allow_boot_gpu=values["allow_boot_gpu"],
         iommu_pt=values["iommu_pt"],

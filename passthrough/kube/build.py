@@ -127,6 +127,10 @@ def check_kube_options(opts: VmOptions, per_card: bool) -> None:
     for name, default, what in _LIBVIRT_ONLY:
         if getattr(opts, name) != default:
             raise BadVmSpec(name, f"KubeVirt has no field for {what}; leave it out for kubevirt")
+    if per_card and opts.nvswitches:
+        raise BadVmSpec(
+            "nvswitches", "--per-card splits the NVLink domain: the NVSwitches go to one VM"
+        )
     # per card, the cards named tell the longest suffix; the default cards are counted
     # once chosen (_specs)
     _check_name(opts.name, (len(opts.gpus) or 1) if per_card else None)

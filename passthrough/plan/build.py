@@ -27,6 +27,7 @@ class PlanOptions:
     """What the user asked plan for: which cards, and how to bind them."""
 
     gpus: tuple[str, ...] = ()
+    nvswitches: tuple[str, ...] = ()  # --nvswitch: the whole NVLink domain to vfio-pci
     include_group: bool = False
     allow_boot_gpu: bool = False
     iommu_pt: bool = True
@@ -180,7 +181,14 @@ def make_plan(root: HostRoot, host: Host, opts: PlanOptions) -> tuple[Plan, Sele
         sel = Selection([], [], [], False, False, ["IOMMU only: no card is bound"])
     else:
         verdicts = analyse(host).verdicts
-        sel = select(host, verdicts, list(opts.gpus), opts.include_group, opts.allow_boot_gpu)
+        sel = select(
+            host,
+            verdicts,
+            list(opts.gpus),
+            opts.include_group,
+            opts.allow_boot_gpu,
+            opts.nvswitches,
+        )
     drivers = vfio_drivers(root, host.kernel.release, sel.functions)
     sel = variants_apart(sel, drivers)
     loader = for_host(root, host)

@@ -61,6 +61,17 @@ OPTIONS: tuple[PlanOption, ...] = (
         bind=True,
     ),
     PlanOption(
+        "nvswitches",
+        "list",
+        "--nvswitch",
+        "an NVSwitch to bind with the GPUs, or 'all' (repeatable): a guest that owns the whole "
+        "NVLink domain (every GPU and NVSwitch; Fabric Manager runs in the guest)",
+        "NVSwitch PCI addresses, or 'all', bound with every GPU for a guest that owns the "
+        "whole NVLink domain; empty leaves the NVSwitches to the host (shared-NVSwitch mode)",
+        default=(),
+        metavar="all|ADDRESS",
+    ),
+    PlanOption(
         "include_group",
         "bool",
         "--include-group",

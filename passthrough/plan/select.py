@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import field
 
 from passthrough.analysis import codes, policy
 from passthrough.analysis.cards import choose_cards
+from passthrough.analysis.nvswitch import split_cards, told, with_nvswitches
 from passthrough.model import (
     Finding,
     GpuVerdict,
@@ -40,8 +42,11 @@ def select(
     gpus: list[str],
     include_group: bool = False,
     allow_boot_gpu: bool = False,
+    nvswitches: Sequence[str] = (),
 ) -> Selection:
-    chosen = choose_cards(verdicts, gpus)
+    # the NVSwitches (--nvswitch) go with every GPU as cards of their own, or are refused
+    gpus, switches = split_cards(host, gpus, nvswitches)
+    chosen = with_nvswitches(host, verdicts, choose_cards(verdicts, gpus), switches)
     taken: dict[PciAddress, PciFunction] = {}
     for v in chosen:
         for f in v.gpu.functions:
@@ -62,7 +67,7 @@ def select(
                 )
     # the one verdict render and validate give: the policy on the exact selection and the
     # warnings scan gives each card it touches (ACS override, Optimus, NVSwitch...)
-    findings = policy.verdict_findings(host, taken, allow_boot_gpu)
+    findings = told(policy.verdict_findings(host, taken, allow_boot_gpu), chosen)
     # The plan turns the IOMMU on: groups are told after the reboot, not a refusal here.
     # (--include-group is no override here: it widens the selection, which is judged again.)
     overrides = {codes.PLAN, codes.ALLOW_BOOT_GPU} if allow_boot_gpu else {codes.PLAN}

@@ -102,6 +102,17 @@ OPTIONS: tuple[VmOption, ...] = (
         flag="--gpu",
     ),
     VmOption(
+        "nvswitches",
+        Kind.CARDS,
+        "an NVSwitch, or 'all' (repeatable), with every GPU: a guest that owns the whole NVLink "
+        "domain (Fabric Manager runs in it); without it the NVSwitches stay with the host",
+        default=(),
+        key="nvswitches",
+        aliases=("nvswitch",),
+        flag="--nvswitch",
+        metavar="all|ADDRESS",
+    ),
+    VmOption(
         "no_gpu",
         Kind.BOOL,
         "a guest without a card, knowingly (without it, no card to pass through is refused)",
@@ -342,6 +353,8 @@ def check(opt: VmOption, value: Any, where: str) -> Any:
         for item in value:
             if not isinstance(item, str):
                 raise BadVmSpec(where, f"{_show(item)} is not a PCI address")
+            if opt.metavar.startswith("all|") and item.lower() == "all":
+                continue  # --nvswitch all: every one (analysis/nvswitch.py)
             try:
                 parse_card(item)
             except NoSuchCard:
@@ -431,7 +444,11 @@ def add_flags(parser: argparse.ArgumentParser, leave_out: frozenset[str] = froze
             )
         elif opt.kind is Kind.CARDS:
             parser.add_argument(
-                opt.cli_flag, dest=opt.name, action="append", metavar=CARD_METAVAR, help=help
+                opt.cli_flag,
+                dest=opt.name,
+                action="append",
+                metavar=opt.metavar or CARD_METAVAR,
+                help=help,
             )
         elif opt.kind is Kind.CHOICE:
             parser.add_argument(opt.cli_flag, dest=opt.name, choices=opt.choices, help=help)

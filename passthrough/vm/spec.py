@@ -13,6 +13,8 @@ from pathlib import Path
 
 from passthrough.analysis import codes, policy
 from passthrough.analysis.cards import NoSuchCard, choose_cards
+from passthrough.analysis.nvswitch import told as nvswitch_told
+from passthrough.analysis.nvswitch import with_nvswitches
 from passthrough.host.qemu import qemu_of
 from passthrough.model import GpuVerdict, Host, PciAddress, PciFunction, Severity
 from passthrough.records import frozen
@@ -92,6 +94,7 @@ class VmOptions:
     vcpus: int = 4
     memory_mib: int = 8192
     gpus: tuple[str, ...] = ()
+    nvswitches: tuple[str, ...] = ()  # the whole NVLink domain in this guest (analysis/nvswitch)
     disk: str | None = None  # an existing image or volume path
     base_image: str | None = None  # a cloud image: a qcow2 overlay is made on it at define time
     image_dir: str = "/var/lib/libvirt/images"
@@ -191,15 +194,19 @@ def _choose(host: Host, opts: VmOptions) -> tuple[list[GpuVerdict], list[str]]:
     """The cards named (default: every viable NVIDIA GPU), and the policy's warnings."""
     if opts.no_gpu and opts.gpus:
         raise BadVmSpec("no_gpu", "a guest without a card names no card (leave out --gpu)")
+    if opts.no_gpu and opts.nvswitches:
+        raise BadVmSpec("no_gpu", "NVSwitches go to a guest with every GPU (leave out --no-gpu)")
     if opts.no_gpu:
         return [], []  # without a card, whatever cards the host has (none is taken)
     # a guest with no card is rendered only when asked for: an empty guest is no success
     try:
-        chosen = choose_cards(policy.judge_all(host), opts.gpus)
+        verdicts = policy.judge_all(host)
+        chosen = choose_cards(verdicts, opts.gpus)
     except NoSuchCard as exc:
         if opts.gpus:
             raise
         raise NoSuchCard(f"{exc}; --no-gpu renders a guest without one") from None
+    chosen = with_nvswitches(host, verdicts, chosen, opts.nvswitches)
     # One verdict with validate --host-root: what it would reject is refused here, and the
     # warnings scan gives these cards are told. A boot VGA is a warning in both: the host
     # may have been set up for it (plan's --allow-boot-gpu).
@@ -212,7 +219,11 @@ def _choose(host: Host, opts: VmOptions) -> tuple[list[GpuVerdict], list[str]]:
     # a large BAR is the address planner's to handle: it sizes the window (its notes say
     # how) or refuses, so render has nothing left to warn about (validate tells it as info
     # on a domain whose window holds it)
-    told = [f for f in findings if f.severity is Severity.WARNING and f.code != codes.LARGE_BAR]
+    told = [
+        f
+        for f in nvswitch_told(findings, chosen)
+        if f.severity is Severity.WARNING and f.code != codes.LARGE_BAR
+    ]
     return chosen, [f"{f.message} [{f.code}]" for f in told]
 
 

@@ -17,6 +17,11 @@ HOST_OPTIONS: dict[str, dict[str, Any]] = json.loads(
     "elements": "str",
     "default": []
   },
+  "nvswitches": {
+    "type": "list",
+    "elements": "str",
+    "default": []
+  },
   "include_group": {
     "type": "bool",
     "default": false

@@ -21,6 +21,11 @@ GUEST_OPTIONS: dict[str, dict[str, Any]] = json.loads(
     "elements": "str",
     "default": []
   },
+  "nvswitches": {
+    "type": "list",
+    "elements": "str",
+    "default": []
+  },
   "no_gpu": {
     "type": "bool",
     "default": false

@@ -26,6 +26,13 @@ options:
     type: list
     elements: str
     default: []
+  nvswitches:
+    description: >-
+      NVSwitch PCI addresses, or all, bound with every GPU for a guest that owns the whole
+      NVLink domain; empty leaves the NVSwitches to the host (shared-NVSwitch mode)
+    type: list
+    elements: str
+    default: []
   include_group:
     description: "Take every device of the cards' IOMMU groups"
     type: bool

@@ -37,6 +37,13 @@ options:
     type: list
     elements: str
     default: []
+  nvswitches:
+    description: >-
+      NVSwitch PCI addresses, or all, with every GPU: a guest that owns the whole NVLink domain
+      (Fabric Manager runs in it); a partial selection is refused
+    type: list
+    elements: str
+    default: []
   no_gpu:
     description: A guest without a card, knowingly (no card to pass through is refused otherwise)
     type: bool
@@ -281,7 +288,9 @@ def _rendered(module: AnsibleModule) -> tuple[str, Any]:
     # the module's options carry VmOptions' names: every one of them maps straight across
     known = VmOptions.__dataclass_fields__
     opts = VmOptions(
-        **{k: v for k, v in p.items() if k in known and k != "gpus"}, gpus=tuple(p["gpus"])
+        **{k: v for k, v in p.items() if k in known and k not in ("gpus", "nvswitches")},
+        gpus=tuple(p["gpus"]),
+        nvswitches=tuple(p["nvswitches"]),
     )
     spec = build_spec(host, opts)
     if p["require_handed_over"]:
