@@ -103,19 +103,19 @@ def _children(data: bytes, start: int, end: int) -> list[tuple[int, int, int]]:
 def subject_cn(cert: bytes) -> str | None:
     """The common name of an X.509 certificate's subject; None where it has none."""
     try:
-        _, s, e = _der(cert, 0)
-        _, ts, te = _children(cert, s, e)[0]  # tbsCertificate
+        _tag, s, e = _der(cert, 0)
+        _tbs, ts, te = _children(cert, s, e)[0]  # tbsCertificate
         fields = _children(cert, ts, te)
         if fields and fields[0][0] == 0xA0:  # [0] version
             fields = fields[1:]
         # serialNumber, signature, issuer, validity, subject
-        _, ns, ne = fields[4]
-        for _, rs, re_ in _children(cert, ns, ne):  # RelativeDistinguishedName (SET)
-            for _, as_, ae in _children(cert, rs, re_):  # AttributeTypeAndValue
+        _subject, ns, ne = fields[4]
+        for _rdn, rs, re_ in _children(cert, ns, ne):  # RelativeDistinguishedName (SET)
+            for _atv, as_, ae in _children(cert, rs, re_):  # AttributeTypeAndValue
                 parts = _children(cert, as_, ae)
                 oid = cert[parts[0][1] - 2 : parts[0][2]]
                 if oid == COMMON_NAME:
-                    _, vs, ve = parts[1]
+                    _value, vs, ve = parts[1]
                     return cert[vs:ve].decode("utf-8", errors="replace")
     except (ValueError, IndexError):
         return None
@@ -150,7 +150,8 @@ def variables(store: bytes) -> dict[tuple[str, uuid.UUID], bytes]:
         if pos % 4 or pos + AUTH_HEADER.size > len(store):
             pos += 2
             continue
-        (_, state, _, _, _, _, _, name_size, data_size, guid) = AUTH_HEADER.unpack_from(store, pos)
+        header = AUTH_HEADER.unpack_from(store, pos)
+        state, name_size, data_size, guid = header[1], header[7], header[8], header[9]
         name_at = pos + AUTH_HEADER.size
         end = name_at + name_size + data_size
         if state != VAR_ADDED or not 0 < name_size <= 1024 or end > len(store):
