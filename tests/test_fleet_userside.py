@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The fleet commands of docs/fleet.md, run as a new user runs them: from a venv made the way
-`bash scripts/setup.sh demo` makes it (python3 -m venv, then `pip install -e .` with the
-compat editable mode: ansible-core only, no kubernetes.core), not from the test venv, which
+`bash scripts/setup.sh demo` makes it (python3 -m venv, then `pip install -e .[libvirt]` with
+the compat editable mode: ansible-core only, no kubernetes.core), not from the test venv, which
 has the `ansible` package and so every collection. Before, the first documented command,
 `passthrough provision -i inventory/sample/hosts.yml --sample`, failed after the canary:
 couldn't resolve module/action 'kubernetes.core.k8s_drain'.
@@ -26,19 +26,24 @@ pytestmark = pytest.mark.fleet
 
 REPO = Path(__file__).parents[1]
 COMPAT = ["--config-settings", "editable_mode=compat"]  # as setup.sh installs it
+# the demo's extra: it ends with `vm define`, and the guests' play imports libvirt
+DEMO_EXTRA = "[libvirt]"
 CACHE = Path(os.environ.get("PASSTHROUGH_TEST_CACHE", "/var/cache/passthrough-test"))
 
 
 @pytest.fixture(scope="session")
 def demo_venv() -> Path:
     """setup.sh demo's venv for this checkout (its editable install points here)."""
-    key = hashlib.sha256(str(REPO.resolve()).encode()).hexdigest()[:12]
+    setup = (REPO / "scripts/setup.sh").read_text()
+    assert f'extra="{DEMO_EXTRA}"' in setup, "setup.sh demo installs another extra: follow it"
+    install = ["-e", f"{REPO}{DEMO_EXTRA}", *COMPAT]
+    key = hashlib.sha256(" ".join([str(REPO.resolve()), *install]).encode()).hexdigest()[:12]
     venv = CACHE / f"demo-venv-{key}"
     done = venv / "passthrough-demo-venv-ready"
     if not done.exists():
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
         subprocess.run(
-            [str(venv / "bin/python"), "-m", "pip", "install", "-q", "-e", str(REPO), *COMPAT],
+            [str(venv / "bin/python"), "-m", "pip", "install", "-q", *install],
             check=True,
             capture_output=True,
         )
