@@ -13,7 +13,9 @@ touch "$conf"
 # QEMU as root: this machine has no per-VM uid setup (a lab/CI daemon, not production)
 grep -q '^user = "root"' "$conf" || printf 'user = "root"\ngroup = "root"\n' >> "$conf"
 # virtlogd keeps QEMU's log and each started domain's console log: no domain starts without it
-if [ -x /usr/sbin/virtlogd ] && ! [ -S /run/libvirt/virtlogd-sock ]; then
+# (a socket left by a virtlogd that was killed does not count: it is removed and one started)
+if [ -x /usr/sbin/virtlogd ] && ! pgrep -x virtlogd >/dev/null; then
+    rm -f /run/libvirt/virtlogd-sock /run/libvirt/virtlogd-admin-sock
     /usr/sbin/virtlogd -d
     for _ in $(seq 1 50); do [ -S /run/libvirt/virtlogd-sock ] && break; sleep 0.1; done
 fi

@@ -45,7 +45,8 @@ if [ "$mode" != demo ]; then
     packages+=(kmod)
     # libvirt-clients + libxml2-utils: virt-xml-validate and the RelaxNG schemas; a real
     # libvirtd with the QEMU driver and OVMF for the domain tests.
-    packages+=(libvirt-clients libxml2-utils libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 ovmf qemu-utils)
+    # (procps: scripts/libvirtd-up.sh asks pgrep whether virtlogd really runs)
+    packages+=(libvirt-clients libxml2-utils libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 ovmf qemu-utils procps)
     # the lab: an ext4 image straight from a directory, SSH into the lab machine
     packages+=(e2fsprogs openssh-client grub-efi-amd64-bin grub-common dosfstools mtools fdisk)
     # the guests a user installs (tests/test_guest_install.py): swtpm for the emulated TPM 2.0,

@@ -36,9 +36,10 @@ BOOT_WAIT = (
 
 
 def virsh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["virsh", "-c", URI, *args], capture_output=True, text=True, check=check, timeout=120
-    )
+    r = subprocess.run(["virsh", "-c", URI, *args], capture_output=True, text=True, timeout=120)
+    if check:
+        assert r.returncode == 0, f"virsh {' '.join(args)}: {r.stderr.strip()}"
+    return r
 
 
 def netboot_file(name: str) -> Path:
