@@ -242,6 +242,51 @@ def test_topology_follows_the_hosts_smt_and_kubevirt_gets_the_same(
     assert (cpu["sockets"], cpu["cores"], cpu["threads"]) == (1, 4, 2)
 
 
+def _smt_root(hosts: dict[str, Path], tmp_path: Path, siblings: bool = True) -> Path:
+    """The HGX sample as a host with two threads a core, numbered as Linux numbers them: node
+    0 holds CPUs 0-3 and their second threads 8-11 (cpu0 and cpu8 share a core)."""
+    root = _tree(hosts, tmp_path, "hgx-h100")
+    cpuinfo = (root / "proc/cpuinfo").read_text()
+    (root / "proc/cpuinfo").write_text(
+        cpuinfo.replace("processor\t:", "siblings\t: 16\ncpu cores\t: 8\nprocessor\t:")
+    )
+    (root / "sys/devices/system/node/node0/cpulist").write_text("0-3,8-11\n")
+    for first in range(4) if siblings else ():
+        for cpu in (first, first + 8):
+            topo = root / f"sys/devices/system/cpu/cpu{cpu}/topology"
+            topo.mkdir(parents=True)
+            (topo / "thread_siblings_list").write_text(f"{first},{first + 8}\n")
+    return root
+
+
+def pins(dom: etree._Element) -> list[str]:
+    return [p.get("cpuset") for p in dom.findall("cputune/vcpupin")]
+
+
+def test_vcpu_pins_put_each_guest_core_on_one_host_core(
+    hosts: dict[str, Path], tmp_path: Path
+) -> None:
+    """The guest is told vCPUs 0 and 1 are one core's threads: they are pinned to one host
+    core's two threads (0 and 8), not to two cores (0 and 1); a snapshot carries the
+    sibling lists; an odd vCPU count (no threads in the guest) keeps the node's order."""
+    root = _smt_root(hosts, tmp_path)
+    dom = render(root, "--vcpus", "4", "--gpu", "0000:18:00.0")
+    assert topology(dom) == (1, 2, 2)
+    assert pins(dom) == ["0", "8", "1", "9"]
+    assert pins(render(root, "--vcpus", "3", "--gpu", "0000:18:00.0")) == ["0", "1", "2"]
+    snap = tmp_path / "snap.tar.gz"
+    assert run_cli(["snapshot", "--root", str(root), "-o", str(snap)]).returncode == 0
+    assert pins(render(snap, "--vcpus", "4", "--gpu", "0000:18:00.0")) == ["0", "8", "1", "9"]
+
+
+def test_vcpu_pins_without_sibling_lists_say_so(hosts: dict[str, Path], tmp_path: Path) -> None:
+    root = _smt_root(hosts, tmp_path, siblings=False)
+    r = run_cli(["render", "--root", str(root), "--name", "g", "--vcpus", "4", "--gpu", "18:00.0"])
+    assert r.returncode == 0, r.stderr
+    assert pins(etree.fromstring(r.stdout.encode())) == ["0", "1", "2", "3"]
+    assert "vCPU pins are not aligned to cores" in r.stderr
+
+
 def test_a_windows_guest_under_tcg_leaves_out_what_needs_kvm(hosts: dict[str, Path]) -> None:
     """QEMU sets VP_INDEX through KVM only: under TCG it will not start with it."""
     dom = render(hosts["consumer-intel"], "--profile", "windows", "--virt-type", "qemu")

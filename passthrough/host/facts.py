@@ -285,6 +285,19 @@ def read_numa(root: HostRoot) -> dict[int, tuple[int, ...]]:
     return nodes
 
 
+def read_thread_siblings(root: HostRoot, cpus: Iterable[int]) -> dict[int, tuple[int, ...]]:
+    """Each CPU's hardware threads on its core (sysfs ``thread_siblings_list``); a CPU whose
+    list is missing or unreadable is left out (the caller does without it)."""
+    siblings: dict[int, tuple[int, ...]] = {}
+    for cpu in cpus:
+        text = root.read(f"sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+        try:
+            siblings[cpu] = parse_cpulist(text) if text else ()
+        except ValueError:
+            continue
+    return {cpu: sib for cpu, sib in siblings.items() if sib}
+
+
 def read_machine(root: HostRoot, functions: Iterable[PciFunction]) -> VirtualMachine:
     """Whether the root is a virtual machine (the guest package's detector: one for both),
     from the PCI functions discovery has read already."""

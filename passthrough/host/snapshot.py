@@ -250,6 +250,9 @@ def capture(
     from passthrough.host.recorded import record_guest_check
 
     read_qemu(recorder)  # what render reads: the emulator, firmware descriptors, SMT
+    from passthrough.host.facts import read_thread_siblings
+
+    read_thread_siblings(recorder, (c for cpus in host.numa_cpus.values() for c in cpus))
     if host.machine.guest:
         record_guest_check(recorder)
     elif also is not None:

@@ -15,7 +15,10 @@ from passthrough.analysis import codes, policy
 from passthrough.analysis.cards import NoSuchCard, choose_cards
 from passthrough.analysis.nvswitch import told as nvswitch_told
 from passthrough.analysis.nvswitch import with_nvswitches
+from passthrough.errors import NotAHostRoot
+from passthrough.host.facts import read_thread_siblings
 from passthrough.host.qemu import qemu_of
+from passthrough.host.root import HostRoot
 from passthrough.model import GpuVerdict, Host, PciAddress, PciFunction, Severity
 from passthrough.records import frozen
 from passthrough.vm.install import Install, build_install
@@ -294,6 +297,50 @@ def _numa(
     return node, pins, emulator
 
 
+def smt_order(
+    cpus: tuple[int, ...], siblings: dict[int, tuple[int, ...]], threads: int
+) -> tuple[int, ...] | None:
+    """The node's CPUs in the order vCPUs take them when the guest's topology has ``threads``
+    threads a core: each run of ``threads`` vCPUs (one guest core) on the threads of one host
+    core, so what the guest schedules as siblings shares a core's caches on the host as well.
+    Cores whose threads are not all in the node come after; None when sysfs names no core of
+    ``threads`` threads among them."""
+    groups: list[tuple[int, ...]] = []
+    seen: set[int] = set()
+    for cpu in cpus:
+        if cpu in seen:
+            continue
+        group = tuple(c for c in siblings.get(cpu, ()) if c in cpus)
+        if len(group) == threads and cpu in group:
+            groups.append(group)
+            seen.update(group)
+    if not groups:
+        return None
+    return tuple(c for g in groups for c in g) + tuple(c for c in cpus if c not in seen)
+
+
+def _align_pins(
+    host: Host, node: int | None, pins: list[tuple[int, str]], install: Install, warnings: list[str]
+) -> list[tuple[int, str]]:
+    """The vCPU pins re-laid on host cores when the guest is told it has SMT threads."""
+    threads = install.topology.threads
+    if not pins or node is None or not install.topology_element or threads < 2:
+        return pins
+    cpus = host.numa_cpus[node]
+    try:
+        siblings = read_thread_siblings(HostRoot(host.root), cpus)
+    except NotAHostRoot:  # a host built in memory: no sysfs to ask
+        siblings = {}
+    order = smt_order(cpus, siblings, threads)
+    if order is None:
+        warnings.append(
+            f"the guest has {threads} threads a core but this root's sysfs names no host core "
+            f"of {threads} threads on NUMA node {node}: vCPU pins are not aligned to cores"
+        )
+        return pins
+    return [(i, str(order[i % len(order)])) for i, _ in pins]
+
+
 def nothing_to_boot(spec: VmSpec) -> str | None:
     """The warning for a libvirt guest with no disk: it boots from disk (``<boot dev='hd'/>``)
     and has none, so it starts into the firmware's shell. (KubeVirt's boots from its PVC.)"""
@@ -335,6 +382,7 @@ def build_spec(host: Host, opts: VmOptions, versions: Versions | None = None) ->
     disk_format = "raw" if opts.disk and opts.disk.endswith((".img", ".raw")) else "qcow2"
     overlay = f"{opts.image_dir.rstrip('/')}/{opts.name}.qcow2" if opts.base_image else None
     install = build_install(opts, qemu_of(host.root), opts.disk or overlay, disk_format, warnings)
+    pins = _align_pins(host, node, pins, install, warnings)
     if opts.iommufd:
         _check_iommufd(host, versions if versions is not None else host_versions(host))
     return VmSpec(
