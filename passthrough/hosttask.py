@@ -53,21 +53,35 @@ def _preflight(host: Any, required: list[str]) -> dict[str, Any] | None:
     }
 
 
-def _undo(root: Any, check_mode: bool) -> dict[str, Any]:
+def _undo(root: Any, check_mode: bool, run_root_tools: bool = False) -> dict[str, Any]:
     from passthrough.journal.journal import Journal
     from passthrough.journal.undo import undo
+    from passthrough.vgpu.apply import is_vgpu
 
-    pending = Journal.load(root).live()
+    live = Journal.load(root).live()
+    vgpu = [tx for tx in live if is_vgpu(tx)]  # taken back as `passthrough vgpu undo` does
+    pending = [tx for tx in live if not is_vgpu(tx)]
     # the cards the applied changes bound: undone, they go back to the host's drivers
     given_back = sorted({f for tx in pending if tx.record for f in tx.record.functions})
-    if check_mode or not pending:
-        return {"changed": bool(pending), "reboot_required": bool(pending), "functions": given_back}
-    restored = undo(root).changed
+    if check_mode or not live:
+        return {
+            "changed": bool(live),
+            "reboot_required": bool(pending),
+            "functions": given_back,
+            **({"vgpu_undone": len(vgpu)} if vgpu else {}),
+        }
+    undone = 0
+    if vgpu:  # first, where sriov-manage can still disable the VFs it enabled
+        from passthrough.vgpu.apply import tool_runner, undo_layouts
+
+        undone, _ = undo_layouts(root, tool=tool_runner(root, run_root_tools))
+    restored = undo(root).changed if pending else []
     return {
-        "changed": bool(restored),
+        "changed": bool(restored) or bool(undone),
         "reboot_required": bool(restored),
         "restored": restored,
         "functions": given_back,
+        **({"vgpu_undone": undone} if vgpu else {}),
     }
 
 
@@ -75,7 +89,6 @@ def run(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
     """The task's result for validated module parameters (``failed`` set where a required
     check refuses). A refusal of the library (a PassthroughError) is raised, as the command
     line would exit on it."""
-    from passthrough.actions import RemoveFile, WriteFile
     from passthrough.host.discover import discover
     from passthrough.host.root import HostRoot
     from passthrough.journal.selection import plan_options
@@ -83,17 +96,70 @@ def run(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
     from passthrough.plan.options import values
 
     root = HostRoot(params["root"])
+    layout = params.get("vgpu_layout")
     if params["state"] == "absent":
-        return _undo(root, check_mode)
+        return _undo(root, check_mode, bool(params.get("vgpu_run_root_tools")))
     host = discover(root)
     opts = plan_options(root, values(params, module=True), via="module")
-    plan, _sel = make_plan(root, host, opts)
-    if not plan.empty:  # the checks guard a change; with nothing to change, none is due
+    # a vGPU host's cards stay on the nvidia driver: with a layout and no card named, no
+    # whole card is planned for vfio-pci
+    plan = None
+    if not layout or params.get("gpus") or params.get("iommu_only"):
+        plan, _sel = make_plan(root, host, opts)
+    # the whole layout planned (and refused, naming the problem) before anything is written
+    cards = _vgpu_plan(root, layout, plan)
+    vgpu_change = any(c.plan is not None for c in cards)
+    if (plan is not None and not plan.empty) or vgpu_change:
+        # the checks guard a change; with nothing to change, none is due
         refused = _preflight(host, params["preflight"])
         if refused is not None:
             return refused
+    # a regeneration an earlier run left pending (it failed, or was cut off) runs again, as
+    # `passthrough apply` runs it: the boot's sources change, so a reboot is due
+    empty = plan is None or plan.empty
+    owed = _owed(root) if empty else []
+    result: dict[str, Any] = {
+        "changed": not empty or bool(owed) or vgpu_change,
+        "reboot_required": (plan is not None and plan.reboot) or bool(owed),
+        "functions": list(plan.functions) if plan is not None else [],
+        "diff": _diff(root, plan),
+        "pending": owed,
+        # the policy's warnings on the cards (NVSwitch, large BARs...), one line each: the
+        # fleet's summary shows them once per host
+        "policy_warnings": list(plan.warnings) if plan is not None else [],
+    }
+    if plan is not None:  # none where a vGPU layout alone is asked for
+        result["plan"] = plan.to_json(root)
+    if cards:
+        result["vgpu"] = [c.to_json() for c in cards]
+    if check_mode or (empty and not owed and not vgpu_change):
+        return result
+    if plan is not None and (not empty or owed):
+        from passthrough.journal.apply import apply  # only where there is something to do
+
+        tx = apply(root, plan, plan.record())
+        steps = tx.steps if tx else []
+        result["transaction"] = tx.id if tx else None
+        result["commands_not_run"] = [s.argv for s in steps if s.state.value == "listed"]
+    if vgpu_change:
+        from passthrough.vgpu.apply import tool_runner
+        from passthrough.vgpu.converge import apply_host
+        from passthrough.vgpu.unit import unit_command
+
+        tool = tool_runner(root, bool(params.get("vgpu_run_root_tools")))
+        result["vgpu_transactions"] = apply_host(
+            root, cards, tool=tool, unit_command=unit_command()
+        )
+        result["vgpu"] = [c.to_json() for c in cards]
+    return result
+
+
+def _diff(root: HostRoot, plan: Any) -> list[dict[str, str]]:
+    """Each file the plan writes or removes, before and after, as Ansible shows a diff."""
+    from passthrough.actions import RemoveFile, WriteFile
+
     diff = []
-    for action in plan.actions:
+    for action in plan.actions if plan is not None else []:
         if isinstance(action, WriteFile | RemoveFile):
             before = root.read_bytes(action.path)
             diff.append(
@@ -106,29 +172,27 @@ def run(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
                     else "",
                 }
             )
-    # a regeneration an earlier run left pending (it failed, or was cut off) runs again, as
-    # `passthrough apply` runs it: the boot's sources change, so a reboot is due
-    owed = _owed(root) if plan.empty else []
-    result: dict[str, Any] = {
-        "changed": not plan.empty or bool(owed),
-        "reboot_required": plan.reboot or bool(owed),
-        "plan": plan.to_json(root),
-        "functions": list(plan.functions),
-        "diff": diff,
-        "pending": owed,
-        # the policy's warnings on the cards (NVSwitch, large BARs...), one line each: the
-        # fleet's summary shows them once per host
-        "policy_warnings": list(plan.warnings),
-    }
-    if check_mode or (plan.empty and not owed):
-        return result
-    from passthrough.journal.apply import apply  # only where there is something to do
+    return diff
 
-    tx = apply(root, plan, plan.record())
-    steps = tx.steps if tx else []
-    result["transaction"] = tx.id if tx else None
-    result["commands_not_run"] = [s.argv for s in steps if s.state.value == "listed"]
-    return result
+
+def _vgpu_plan(root: HostRoot, layout: Any, plan: Any) -> list[Any]:
+    """The layout's cards against what each holds; refused where a card is also one the
+    plan hands to vfio-pci (a vGPU card stays on the nvidia driver)."""
+    if not layout:
+        return []
+    from passthrough.vgpu.converge import plan_host
+    from passthrough.vgpu.plan import LayoutRefused
+
+    where = "passthrough_host_vgpu_layout"
+    cards = plan_host(root, layout, where)
+    bound = set(plan.functions) if plan is not None else set()
+    for c in cards:
+        if str(c.card.address) in bound:
+            raise LayoutRefused(
+                f"{where}: {c.card.address} is also a card passthrough_host_gpus hands to "
+                "vfio-pci; a vGPU card stays on the nvidia driver: name it in one of the two"
+            )
+    return cards
 
 
 def _owed(root: HostRoot) -> list[list[str]]:

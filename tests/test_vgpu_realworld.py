@@ -312,7 +312,7 @@ def exec_start(root: Path) -> list[str]:
 def test_the_boot_unit_re_applies_the_recorded_layout(tmp_path: Path) -> None:
     root = l40s_root(tmp_path, enabled=False)
     r = HostRoot(str(root))
-    from passthrough.cli.vgpu import unit_command
+    from passthrough.vgpu.unit import unit_command
 
     plan = plan_layout(card(root), "L40S-12Q", 2)
     apply_layout(r, plan, tool=tool_runner(r, True), kernel=driver(), unit_command=unit_command())
@@ -343,7 +343,7 @@ def test_the_boot_unit_re_applies_the_recorded_layout(tmp_path: Path) -> None:
 def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
     root = l40s_root(tmp_path)
     r = HostRoot(str(root))
-    from passthrough.cli.vgpu import unit_command
+    from passthrough.vgpu.unit import unit_command
 
     apply_layout(r, plan_layout(card(root), "L40S-1Q", 1), tool=None, unit_command=unit_command())
     unit = tmp_path / "passthrough-vgpu.service"

@@ -167,13 +167,9 @@ def _plan(args: argparse.Namespace, root: Any) -> int:
     return EXIT_OK
 
 
-def unit_command() -> str:
-    """The boot unit's ExecStart: this Python running this package's ``vgpu restore``."""
-    return shlex.join([sys.executable, "-m", "passthrough", "vgpu", "restore"])
-
-
 def _apply(args: argparse.Namespace, root: Any) -> int:
     from passthrough.vgpu.apply import VgpuFailed, apply_layout, tool_runner
+    from passthrough.vgpu.unit import unit_command
 
     plans = _planned(args, root)
     confirm(args, "apply", lambda: "\n".join(line for p in plans for line in p.lines()))

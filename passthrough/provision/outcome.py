@@ -39,6 +39,7 @@ class Outcome:
     verified: bool = False
     skipped: str | None = None  # why the host was left as it was
     warnings: list[str] = field(default_factory=list)  # the policy's, once each
+    vgpu: list[dict[str, Any]] = field(default_factory=list)  # the layout's cards, as last told
 
     def observe(self, data: dict[str, Any], res: dict[str, Any]) -> None:
         """An ok (or changed) result of one of the role's tasks."""
@@ -46,10 +47,14 @@ class Outcome:
         task = str(data.get("task") or "")
         if action.rsplit(".", 1)[-1] == HOST_TASK and "changed" in res:
             self.seen = True
-            written = "transaction" in res or "restored" in res
+            written = (
+                "transaction" in res or "restored" in res or bool(res.get("vgpu_transactions"))
+            )
             self.applied = self.applied or (written and bool(res.get("changed")))
             self.planned = self.planned or (not written and bool(res.get("changed")))
             self.reboot_due = self.reboot_due or res.get("reboot_required") is True
+            if isinstance(res.get("vgpu"), list):
+                self.vgpu = [c for c in res["vgpu"] if isinstance(c, dict)]
             for line in res.get("policy_warnings") or []:
                 if line not in self.warnings:
                     self.warnings.append(str(line))
@@ -102,3 +107,22 @@ def canary_line(name: str, status: str) -> str | None:
             "the canary proved the files only (passthrough_reboot_ok=true reboots and verifies it)"
         )
     return None
+
+
+def vgpu_lines(name: str, cards: list[dict[str, Any]], check: bool) -> list[str]:
+    """Each card of a host's vGPU layout, one line: what it holds, where, and whether this
+    run made it (a card whose layout was in place already says so)."""
+    lines = []
+    for c in cards:
+        vfs = ", ".join(str(v) for v in c.get("vfs") or []) or "VFs enabled first"
+        state = str(c.get("state"))
+        if state == "planned":
+            state = "would be created" if check else "planned, not written"
+        elif state == "applied":
+            state = f"created (transaction {c.get('transaction')})"
+        else:
+            state = "in place, unchanged"
+        lines.append(
+            f"vgpu {name}: {c.get('card')} {c.get('count')} x {c.get('type')} on {vfs}: {state}"
+        )
+    return lines

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from passthrough.errors import EXIT_BACKEND, Interrupted, PassthroughError, echo_path
-from passthrough.provision.outcome import DESCRIBED, Outcome, canary_line
+from passthrough.provision.outcome import DESCRIBED, Outcome, canary_line, vgpu_lines
 from passthrough.provision.settings import flags, user_config
 
 
@@ -89,6 +89,8 @@ class RunResult:
             line = canary_line(host.name, host.status) if host.batch == 1 else None
             lines += [line] if line else []
         for h in sorted(self.hosts.values(), key=lambda h: h.name):
+            lines += vgpu_lines(h.name, h.outcome.vgpu, h.check)
+        for h in sorted(self.hosts.values(), key=lambda h: h.name):
             lines += [f"warning: {h.name}: {w}" for w in h.outcome.warnings]
         return lines
 
@@ -121,6 +123,7 @@ class RunResult:
                     "reboot_required": h.reboot_required,
                     "batch": h.batch,
                     "warnings": h.outcome.warnings,
+                    "vgpu": h.outcome.vgpu,
                 }
                 for h in self.hosts.values()
             },

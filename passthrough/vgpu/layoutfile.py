@@ -35,9 +35,18 @@ def load_layout(path: str) -> list[tuple[str, str, int]]:
     cards = loaded.get("cards") if isinstance(loaded, dict) else None
     if not isinstance(cards, dict) or not cards:
         raise LayoutRefused(f"{where}: expected 'cards:' mapping each card to {{TYPE: COUNT}}")
+    return parse_layout(cards, where)
+
+
+def parse_layout(cards: Any, where: str) -> list[tuple[str, str, int]]:
+    """(card, type name, count) for each card of a mapping of card address to {TYPE: COUNT}
+    (a layout file's ``cards:``, the host role's ``passthrough_host_vgpu_layout``);
+    LayoutRefused naming ``where`` and the problem."""
+    if not isinstance(cards, dict) or not cards:
+        raise LayoutRefused(f"{where}: expected a mapping of each card to {{TYPE: COUNT}}")
     out = []
     for card, types in cards.items():
-        if not isinstance(card, str):
+        if not isinstance(card, str) or _number(card):
             raise LayoutRefused(f'{where}: card {card!r}: quote the address ("0000:41:00.0")')
         if not isinstance(types, dict) or len(types) != 1:
             raise LayoutRefused(
@@ -49,3 +58,13 @@ def load_layout(path: str) -> list[tuple[str, str, int]]:
             raise LayoutRefused(f"{where}: {card}: expected TYPE: COUNT, got {name!r}: {count!r}")
         out.append((card, name, count))
     return out
+
+
+def _number(key: str) -> bool:
+    """A key that was a number before it became a string on the way (Ansible passes a
+    module's mapping as JSON): an unquoted address that YAML 1.1 read as base 60."""
+    try:
+        float(key)
+    except ValueError:
+        return False
+    return True

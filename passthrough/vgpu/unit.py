@@ -6,6 +6,8 @@ the recorded layout (``restore``) and logs each thing it did to the journal of s
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +16,12 @@ from passthrough.host.root import HostRoot
 LAYOUT = "etc/passthrough/vgpu-layout.json"
 UNIT_NAME = "passthrough-vgpu.service"
 UNIT = f"etc/systemd/system/{UNIT_NAME}"
+
+
+def unit_command() -> str:
+    """The boot unit's ExecStart: this Python running this package's ``vgpu restore`` (the
+    command line's and the host role's apply alike)."""
+    return shlex.join([sys.executable, "-m", "passthrough", "vgpu", "restore"])
 
 
 def unit_text(command: str) -> str:

@@ -77,6 +77,20 @@ options:
     type: list
     elements: str
     default: []
+  vgpu_layout:
+    description:
+      - "NVIDIA vGPU layout: each card's quoted PCI address mapped to C({TYPE-NAME: COUNT}), one
+        type per card, as in C(passthrough vgpu apply --layout) (docs/vgpu.md). Applied through
+        the journal; a card already holding it is left alone, one holding another layout is
+        refused. With a layout and no O(gpus), no whole card is handed to vfio-pci."
+      - "O(state=absent) takes every vGPU layout back with the other changes."
+    type: raw
+  vgpu_run_root_tools:
+    description:
+      - On a root other than "/", run the root's own C(sriov-manage) (a test root's stand-in)
+        to enable or disable VFs; never needed on a real host
+    type: bool
+    default: false
 extends_documentation_fragment: passthrough.gpu.runtime
 author: passthrough developers (!UNKNOWN)
 """
@@ -87,6 +101,12 @@ EXAMPLES = r"""
     gpus: ["0000:18:00.0", "0000:19:00.0"]
     hugepages: 16
   register: host_plan
+
+- name: Two L40S-12Q vGPUs on one card, four L40S-24Q on another
+  passthrough.gpu.passthrough_host:
+    vgpu_layout:
+      "0000:41:00.0": {L40S-12Q: 2}
+      "0000:c1:00.0": {L40S-24Q: 4}
 
 - name: Undo every applied change
   passthrough.gpu.passthrough_host:
@@ -104,7 +124,7 @@ reboot_required:
   type: bool
 plan:
   description: the plan as passthrough plan --json prints it
-  returned: when state is present
+  returned: when state is present, save where a vgpu_layout is given and no gpus
   type: dict
 functions:
   description:
@@ -121,6 +141,23 @@ pending:
   returned: when state is present
   type: list
   elements: list
+vgpu:
+  description:
+    - "each card of O(vgpu_layout): card, mode, type, count, the VFs (or mdev parents) holding its
+      vGPUs, and state: unchanged (in place already), planned (check mode) or applied (with
+      its transaction)"
+  returned: when vgpu_layout is given
+  type: list
+  elements: dict
+vgpu_transactions:
+  description: the journal transactions the vGPU layout was applied in, one per card
+  returned: when a vGPU layout was applied
+  type: list
+  elements: str
+vgpu_undone:
+  description: how many vGPU layouts O(state=absent) took back (or in check mode would)
+  returned: when state is absent and a vGPU layout was applied
+  type: int
 codes:
   description: "on a safety-policy refusal, its codes (docs/discovery.md \"Safety policy\")"
   returned: failure
@@ -148,6 +185,8 @@ MODULE_OPTIONS: dict[str, dict[str, object]] = {
     "root": {"type": "str", "default": "/"},
     "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
     "preflight": {"type": "list", "elements": "str", "default": []},
+    "vgpu_layout": {"type": "raw"},
+    "vgpu_run_root_tools": {"type": "bool", "default": False},
 }
 
 
