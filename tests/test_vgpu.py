@@ -159,3 +159,79 @@ def test_a_layout_file_applies_like_the_flags(
         main(["vgpu", "apply", "--root", str(root), "--layout", str(layout), "--count", "1"]) == 2
     )
     assert capsys.readouterr().err.strip() == "passthrough: error: --layout or --count: not both"
+
+
+def _role_params(root: Path, layout: object) -> dict[str, object]:
+    """The host module's validated parameters, as the role passes them (its defaults)."""
+    from passthrough.plan.options import ansible_argument_spec
+
+    params: dict[str, object] = {k: v["default"] for k, v in ansible_argument_spec().items()}
+    params |= {"root": str(root), "state": "present", "preflight": ["cpu-virtualization"]}
+    return params | {"vgpu_layout": layout, "vgpu_run_root_tools": False}
+
+
+def test_the_host_task_plans_applies_then_leaves_a_layout_in_place(tmp_path: Path) -> None:
+    """The host role's task (passthrough/hosttask.py) with a layout as Ansible passes it:
+    check mode plans without writing, the run applies through the vGPU journal with no
+    whole card for vfio-pci and no reboot, and a second run reports the card unchanged."""
+    from passthrough.hosttask import run
+
+    root = l40s_root(tmp_path, catalog=CATALOG)
+    before = tree(root)
+    params = _role_params(root, {L40S_PF: {"T1-8Q": 2}})
+    planned = run(params, check_mode=True)
+    assert planned["changed"] and planned["vgpu"][0]["state"] == "planned"
+    assert tree(root) == before
+    done = run(params, check_mode=False)
+    assert done["changed"] and not done["reboot_required"] and "plan" not in done
+    (card,) = done["vgpu"]
+    assert (card["type"], card["count"], card["state"]) == ("T1-8Q", 2, "applied")
+    assert card["vfs"] == ["0000:26:00.4", "0000:26:00.5"]
+    assert done["vgpu_transactions"] == [card["transaction"]]
+    assert not (root / "etc/default/grub.d/99-passthrough.cfg").exists()
+    again = run(params, check_mode=False)
+    assert not again["changed"] and again["vgpu"][0]["state"] == "unchanged"
+    assert again["vgpu"][0]["vfs"] == card["vfs"] and "vgpu_transactions" not in again
+
+
+@pytest.mark.parametrize(
+    ("layout", "message"),
+    [
+        # an unquoted address in the inventory: YAML 1.1 reads it as base 60, and Ansible
+        # passes the mapping to the module as JSON, so the key arrives as "1560.0"
+        ({"1560.0": {"T1-4Q": 1}}, "card '1560.0': quote the address"),
+        ({L40S_PF: {"T1-4Q": 5}}, "0000:26:00.0: room for 4 more T1-4Q, not 5"),
+        ({L40S_PF: {"T1-4Q": 0}}, "--count 0: at least 1"),
+        (["0000:26:00.0"], "expected a mapping of each card to {TYPE: COUNT}"),
+        ({"0000:42:00.0": {"T1-4Q": 1}}, "--card 0000:42:00.0: no NVIDIA card there"),
+        ({L40S_PF: {"T1-4Q": 1}, "26:00.0": {"T1-4Q": 1}}, "0000:26:00.0 is named twice"),
+    ],
+)
+def test_the_host_task_refuses_a_bad_layout_in_one_line_with_nothing_changed(
+    tmp_path: Path, layout: object, message: str
+) -> None:
+    from passthrough.hosttask import run
+    from passthrough.vgpu.plan import LayoutRefused
+
+    root = l40s_root(tmp_path, catalog=CATALOG)
+    before = tree(root)
+    with pytest.raises(LayoutRefused) as refused:
+        run(_role_params(root, layout), check_mode=False)
+    line = str(refused.value)
+    assert line.startswith("passthrough_host_vgpu_layout: ") and "\n" not in line
+    assert message in line
+    assert refused.value.exit_code == 2
+    assert tree(root) == before and not (root / "var/lib/passthrough").exists()
+
+
+def test_the_host_task_refuses_a_card_holding_another_layout(tmp_path: Path) -> None:
+    from passthrough.hosttask import run
+    from passthrough.vgpu.plan import LayoutRefused
+
+    root = l40s_root(tmp_path, catalog=CATALOG)
+    run(_role_params(root, {L40S_PF: {"T1-8Q": 2}}), check_mode=False)
+    applied = tree(root)
+    for other in ({"T1-8Q": 3}, {"T1-4Q": 2}):
+        with pytest.raises(LayoutRefused, match=r"0000:26:00\.0 holds 2 T1-8Q, not "):
+            run(_role_params(root, {L40S_PF: other}), check_mode=False)
+    assert tree(root) == applied
