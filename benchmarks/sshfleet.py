@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"
-BRIDGE = "ptbench0"
+PREFIX = "ptb"  # the benchmark's names: namespaces ptb0.., links vptb0.., the bridge ptbbr0
 NET = "10.231"  # a /16 no one routes: 10.231.0.1 is this machine, hosts from 10.231.1.2
 
 
@@ -45,8 +45,8 @@ def _ip(*argv: str, ns: str | None = None) -> None:
     subprocess.run(cmd, check=True, capture_output=True)
 
 
-def address(i: int) -> str:
-    return f"{NET}.{1 + i // 250}.{2 + i % 250}"
+def address(i: int, net: str = NET) -> str:
+    return f"{net}.{1 + i // 250}.{2 + i % 250}"
 
 
 def _wait_port(host: str, seconds: float = 20.0) -> None:
@@ -62,9 +62,12 @@ def _wait_port(host: str, seconds: float = 20.0) -> None:
 
 
 @contextlib.contextmanager
-def hosts(count: int, work: Path) -> Iterator[dict[str, str]]:
+def hosts(count: int, work: Path, prefix: str = PREFIX, net: str = NET) -> Iterator[dict[str, str]]:
     """``count`` SSH hosts; yields the client's settings (key, user, options) for an
-    inventory, with each host at :func:`address` ``(i)``."""
+    inventory, with each host at :func:`address` ``(i, net)``. ``prefix`` names the
+    namespaces, links and bridge and ``net`` is the /16 they sit on, so that two users of this
+    machine (a test and the benchmark) each have their own."""
+    bridge = f"{prefix}br0"
     work.mkdir(parents=True, exist_ok=True)
     # sshd's privilege separation directory (made by its service unit, which is not run here)
     os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
@@ -76,24 +79,24 @@ def hosts(count: int, work: Path) -> Iterator[dict[str, str]]:
             capture_output=True,
         )
     (work / "authorized_keys").write_text(Path(f"{key}.pub").read_text())
-    names = [f"ptb{i}" for i in range(count)]
+    names = [f"{prefix}{i}" for i in range(count)]
     made_bridge = False
     try:
-        _ip("link", "add", BRIDGE, "type", "bridge")
+        _ip("link", "add", bridge, "type", "bridge")
         made_bridge = True
-        _ip("addr", "add", f"{NET}.0.1/16", "dev", BRIDGE)
-        _ip("link", "set", BRIDGE, "up")
+        _ip("addr", "add", f"{net}.0.1/16", "dev", bridge)
+        _ip("link", "set", bridge, "up")
         for i, ns in enumerate(names):
             subprocess.run(["ip", "netns", "add", ns], check=True, capture_output=True)
             _ip("link", "add", f"v{ns}", "type", "veth", "peer", "name", "eth0", "netns", ns)
-            _ip("link", "set", f"v{ns}", "master", BRIDGE)
+            _ip("link", "set", f"v{ns}", "master", bridge)
             _ip("link", "set", f"v{ns}", "up")
-            _ip("addr", "add", f"{address(i)}/16", "dev", "eth0", ns=ns)
+            _ip("addr", "add", f"{address(i, net)}/16", "dev", "eth0", ns=ns)
             _ip("link", "set", "eth0", "up", ns=ns)
             _ip("link", "set", "lo", "up", ns=ns)
             config = work / f"sshd-{i}.conf"
             config.write_text(
-                f"ListenAddress {address(i)}\n"
+                f"ListenAddress {address(i, net)}\n"
                 f"HostKey {host_key}\n"
                 f"PidFile {work}/sshd-{i}.pid\n"
                 f"AuthorizedKeysFile {work}/authorized_keys\n"
@@ -112,7 +115,7 @@ def hosts(count: int, work: Path) -> Iterator[dict[str, str]]:
             )
             _pid(work, i)  # written once the daemon listens
         for i in range(count):
-            _wait_port(address(i))
+            _wait_port(address(i, net))
         yield {
             "ansible_user": "root",
             "ansible_ssh_private_key_file": str(key),
@@ -134,7 +137,7 @@ def hosts(count: int, work: Path) -> Iterator[dict[str, str]]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
             subprocess.run(["ip", "link", "del", f"v{ns}"], capture_output=True, check=False)
         if made_bridge:
-            subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
+            subprocess.run(["ip", "link", "del", bridge], capture_output=True, check=False)
 
 
 def _pid(work: Path, i: int, tries: int = 100) -> int:

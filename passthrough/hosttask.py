@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 # the line of the command's output that carries its result (a login or sudo may print first)
 RESULT = "passthrough-task-result:"
 MARKER = "passthrough-runtime"  # the identity file the runtime module writes into the venv
+# how a fleet user writes huge pages that cannot be checked (the module has no --force)
+FLEET_FORCE = (
+    "passthrough_host_hugepages is written only where the host reports its RAM; "
+    "`passthrough apply --hugepages-1g N --force` on the host writes it anyway"
+)
 
 
 def _preflight(host: Any, required: list[str]) -> dict[str, Any] | None:
@@ -94,18 +99,23 @@ def run(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
     from passthrough.journal.selection import plan_options
     from passthrough.plan.build import make_plan
     from passthrough.plan.options import values
+    from passthrough.plan.reserve import refuse_unsized
 
     root = HostRoot(params["root"])
     layout = params.get("vgpu_layout")
     if params["state"] == "absent":
         return _undo(root, check_mode, bool(params.get("vgpu_run_root_tools")))
     host = discover(root)
-    opts = plan_options(root, values(params, module=True), via="module")
+    asked = values(params, module=True)
+    opts = plan_options(root, asked, via="module")
     # a vGPU host's cards stay on the nvidia driver: with a layout and no card named, no
     # whole card is planned for vfio-pci
     plan = None
     if not layout or params.get("gpus") or params.get("iommu_only"):
         plan, _sel = make_plan(root, host, opts)
+    # huge pages where the root reports no RAM: refused as `passthrough apply` refuses them
+    # (the module has no --force; a check run says what the real one would do)
+    refuse_unsized(root, asked["hugepages_1g"], force=False, hint=FLEET_FORCE)
     # the whole layout planned (and refused, naming the problem) before anything is written
     cards = _vgpu_plan(root, layout, plan)
     vgpu_change = any(c.plan is not None for c in cards)

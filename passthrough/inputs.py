@@ -92,6 +92,12 @@ def read_bytes(path: str, what: str, limit: int = MAX_INPUT) -> bytes:
 
 
 @functools.cache
+def shown_key(key: object) -> str:
+    """A key named in a message: its repr, cut to 60 characters."""
+    shown = repr(key)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
 def depth_bounded() -> type:
     """A ``yaml.SafeLoader`` that refuses a document nested deeper than :data:`MAX_DEPTH`
     (:class:`Unreadable` naming the line) before composing the level past it. Its
@@ -125,10 +131,9 @@ def depth_bounded() -> type:
                 except TypeError:
                     continue  # unhashable: the constructor's own error names it
                 if first is not None:
-                    shown = repr(key) if len(repr(key)) <= 60 else repr(key)[:57] + "..."
                     raise Unreadable(
-                        f"line {line}: key {shown} given twice (first on line {first}): "
-                        f"not {self.what}"
+                        f"line {line}: key {shown_key(key)} given twice (first on line "
+                        f"{first}): not {self.what}"
                     )
             return super().construct_mapping(node, deep)
 

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import libvirt
 import pytest
-import yaml
 
 from passthrough.cli import main
 from passthrough.provision.runner import run, summary_table
@@ -241,12 +240,12 @@ def test_standin_kubernetes_node_drained_before_and_uncordoned_after(
     assert "vfio-pci" in (root / "etc/modprobe.d/passthrough-vfio.conf").read_text()
 
 
-def test_skip_leaves_the_host_under_a_running_guest_and_the_rollout_goes_on(
-    tmp_path: Path, guest: libvirt.virDomain
-) -> None:
-    """passthrough_guests=skip: the canary's card is held by the running gpu-guest, so that
-    host is left as it was (tree byte-identical, the guest never stopped) and reported
-    skipped naming the guest; the next batch's host (another card) is done."""
+def skip_fleet(
+    tmp_path: Path, how: Callable[[int], dict[str, str]] | None = None
+) -> tuple[Path, Path, Path]:
+    """Two hgx-h100 hosts under passthrough_guests=skip, in that order: "a" asked for the card
+    gpu-guest holds, "b" for another; ``how(i)``: host i reached another way (SSH). Returns
+    the inventory and the two roots."""
     first = _root(tmp_path, "a", "hgx-h100")
     second = _root(tmp_path, "b", "hgx-h100")
     common = {
@@ -254,26 +253,40 @@ def test_skip_leaves_the_host_under_a_running_guest_and_the_rollout_goes_on(
         "passthrough_host_libvirt_uri": URI,
         "passthrough_guests": "skip",
     }
-    inv = _inventory(
-        tmp_path,
-        {
-            "a": {"passthrough_root": str(first), "passthrough_host_gpus": ["0000:18:00.0"]},
-            "b": {"passthrough_root": str(second), "passthrough_host_gpus": ["0000:19:00.0"]},
-        },
-    )
-    tree = yaml.safe_load(inv.read_text())
-    for host in tree["all"]["children"]["gpu_hosts"]["hosts"].values():
-        host.update(common)
-    inv.write_text(yaml.safe_dump(tree, sort_keys=False))
-    before = _tree(first)
-    result = run(str(inv), "host.yml")
+    cards = ("0000:18:00.0", "0000:19:00.0")
+    hosts = {
+        name: {
+            "passthrough_root": str(root),
+            "passthrough_host_gpus": [card],
+            **common,
+            **(how(i) if how else {}),
+        }
+        for i, (name, root, card) in enumerate(zip("ab", (first, second), cards, strict=True))
+    }
+    return _inventory(tmp_path, hosts), first, second
+
+
+def judge_skip(
+    result: Any, guest: libvirt.virDomain, first: Path, before: dict[str, bytes], second: Path
+) -> None:
+    """ "a" skipped naming the guest, its tree as it was, the guest never stopped; "b", the
+    next batch, done."""
     assert result.ok, summary_table(result)
     a, b = result.hosts["a"], result.hosts["b"]
     assert (a.status, a.batch, b.status, b.batch) == ("skipped", 1, "reboot pending", 2)
     assert "guests gpu-guest running with the cards (passthrough_guests=skip)" in (a.why or "")
     assert _tree(first) == before
     assert guest.isActive() and _events() == []
-    assert (
-        'KERNEL=="0000:19:00.0"'
-        in (second / "etc/udev/rules.d/40-passthrough-vfio.rules").read_text()
-    )
+    rules = second / "etc/udev/rules.d/40-passthrough-vfio.rules"
+    assert 'KERNEL=="0000:19:00.0"' in rules.read_text()
+
+
+def test_skip_leaves_the_host_under_a_running_guest_and_the_rollout_goes_on(
+    tmp_path: Path, guest: libvirt.virDomain
+) -> None:
+    """passthrough_guests=skip: the canary's card is held by the running gpu-guest, so that
+    host is left as it was (tree byte-identical, the guest never stopped) and reported
+    skipped naming the guest; the next batch's host (another card) is done."""
+    inv, first, second = skip_fleet(tmp_path)
+    before = _tree(first)
+    judge_skip(run(str(inv), "host.yml"), guest, first, before, second)

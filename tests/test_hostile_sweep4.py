@@ -310,6 +310,56 @@ def test_a_live_journal_key_given_twice_is_one_line(on_vfio: Path) -> None:
     journal = on_vfio / LIVE
     journal.parent.mkdir(parents=True)
     entry = '{"host_driver": "nvidia", "host_driver": "vfio-pci", "where": "vfio"}'
-    journal.write_text(f'{{"format": 1, "functions": {{"{GPU}": {entry}}}}}')
+    text = f'{{"format": 1, "functions": {{"{GPU}": {entry}}}}}'
+    journal.write_text(text)
+    first = text.index('"host_driver"') + 1
+    second = text.index('"host_driver"', first) + 1
     r = cli("release", "--root", str(on_vfio), "--gpu", GPU, "--yes")
-    refused(r, str(journal), "key 'host_driver' given twice", "nothing was changed")
+    where = (
+        f"line 1, column {second}: key 'host_driver' given twice (first at line 1, column {first})"
+    )
+    refused(r, str(journal), where, "nothing was changed")
+
+
+def test_a_journal_key_given_twice_is_named_with_its_line(tmp_path: Path) -> None:
+    """Issue 46: a key given twice in a JSON file we read (the journal undo follows) was
+    refused without saying where; a journal is indented over hundreds of lines. The line and
+    column of the second key, and of the first, are named."""
+    from passthrough import fakehost
+
+    from .conftest import tree_hash
+
+    root = fakehost.build(fakehost.load("consumer-intel"), tmp_path / "root")
+    assert cli("apply", "--root", str(root), "--yes", "--quiet").returncode == 0
+    journal = root / "var/lib/passthrough/journal.json"
+    lines = journal.read_text().splitlines(keepends=True)
+    kind = next(i for i, line in enumerate(lines) if line.strip() == '"kind": "apply",')
+    lines.insert(kind + 1, '      "kind": "undo",\n')
+    journal.write_text("".join(lines))
+    before = tree_hash(root)
+    r = cli("undo", "--root", str(root), "--yes")
+    refused(
+        r,
+        str(journal),
+        f"line {kind + 2}, column 7: key 'kind' given twice (first at line {kind + 1}, column 7)",
+    )
+    assert tree_hash(root) == before
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        # strings holding quotes and braces are stepped over as strings
+        ('{"a": {"b": [1, {"c": "x\\"}", "c": 2}]}}', "line 1, column 31: key 'c'"),
+        # an inner key of the same name is another object's: the top level's second "a"
+        ('{"a": {"a": 1},\n "b": 2,\n "a": 3}', "line 3, column 2: key 'a'"),
+        # a key spelled with an escape is the same key
+        ('{\n  "\\u00e9": 1,\n  "\u00e9": 2\n}', "line 3, column 3: key '\u00e9'"),
+    ],
+)
+def test_the_place_of_a_json_key_given_twice(text: str, where: str) -> None:
+    from passthrough.journal.journal_json import Twice, loads
+
+    with pytest.raises(Twice) as caught:
+        loads(text.encode())
+    assert str(caught.value).startswith(where + " given twice (first at line "), caught.value

@@ -305,3 +305,70 @@ def test_the_result_line_is_read_whatever_comes_before_it() -> None:
     assert runtime.direct_result(f"{warning}\n{line[:-5]}\n") is None
     assert runtime.direct_result(warning) is None
     assert runtime.direct_result(runtime.DIRECT_RESULT + "[1, 2]") is None
+
+
+def _no_meminfo(tmp_path: Path) -> Path:
+    root = fakehost.build(fakehost.load("consumer-intel"), tmp_path / "root")
+    (root / "proc/meminfo").unlink()
+    return root
+
+
+def test_the_host_task_refuses_unsized_hugepages_as_apply_does(tmp_path: Path) -> None:
+    """Issue 46: `apply --hugepages-1g` on a root that reports no RAM is refused (exit 2,
+    nothing written); the host task wrote the same request without a word. Now refused
+    alike, in check mode as in a real run, naming the figure and the way to write it
+    anyway; pages left out (kept from an earlier apply) are not asked about."""
+    from passthrough.hosttask import MARKER, RESULT
+
+    from .conftest import tree_hash
+
+    root = _no_meminfo(tmp_path)
+    before = tree_hash(root)
+    # the command as the action runs it, in a "venv" whose identity file is the expected one
+    (tmp_path / "venv").mkdir()
+    (tmp_path / "venv" / MARKER).write_text("0.1.0+this\n")
+    runtime = {"identity": "0.1.0+this", "venv": str(tmp_path / "venv"), "requires": []}
+
+    def outcome(check: bool, **params: Any) -> dict[str, Any]:
+        payload = {"params": {"root": str(root), "state": "present", **params}}
+        payload.update(check_mode=check, runtime=runtime)
+        encoded = base64.b64encode(json.dumps(payload).encode())
+        r = subprocess.run(
+            [sys.executable, "-I", "-m", "passthrough.hosttask", encoded.decode()],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=tmp_path,
+        )
+        result: dict[str, Any] = json.loads(r.stdout.removeprefix(RESULT))
+        return result
+
+    for check in (True, False):
+        refused = outcome(check, hugepages=100000, preflight=[])
+        assert refused["failed"] and refused["exit_code"] == 2, refused
+        msg = refused["msg"]
+        assert "\n" not in msg and "100000 x 1 GiB" in msg and "/proc/meminfo" in msg, msg
+        assert "passthrough_host_hugepages" in msg and "--force" in msg
+        assert tree_hash(root) == before
+    done = outcome(False, preflight=[])
+    assert done["changed"] and "failed" not in done, done
+
+
+@pytest.mark.fleet
+def test_the_fleet_refuses_unsized_hugepages_before_anything_changes(tmp_path: Path) -> None:
+    """The same through the host role (real ansible-playbook): the host fails with the
+    one-line reason and apply's exit code, its root untouched."""
+    from passthrough.provision.runner import run, summary_table
+
+    from .conftest import tree_hash
+    from .test_ansible import _inventory
+
+    root = _no_meminfo(tmp_path)
+    before = tree_hash(root)
+    host = {"passthrough_root": str(root), "passthrough_host_hugepages": 64}
+    result = run(str(_inventory(tmp_path, {"h": host})), "host.yml")
+    reason = result.hosts["h"].reason or ""
+    assert not result.ok and result.hosts["h"].status == "failed", summary_table(result)
+    assert "64 x 1 GiB huge pages (65536 MiB reserved at boot) cannot be checked" in reason
+    assert reason.endswith("(exit 2)"), reason
+    assert tree_hash(root) == before

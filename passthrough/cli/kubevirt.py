@@ -85,6 +85,15 @@ def add_parser(sub: Subparsers) -> None:
         help="a card (repeatable); default: every NVIDIA GPU",
     )
     pre.add_argument(
+        "--nvswitch",
+        action="append",
+        default=[],
+        metavar="all|ADDRESS",
+        help="an NVSwitch the VM takes with every GPU, or 'all' (repeatable): the NVSwitches "
+        "are checked as cards too (on vfio-pci, their IOMMU groups); a partial selection is "
+        "refused (default: the NVSwitches stay with the host's Fabric Manager)",
+    )
+    pre.add_argument(
         "--memory", default="8G", help="guest memory the large-BAR fit assumes (default: 8G)"
     )
     pre.add_argument(
@@ -230,7 +239,8 @@ def _preflight(args: argparse.Namespace, stack: ExitStack) -> int:
     # the range render holds --memory to (a guest of 0 MiB fits every card and means nothing)
     memory = check(BY_NAME["memory_mib"], size_mib(args.memory, "--memory"), "--memory")
     route = "device-plugin" if args.route == "plugin" else args.route
-    report = preflight(discover(open_root(args.root, stack)), tuple(args.gpu), memory, route)
+    host = discover(open_root(args.root, stack))
+    report = preflight(host, tuple(args.gpu), memory, route, tuple(args.nvswitch))
     if args.json:
         dump(report.as_json(), "kubevirt-preflight")
     else:

@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from passthrough.actions import Binding, PlanRecord
+from passthrough.inputs import shown_key
 from passthrough.model import BootloaderKind
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -44,20 +45,80 @@ def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise Twice(f"key {key[:80]!r} given twice in one object")
+            raise Twice(f"key {shown_key(key)} given twice in one object")
         out[key] = value
     return out
 
 
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+class _Found(Exception):
+    """The first key given twice, where (raised out of :func:`_twice_at`'s walk)."""
+
+
+def _twice_at(text: str) -> str | None:
+    """Where the first key given twice in ``text`` is, as ``line L, column C: key K given
+    twice (first at line L2, column C2)``; None where the walk cannot tell (text that is not
+    JSON past that point). The json module's hook sees an object's pairs without their
+    places, so this second, rare walk finds them; values other than objects and arrays are
+    stepped over by the json module's own decoder."""
+    scalar = json.JSONDecoder(parse_constant=_bad_constant, parse_float=_finite)
+
+    def at(i: int) -> str:
+        line = text.count("\n", 0, i) + 1
+        return f"line {line}, column {i - text.rfind(chr(10), 0, i)}"
+
+    def skip(i: int) -> int:
+        match = _SPACE.match(text, i)
+        return match.end() if match else i
+
+    def value(i: int) -> int:
+        i = skip(i)
+        if text.startswith("{", i):
+            seen: dict[str, int] = {}  # each key's offset (its line is counted once, if twice)
+            i = skip(i + 1)
+            while not text.startswith("}", i):
+                key, end = scalar.raw_decode(text, i)
+                if not isinstance(key, str):
+                    raise ValueError("no key here")  # not JSON: the walk cannot tell
+                if key in seen:
+                    raise _Found(
+                        f"{at(i)}: key {shown_key(key)} given twice (first at {at(seen[key])})"
+                    )
+                seen[key] = i
+                i = skip(value(skip(end) + 1))  # past the ':' and the value
+                i = skip(i + 1) if text.startswith(",", i) else i
+            return i + 1
+        if text.startswith("[", i):
+            i = skip(i + 1)
+            while not text.startswith("]", i):
+                i = skip(value(i))
+                i = skip(i + 1) if text.startswith(",", i) else i
+            return i + 1
+        return int(scalar.raw_decode(text, i)[1])
+
+    try:
+        value(0)
+    except _Found as found:
+        return str(found)
+    except (ValueError, IndexError, RecursionError):
+        return None
+    return None
+
+
 def loads(raw: bytes) -> Any:
-    """Our JSON state files: no NaN or Infinity, finite numbers, no key twice; a number of
-    more digits than Python converts is a ValueError too."""
+    """Our JSON state files: no NaN or Infinity, finite numbers, no key twice (named with its
+    line and column); a number of more digits than Python converts is a ValueError too."""
     try:
         return json.loads(
             raw, parse_constant=_bad_constant, parse_float=_finite, object_pairs_hook=_once
         )
     except RecursionError:
         raise ValueError("nested too deeply") from None
+    except Twice as exc:
+        where = _twice_at(raw.decode("utf-8", "replace"))
+        raise Twice(where or str(exc)) from None
 
 
 def inside(rel: str) -> str:

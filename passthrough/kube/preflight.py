@@ -13,11 +13,13 @@ from typing import Any
 from passthrough.analysis import codes, policy
 from passthrough.analysis.cards import choose_cards
 from passthrough.analysis.levels import finding_level
+from passthrough.analysis.nvswitch import NvswitchRefused, told, with_nvswitches
 from passthrough.errors import PassthroughError, count
 from passthrough.kube.build import refuse_laptop
 from passthrough.kube.layout import plan_kubevirt
 from passthrough.model import CheckResult, GpuVerdict, Host, Level, Severity
 from passthrough.output.json import checks_json
+from passthrough.pciclass import SUBCLASS_OTHER_BRIDGE
 
 BOUND = "kube-vfio-bound"
 MODE_LABEL = "kube-mode-label"
@@ -57,8 +59,10 @@ def _bound(v: GpuVerdict) -> CheckResult:
             BOUND,
             Level.FAIL,
             f"{where}: " + ", ".join(f"{f.address} on {f.driver}" for f in held),
-            "bind every function of the card to vfio-pci: `passthrough plan` then `apply` (at "
-            "boot), or `passthrough bind` (now)",
+            "bind every NVSwitch with the GPUs: `passthrough plan --nvswitch all` then `apply`"
+            if _switch(v)
+            else "bind every function of the card to vfio-pci: `passthrough plan` then `apply` "
+            "(at boot), or `passthrough bind` (now)",
         )
     loose = [f for f in v.gpu.functions if not f.is_bridge_like and f.driver is None]
     n = len([f for f in v.gpu.functions if not f.is_bridge_like])
@@ -72,27 +76,33 @@ def _bound(v: GpuVerdict) -> CheckResult:
     return CheckResult(BOUND, Level.PASS, summary)
 
 
-def _policy(host: Host, v: GpuVerdict) -> list[CheckResult]:
+def _switch(v: GpuVerdict) -> bool:
+    """An NVSwitch taken as a card of its own (--nvswitch)."""
+    return v.gpu.primary.subclass == SUBCLASS_OTHER_BRIDGE
+
+
+def _policy(host: Host, v: GpuVerdict, whole: list[GpuVerdict]) -> list[CheckResult]:
     """The card's verdict as scan and check give it, at the same levels (a refusal fails,
     a warning warns: :func:`finding_level`); what makes a card unsafe for a guest
-    withholds the node label (kube-mode-label says so). A large BAR is _fits' to judge."""
+    withholds the node label (kube-mode-label says so). A large BAR is _fits' to judge; the
+    NVSwitch warning is not told where ``whole`` (the cards checked) holds the NVSwitches."""
     where = v.gpu.primary.address
     refused = codes.refusals(v.findings, codes.PREPARED)
-    told = [
+    said = [
         CheckResult(
             f.code,
             finding_level(f.code, codes.PREPARED),
             f"{where}: {f.message}",
             codes.POLICY[f.code].meaning if f in refused else None,
         )
-        for f in v.findings
+        for f in told(v.findings, whole)
         if f.severity is not Severity.INFO and f.code != codes.LARGE_BAR
     ]
     if codes.unsafe_for_guest(v.findings, codes.PREPARED):
-        return told  # a synthetic group (acs-override) "holding only the card" isolates nothing
+        return said  # a synthetic group (acs-override) "holding only the card" isolates nothing
     groups = ", ".join(map(str, v.gpu.groups))
     viable = f"{where}: IOMMU group {groups} holds only the card"
-    return [CheckResult("group-viable", Level.PASS, viable), *told]
+    return [CheckResult("group-viable", Level.PASS, viable), *said]
 
 
 def _fits(host: Host, v: GpuVerdict, memory_mib: int) -> CheckResult:
@@ -115,13 +125,25 @@ def _fits(host: Host, v: GpuVerdict, memory_mib: int) -> CheckResult:
 
 
 def preflight(
-    host: Host, gpus: tuple[str, ...] = (), memory_mib: int = 8192, route: str = "device-plugin"
+    host: Host,
+    gpus: tuple[str, ...] = (),
+    memory_mib: int = 8192,
+    route: str = "device-plugin",
+    nvswitches: tuple[str, ...] = (),
 ) -> Preflight:
     """The node's checks for ``route``: on the device-plugin route every card is on vfio-pci
     and the node gets the GPU Operator's mode label; on the DRA route (NVIDIA's DRA driver)
-    the cards stay on nvidia, which the driver moves to vfio-pci itself (kube/dra_node.py)."""
+    the cards stay on nvidia, which the driver moves to vfio-pci itself (kube/dra_node.py).
+    ``nvswitches`` (--nvswitch all|ADDRESS): a VM that owns the whole NVLink domain, so the
+    NVSwitches are checked as cards too (on vfio-pci, their groups); a partial selection is
+    refused as render and plan refuse it (analysis/nvswitch.py)."""
     from passthrough.kube import dra_node
 
+    if nvswitches and route == "dra":
+        raise NvswitchRefused(
+            "--nvswitch: checked on the device-plugin route only (every GPU and NVSwitch on "
+            "vfio-pci from boot); on the DRA route leave it out"
+        )
     report = Preflight(route=route)
     if not host.groups:
         report.checks.append(
@@ -132,13 +154,17 @@ def preflight(
                 "`passthrough plan` turns it on",
             )
         )
-    chosen = choose_cards(policy.judge_all(host), gpus, default="nvidia", required=False)
+    verdicts = policy.judge_all(host)
+    chosen = choose_cards(verdicts, gpus, default="nvidia", required=False)
     if not chosen:
         report.checks.append(CheckResult(BOUND, Level.FAIL, "no NVIDIA GPU on this node", None))
+    chosen = with_nvswitches(host, verdicts, chosen, nvswitches)
     unsafe: list[str] = []
     for v in chosen:
         bound = dra_node.driver_check(v) if route == "dra" else _bound(v)
-        card = [bound, *_policy(host, v), _fits(host, v, memory_mib)]
+        card = [bound, *_policy(host, v, chosen)]
+        if not _switch(v):  # an NVSwitch maps no large BAR
+            card.append(_fits(host, v, memory_mib))
         # a warning the cluster path refuses (laptop-3d in _fits) is told once, as the refusal
         failed = {c.id for c in card if c.level is Level.FAIL}
         report.checks += [c for c in card if c.level is not Level.WARN or c.id not in failed]
@@ -146,17 +172,21 @@ def preflight(
     if route == "dra":
         report.checks += dra_node.route_checks(report.checks, unsafe)
         return report  # no mode label: VMs claim their cards through ResourceClaims
-    report.checks.append(_label(report, unsafe, bindable=bool(chosen)))
+    switches = any(_switch(v) for v in chosen)
+    report.checks.append(_label(report, unsafe, bindable=bool(chosen), switches=switches))
     if report.ok:
         report.labels[WORKLOAD_LABEL] = "vm-passthrough"
     return report
 
 
-def _label(report: Preflight, unsafe: list[str], bindable: bool) -> CheckResult:
+def _label(
+    report: Preflight, unsafe: list[str], bindable: bool, switches: bool = False
+) -> CheckResult:
     """The mode label: set when every check passed; withheld over any failure and over a
     warning that makes a card unsafe for a guest (acs-override), naming them. Where binding
     is all that is missing, the GPU Operator's own route is named (its vfio-manager binds
-    the cards of a node labelled by hand), so the advice ends where the checks pass."""
+    the cards of a node labelled by hand), so the advice ends where the checks pass; not
+    with NVSwitches (``switches``), which passthrough binds at boot with the GPUs."""
     label = f"{WORKLOAD_LABEL}=vm-passthrough"
     if report.ok and not unsafe:
         return CheckResult(MODE_LABEL, Level.PASS, f"label the node {label}")
@@ -178,6 +208,11 @@ def _label(report: Preflight, unsafe: list[str], bindable: bool) -> CheckResult:
         Level.FAIL,
         f"not labelled {label} until the cards are on vfio-pci (kube-vfio-bound above); "
         "every other check passes",
-        f"bind them as kube-vfio-bound says, or on a GPU Operator cluster label the node "
-        f"{label} yourself: its vfio-manager binds them",
+        "bind them as kube-vfio-bound says"
+        + (
+            ""
+            if switches
+            else f", or on a GPU Operator cluster label the node {label} "
+            "yourself: its vfio-manager binds them"
+        ),
     )

@@ -21,17 +21,22 @@ class UnsizedReservation(PassthroughError):
     """Huge pages asked for on a root that reports no RAM, without --force (exit 2)."""
 
 
-def refuse_unsized(root: HostRoot, hugepages_1g: int | None, force: bool) -> str | None:
+FORCE = "--force writes it anyway"
+
+
+def refuse_unsized(
+    root: HostRoot, hugepages_1g: int | None, force: bool, hint: str = FORCE
+) -> str | None:
     """Refuse (exit 2) writing ``hugepages_1g`` pages of 1 GiB where ``root`` reports no
     RAM, unless ``force``; returns the warning to print when forced (None: nothing to say).
-    Pages kept from an earlier apply (``hugepages_1g`` None) are not asked about again."""
+    Pages kept from an earlier apply (``hugepages_1g`` None) are not asked about again.
+    ``hint``: how the caller's user writes it anyway (the fleet's differs from the CLI's)."""
     if not hugepages_1g or hugepages_1g <= 0 or read_memory_mib(root) is not None:
         return None
     figure = f"{hugepages_1g} x 1 GiB huge pages ({hugepages_1g << 10} MiB reserved at boot)"
     if not force:
         raise UnsizedReservation(
             f"hugepages: {figure} cannot be checked against the RAM: this root has no "
-            "/proc/meminfo, and a machine with less does not boot; nothing was written "
-            "(--force writes it anyway)"
+            f"/proc/meminfo, and a machine with less does not boot; nothing was written ({hint})"
         )
     return f"{figure} written with --force: this root reports no RAM to check them against"

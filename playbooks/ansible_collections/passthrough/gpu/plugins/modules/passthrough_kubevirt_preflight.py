@@ -25,6 +25,14 @@ options:
     type: list
     elements: str
     default: []
+  nvswitches:
+    description:
+      - NVSwitch PCI addresses, or C(all), that a VM owning the whole NVLink domain takes with
+        every GPU (the CLI's C(--nvswitch)); they are checked as cards too. A partial
+        selection fails the task, naming it. Empty leaves the NVSwitches to the host.
+    type: list
+    elements: str
+    default: []
   memory:
     description: Guest memory the large-BAR fit assumes (MiB, or with a G/M suffix)
     type: str
@@ -80,6 +88,7 @@ def main() -> None:
         argument_spec={
             "root": {"type": "str", "default": "/"},
             "gpus": {"type": "list", "elements": "str", "default": []},
+            "nvswitches": {"type": "list", "elements": "str", "default": []},
             "memory": {"type": "str", "default": "8G"},
         },
         supports_check_mode=True,
@@ -90,7 +99,12 @@ def main() -> None:
         from passthrough.vm.options import size_mib
 
         memory = size_mib(module.params["memory"], "memory")
-        report = preflight(discover(module.params["root"]), tuple(module.params["gpus"]), memory)
+        report = preflight(
+            discover(module.params["root"]),
+            tuple(module.params["gpus"]),
+            memory,
+            nvswitches=tuple(module.params["nvswitches"]),
+        )
         data = report.as_json()
         module.exit_json(
             changed=False,
