@@ -6,9 +6,14 @@ from __future__ import annotations
 import argparse
 import sys
 from contextlib import ExitStack
+from typing import TYPE_CHECKING
 
 from passthrough.cli.common import Subparsers, command, common, dump, examples, open_root
 from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK
+
+if TYPE_CHECKING:
+    from passthrough.host.root import HostRoot
+    from passthrough.model import CheckResult
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -21,7 +26,8 @@ def add_parser(sub: Subparsers) -> None:
         "nothing the host needs taken; functions on vfio-pci that passthrough did not bind are "
         "named as such. On a host passthrough never prepared (by hand, another tool): the "
         "IOMMU and vfio arguments that are live, what is bound to vfio-pci, cards only partly "
-        "bound, and nothing the host needs taken. Exits 1 when a check fails.",
+        "bound, and nothing the host needs taken. Where a vGPU layout is recorded, one line "
+        "on it (`passthrough vgpu verify` names each vGPU). Exits 1 when a check fails.",
         epilog=examples(
             "passthrough verify",
             "passthrough verify --root /tmp/hgx --json",
@@ -38,10 +44,24 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.output.text import Painter, render_checks, wants_color
 
     root = HostRoot(open_root(args.root, stack))
-    results = verify(root, discover(root))
+    vgpu = _vgpu(root)
+    results = verify(root, discover(root), vgpu=bool(vgpu))
+    results.extend(vgpu)
     report = verify_json(results)
     if args.json:
         dump({"root": root.path, **report}, "verify")
     else:
         print(render_checks(results, Painter(wants_color(sys.stdout, args.color))))
     return EXIT_OK if report["ok"] else EXIT_CHECK_FAILED
+
+
+def _vgpu(root: HostRoot) -> list[CheckResult]:
+    """One line on the recorded vGPU layout, where there is one."""
+    from passthrough.model import CheckResult, Level
+    from passthrough.vgpu.verify import verify_check, verify_layout
+
+    try:
+        found = verify_layout(root)
+    except ValueError as exc:
+        return [CheckResult("vgpu", Level.FAIL, str(exc), "`passthrough vgpu undo` removes it")]
+    return [] if found is None else [verify_check(found)]

@@ -23,7 +23,7 @@ from passthrough.cli.common import (
     progress,
     yes_flag,
 )
-from passthrough.errors import EXIT_HOST_STEP, EXIT_OK, PassthroughError
+from passthrough.errors import EXIT_CHECK_FAILED, EXIT_HOST_STEP, EXIT_OK, PassthroughError
 
 ACTIONS = (
     ("list", "each NVIDIA card's vGPU mode, its VFs and the types it can still create"),
@@ -31,6 +31,7 @@ ACTIONS = (
     ("apply", "create the vGPUs (through the journal) and install the boot unit"),
     ("undo", "take every vGPU layout back: types, mdevs, VFs, the record and the unit"),
     ("restore", "re-apply the recorded layout (what the boot unit runs)"),
+    ("verify", "after a reboot: check each recorded vGPU's type in sysfs against the record"),
 )
 EXAMPLES = {
     "list": ("passthrough vgpu list", "passthrough vgpu list --json | jq '.cards[].mode'"),
@@ -41,6 +42,7 @@ EXAMPLES = {
     "apply": ("passthrough vgpu apply --card 0000:41:00.0 --type L40S-12Q --count 4",),
     "undo": ("passthrough vgpu undo",),
     "restore": ("passthrough vgpu restore  # ExecStart of passthrough-vgpu.service",),
+    "verify": ("passthrough vgpu verify", "passthrough vgpu verify --json"),
 }
 
 
@@ -93,7 +95,14 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
 
     changing = args.vgpu_command if args.vgpu_command in ("apply", "undo", "restore") else None
     root = HostRoot(open_root(args.root, stack, changing=changing))
-    handler = {"list": _list, "plan": _plan, "apply": _apply, "undo": _undo, "restore": _restore}
+    handler = {
+        "list": _list,
+        "plan": _plan,
+        "apply": _apply,
+        "undo": _undo,
+        "restore": _restore,
+        "verify": _verify,
+    }
     return handler[args.vgpu_command](args, root)
 
 
@@ -245,6 +254,29 @@ def _restore(args: argparse.Namespace, root: Any) -> int:
     except ValueError as exc:
         raise PassthroughError(str(exc)) from None
     return EXIT_HOST_STEP if failed else EXIT_OK
+
+
+def _verify(args: argparse.Namespace, root: Any) -> int:
+    from passthrough.vgpu.unit import LAYOUT
+    from passthrough.vgpu.verify import summary, verify_layout
+
+    try:
+        found = verify_layout(root)
+    except ValueError as exc:
+        raise PassthroughError(str(exc)) from None
+    ok = all(f.ok for f in found or [])
+    if args.json:
+        checked = [f.to_json() for f in found or []]
+        dump(
+            {"root": root.path, "recorded": found is not None, "ok": ok, "checked": checked}, "vgpu"
+        )
+    elif found is None:
+        print(f"No vGPU layout recorded (/{LAYOUT}): nothing to verify.")
+    else:
+        for f in found:
+            print(f.line())
+        print(summary(found) + ".")
+    return EXIT_OK if ok else EXIT_CHECK_FAILED
 
 
 def kube_vgpus(out: Any, host: Any, wanted: list[str]) -> None:

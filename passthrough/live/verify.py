@@ -24,13 +24,14 @@ IOMMU_KEYS = ("intel_iommu", "amd_iommu", "iommu", "vfio-pci.ids", "vfio_iommu_t
 VFIO_KEYS = ("vfio-pci.ids",)
 
 
-def verify(root: HostRoot, host: Host) -> list[CheckResult]:
+def verify(root: HostRoot, host: Host, vgpu: bool = False) -> list[CheckResult]:
     """The host against the newest complete apply's plan; on a host passthrough never
-    prepared (by hand, another tool), against what a passthrough host needs."""
+    prepared (by hand, another tool), against what a passthrough host needs. ``vgpu``: a
+    vGPU layout is recorded (the host hands out vGPUs, not whole cards)."""
     record = last_applied(root)  # the plan of the newest complete apply
     if record is None:
         undone = last_undone(root)
-        return by_hand(host) if undone is None else after_undo(root, host, *undone)
+        return by_hand(host, vgpu) if undone is None else after_undo(root, host, *undone)
     ours = set(record.functions)
     pending = [shlex.join(p.argv) for p in status(root).pending]
     checks = [
@@ -107,8 +108,10 @@ def after_undo(root: HostRoot, host: Host, tx_id: str, record: PlanRecord) -> li
     return results
 
 
-def by_hand(host: Host) -> list[CheckResult]:
-    """verify on a host passthrough did not prepare: what is live, whoever set it up."""
+def by_hand(host: Host, vgpu: bool = False) -> list[CheckResult]:
+    """verify on a host passthrough did not prepare: what is live, whoever set it up. With
+    ``vgpu`` (a vGPU layout recorded), no card on vfio-pci is no failure: the VFs of a vGPU
+    card stay on the nvidia driver."""
     live = [a for a in host.kernel.cmdline if key_of(a) in IOMMU_KEYS]
     bound = [f for f in host.functions if is_vfio(f.driver)]
     results = [
@@ -125,7 +128,16 @@ def by_hand(host: Host) -> list[CheckResult]:
         ),
         iommu_enabled(host),
     ]
-    if not bound:
+    if not bound and vgpu:
+        results.append(
+            CheckResult(
+                "vfio",
+                Level.SKIP,
+                "no function is bound to vfio-pci: this host hands out vGPUs (their VFs stay "
+                "on the nvidia driver; the vgpu line checks them)",
+            )
+        )
+    elif not bound:
         results.append(
             CheckResult(
                 "vfio",
