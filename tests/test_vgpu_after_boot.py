@@ -19,10 +19,9 @@ import jsonschema
 import pytest
 
 from passthrough.cli import main
-from passthrough.cli.vgpu import unit_command
 from passthrough.host.root import HostRoot
 from passthrough.vgpu.apply import apply_layout, tool_runner
-from passthrough.vgpu.unit import LAYOUT, UNIT
+from passthrough.vgpu.unit import LAYOUT, UNIT, unit_command
 
 from .test_vgpu_realworld import VFS, card, driver
 from .vgpu_standin import A2_PF, L40S_PF, L40S_VF, a2_root, l40s_root

@@ -110,6 +110,7 @@ def l40s_root(tmp: Path, vfs: int = 4, enabled: bool = True, catalog: str | None
             (dest / "current_vgpu_type").write_text("0\n")
     (_pf_dir(root, L40S_PF) / "sriov_numvfs").write_text(f"{vfs}\n")
     install_sriov_manage(root)
+    install_nvidia_smi(root)
     if not enabled:
         stash = root / "usr/lib/nvidia/standin-vfs"
         stash.mkdir(parents=True)
@@ -187,12 +188,66 @@ esac
 """
 
 
-def install_sriov_manage(root: Path) -> Path:
-    path = root / "usr/lib/nvidia/sriov-manage"
+def install_script(root: Path, rel: str, text: str) -> Path:
+    path = root / rel
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(SRIOV_MANAGE)
+    path.write_text(text)
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return path
+
+
+def install_sriov_manage(root: Path) -> Path:
+    return install_script(root, "usr/lib/nvidia/sriov-manage", SRIOV_MANAGE)
+
+
+# -- the stand-in nvidia-smi: heterogeneous mode ----------------------------------------------
+
+NVIDIA_SMI = r"""#!/bin/sh
+# STAND-IN for NVIDIA's nvidia-smi (tests only). It answers `nvidia-smi vgpu -shm 0|1 -i PF`
+# alone: heterogeneous mode on (1) or off (0) for the card, kept in
+# usr/lib/nvidia/standin-heterogeneous/PF (gone at a reboot). As the vGPU user guide says, the
+# mode is changed only while the card holds no vGPU; run/standin-no-heterogeneous stands for
+# a card or driver that cannot do it.
+set -eu
+R="${PASSTHROUGH_ROOT:?}"
+[ "${1:-}" = vgpu ] || { echo "stand-in nvidia-smi: only 'vgpu -shm' is answered" >&2; exit 2; }
+shift
+mode=""; gpu=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+    -shm) mode="$2"; shift 2 ;;
+    -i) gpu="$2"; shift 2 ;;
+    *) echo "Invalid combination of input arguments." >&2; exit 2 ;;
+    esac
+done
+case "$mode" in 0|1) ;; *) echo "-shm takes 0 or 1" >&2; exit 2 ;; esac
+[ -e "$R/sys/bus/pci/devices/$gpu" ] || { echo "No devices were found" >&2; exit 6; }
+if [ -e "$R/run/standin-no-heterogeneous" ]; then
+    echo "Setting vGPU heterogeneous mode is not supported for GPU $gpu." >&2
+    exit 3
+fi
+for t in "$R"/sys/bus/pci/devices/*/nvidia/current_vgpu_type; do
+    [ -e "$t" ] || continue
+    vf="$(dirname "$(dirname "$t")")"
+    [ "$(basename "$(readlink -f "$vf/physfn")")" = "$gpu" ] || continue
+    if [ "$(cat "$t")" != 0 ]; then
+        echo "Unable to set vGPU heterogeneous mode for GPU $gpu: vGPUs exist on it." >&2
+        exit 255
+    fi
+done
+state="$R/usr/lib/nvidia/standin-heterogeneous"
+mkdir -p "$state"
+if [ "$mode" = 1 ]; then : > "$state/$gpu"; word=Enabled; else rm -f "$state/$gpu"; word=Disabled; fi
+echo "vGPU heterogeneous mode $word for GPU $gpu."
+"""
+
+
+def install_nvidia_smi(root: Path) -> Path:
+    return install_script(root, "usr/bin/nvidia-smi", NVIDIA_SMI)
+
+
+def heterogeneous_on(root: Path | str, pf: str) -> bool:
+    return (Path(root) / "usr/lib/nvidia/standin-heterogeneous" / pf).exists()
 
 
 # -- the stand-in driver: what the kernel does after a write ---------------------------------
@@ -217,8 +272,10 @@ def _size(name: str) -> str | None:
 class StandinDriver:
     """After a ``current_vgpu_type`` write: with ``resets`` left, the driver puts 0 back (a
     write it did not take); otherwise the configured VF's catalog is emptied and every free
-    sibling offers only the types of that framebuffer size; when every VF is back to 0 the
-    full catalog returns. mdev: ``create`` makes the device, ``remove`` deletes it."""
+    sibling offers only the types of that framebuffer size (in heterogeneous mode: every type
+    that fits in the framebuffer left, the largest type's size being the card's); when every
+    VF is back to 0 the full catalog returns. mdev: ``create`` makes the device, ``remove``
+    deletes it."""
 
     def __init__(self, catalog: str, resets: int = 0) -> None:
         self.header, self.full = _rows(catalog)
@@ -244,13 +301,19 @@ class StandinDriver:
     def _catalogs(self, root: HostRoot) -> None:
         base = Path(root.path) / "sys/bus/pci/devices"
         vfs = sorted(p for p in base.iterdir() if (p / "nvidia/current_vgpu_type").exists())
-        used = {int((p / "nvidia/current_vgpu_type").read_text()) for p in vfs} - {0}
+        held = [int((p / "nvidia/current_vgpu_type").read_text()) for p in vfs]
+        used = set(held) - {0}
         names = dict(self.full)
         sizes = {_size(names[i]) for i in used if i in names}
+        mixed = any(heterogeneous_on(root.path, (p / "physfn").resolve().name) for p in vfs)
+        whole = max(int(_size(n) or 0) for _, n in self.full)
+        left = whole - sum(int(_size(names.get(i, "")) or 0) for i in held if i)
         for p in vfs:
             mine = int((p / "nvidia/current_vgpu_type").read_text())
             if mine:
                 rows: list[tuple[int, str]] = []
+            elif mixed:
+                rows = [(i, n) for i, n in self.full if int(_size(n) or 0) <= left]
             elif sizes:
                 rows = [(i, n) for i, n in self.full if _size(n) in sizes]
             else:

@@ -77,7 +77,8 @@ def add_parser(sub: Subparsers) -> None:
                 "--layout",
                 metavar="FILE.yaml",
                 help="instead of --card/--type/--count: 'cards:' mapping each card's quoted "
-                'address to {TYPE: COUNT} ("0000:41:00.0": {L40S-12Q: 4})',
+                'address to {TYPE: COUNT} ("0000:41:00.0": {L40S-12Q: 4}); several types on '
+                "a card with 'heterogeneous: true' (docs/vgpu.md)",
             )
         if action in ("apply", "undo", "restore"):
             a.add_argument(
@@ -146,7 +147,7 @@ def _planned(args: argparse.Namespace, root: Any) -> list[Any]:
     """One plan per card (--layout), or the one of --card/--type/--count; every one made
     before anything is done, so that a bad entry changes nothing."""
     from passthrough.vgpu.layoutfile import load_layout
-    from passthrough.vgpu.plan import LayoutRefused, find_card, plan_layout
+    from passthrough.vgpu.plan import LayoutRefused, find_card, plan_card
 
     given = [f for f in ("card", "type", "count") if getattr(args, f) is not None]
     if args.layout is not None:
@@ -156,9 +157,9 @@ def _planned(args: argparse.Namespace, root: Any) -> list[Any]:
     elif len(given) < 3:
         raise LayoutRefused("--card, --type and --count are needed (or --layout FILE.yaml)")
     else:
-        wanted = [(args.card, args.type, args.count)]
+        wanted = [(args.card, [(args.type, args.count)], False)]
     cards = _cards(root)
-    plans = [plan_layout(find_card(cards, c), t, n) for c, t, n in wanted]
+    plans = [plan_card(find_card(cards, c), types, mixed) for c, types, mixed in wanted]
     seen = [str(p.card.address) for p in plans]
     if len(set(seen)) < len(seen):
         raise LayoutRefused("a card is named twice in the layout")
@@ -230,16 +231,16 @@ def _undo(args: argparse.Namespace, root: Any) -> int:
 
 def _restore(args: argparse.Namespace, root: Any) -> int:
     from passthrough.journal.devices import poke
-    from passthrough.vgpu.apply import tool_runner
-    from passthrough.vgpu.discover import SRIOV_MANAGE
+    from passthrough.vgpu.apply import SHM, tool_runner
+    from passthrough.vgpu.discover import NVIDIA_SMI, SRIOV_MANAGE
     from passthrough.vgpu.unit import restore
 
     tool = tool_runner(root, args.run_root_tools or root.is_live)
 
-    def enable(pf: str) -> str | None:
+    def ran(path: str, *argv: str) -> str | None:
         if tool is None:
-            return "sriov-manage is not run on this root (--run-root-tools)"
-        r = tool([root.real(SRIOV_MANAGE), "-e", pf])
+            return f"{path.rsplit('/', 1)[-1]} is not run on this root (--run-root-tools)"
+        r = tool([root.real(path), *argv])
         return (
             None
             if r.returncode == 0
@@ -250,7 +251,13 @@ def _restore(args: argparse.Namespace, root: Any) -> int:
         print(line, flush=True)  # to the journal of systemd, line by line
 
     try:
-        failed = restore(root, enable, lambda rel, value: poke(root, rel, value), say)
+        failed = restore(
+            root,
+            lambda pf: ran(SRIOV_MANAGE, "-e", pf),
+            lambda rel, value: poke(root, rel, value),
+            say,
+            heterogeneous=lambda pf: ran(NVIDIA_SMI, *SHM, "1", "-i", pf),
+        )
     except ValueError as exc:
         raise PassthroughError(str(exc)) from None
     return EXIT_HOST_STEP if failed else EXIT_OK

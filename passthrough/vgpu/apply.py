@@ -2,7 +2,8 @@
 """Applying a vGPU layout through the journal, and taking it back.
 
 One apply transaction of the journal every host change goes through: ``sriov-manage -e``
-as a command step (its inverse ``-d``), each type write (vendor VFIO: the decimal id into
+as a command step (its inverse ``-d``), then, for a heterogeneous layout, ``nvidia-smi vgpu
+-shm 1 -i PF`` (its inverse ``-shm 0``) before the first type write, each type write (vendor VFIO: the decimal id into
 the VF's ``nvidia/current_vgpu_type``; mdev: a UUID into the type's ``create``) as a
 ``sysfs`` step naming PF, VF, id and name, read back, retried once, and the whole layout
 taken back when the driver does not take it; then the record of the layout and the boot
@@ -37,16 +38,18 @@ from passthrough.vgpu.discover import (
     CATALOG,
     CURRENT,
     MDEV_TYPES,
+    NVIDIA_SMI,
     SRIOV_MANAGE,
     parent_dir,
     parse_catalog,
     read_vgpu,
 )
 from passthrough.vgpu.model import Mode, VgpuCard
-from passthrough.vgpu.plan import LayoutRefused, Placement, VgpuPlan, find_type, pick
+from passthrough.vgpu.plan import LayoutRefused, Placement, VgpuPlan, replan
 from passthrough.vgpu.unit import LAYOUT, UNIT, UNIT_NAME, unit_text
 
 Say = Callable[[str], None]
+SHM = ["vgpu", "-shm"]  # nvidia-smi vgpu -shm 0|1 -i PF: heterogeneous mode off/on
 Tool = Callable[[list[str]], subprocess.CompletedProcess[str]]
 
 
@@ -101,24 +104,26 @@ def run_tool(
     tool: Tool,
     argv: list[str],
     undo: list[str],
+    path: str = SRIOV_MANAGE,
 ) -> Step:
-    """The root's sriov-manage as a journaled command step (its inverse recorded)."""
+    """The root's sriov-manage (or nvidia-smi) as a journaled command step (its inverse
+    recorded)."""
     root = journal.root
     step = Step(
         n=len(tx.steps),
         kind=StepKind.RUN,
         state=StepState.BEGUN,
-        argv=["/" + SRIOV_MANAGE, *argv],
-        undo_argv=["/" + SRIOV_MANAGE, *undo],
+        argv=["/" + path, *argv],
+        undo_argv=["/" + path, *undo],
     )
     tx.steps.append(step)
     journal.save()
-    result = tool([root.real(SRIOV_MANAGE), *argv])
+    result = tool([root.real(path), *argv])
     if result.returncode != 0:
         tail = (result.stderr or result.stdout or "").strip().splitlines()[-1:] or [""]
         step.state, step.error = (
             StepState.FAILED,
-            f"sriov-manage {' '.join(argv)}: exit {result.returncode}: {tail[0]}",
+            f"{os.path.basename(path)} {' '.join(argv)}: exit {result.returncode}: {tail[0]}",
         )
     else:
         step.state = StepState.DONE
@@ -176,7 +181,9 @@ class Applied:
     listed: list[list[str]]
 
 
-def record_layout(root: HostRoot, card: VgpuCard, placements: list[Placement]) -> bytes:
+def record_layout(
+    root: HostRoot, card: VgpuCard, placements: list[Placement], heterogeneous: bool = False
+) -> bytes:
     """The layout file with this card's vGPUs added (other cards' kept). VFs (vendor VFIO
     or mdev on VFs) are gone after a reboot: the record says to enable them again."""
     try:
@@ -189,6 +196,8 @@ def record_layout(root: HostRoot, card: VgpuCard, placements: list[Placement]) -
         str(card.address), {"mode": card.mode.value, "enable_vfs": False, "vgpus": []}
     )
     entry["enable_vfs"] = card.mode in (Mode.VENDOR_VFIO, Mode.MDEV_VF)
+    if heterogeneous:  # set again at boot, after the VFs and before the first type
+        entry["heterogeneous"] = True
     entry["vgpus"] = [*entry.get("vgpus", []), *(p.to_json() for p in placements)]
     return (json.dumps({"version": 1, "cards": cards}, indent=2, sort_keys=True) + "\n").encode()
 
@@ -203,26 +212,24 @@ def apply_layout(
     unit_command: str,
 ) -> Applied:
     card = plan.card
-    if plan.enable_vfs:
-        if tool is None:
+    for needed, what in (
+        (plan.enable_vfs, "its VFs must be enabled first and sriov-manage"),
+        (plan.set_heterogeneous, "heterogeneous mode is set with nvidia-smi, which"),
+    ):
+        if needed and tool is None:
             raise LayoutRefused(
-                f"{card.address}: its VFs must be enabled first and sriov-manage is not run on a "
-                "root that is not this machine (--run-root-tools runs the root's own, for a test "
-                "root whose sriov-manage is a stand-in)"
+                f"{card.address}: {what} is not run on a root that is not this machine "
+                "(--run-root-tools runs the root's own, for a test root whose tools are stand-ins)"
             )
+    if plan.enable_vfs:
         refuse_holders(root, card)
     placements = list(plan.placements)
     with engine.session(root) as journal:
         tx = journal.begin(TxKind.APPLY)
         try:
-            if plan.enable_vfs and tool is not None:
-                say(f"run /{SRIOV_MANAGE} -e {card.address}")
-                pf = str(card.address)
-                step = run_tool(journal, tx, tool, ["-e", pf], ["-d", pf])
-                if step.state is not StepState.DONE:
-                    raise VgpuFailed(step.error or "sriov-manage failed")
-                card = card_now(root, str(card.address))
-                placements = pick(card, find_type(card.types(), plan.type_name, card), plan.count)
+            if tool is not None and (plan.enable_vfs or plan.set_heterogeneous):
+                card = before_types(journal, tx, plan, tool, say)
+                placements = replan(card, plan)
             for p in placements:
                 say(f"{p.vf}: {p.type_name} (id {p.type_id})")
                 _place(journal, tx, card, p, kernel)
@@ -233,7 +240,7 @@ def apply_layout(
         files: list[Action] = [
             WriteFile(
                 LAYOUT,
-                record_layout(root, card, placements),
+                record_layout(root, card, placements, plan.heterogeneous),
                 "the vGPU layout the boot unit re-applies",
             ),
             WriteFile(UNIT, unit_text(unit_command).encode(), "re-applies the layout at boot"),
@@ -258,6 +265,26 @@ def apply_layout(
         return Applied(tx, placements, listed)
 
 
+def before_types(
+    journal: Journal, tx: Transaction, plan: VgpuPlan, tool: Tool, say: Say
+) -> VgpuCard:
+    """What comes before the first type write, in this order: the VFs enabled
+    (``sriov-manage -e``), then heterogeneous mode set (``nvidia-smi vgpu -shm 1``). The card
+    as it is after them."""
+    pf = str(plan.card.address)
+    steps = []
+    if plan.enable_vfs:
+        steps.append((SRIOV_MANAGE, ["-e", pf], ["-d", pf]))
+    if plan.set_heterogeneous:
+        steps.append((NVIDIA_SMI, [*SHM, "1", "-i", pf], [*SHM, "0", "-i", pf]))
+    for path, argv, undo in steps:
+        say(f"run /{path} {' '.join(argv)}")
+        step = run_tool(journal, tx, tool, argv, undo, path)
+        if step.state is not StepState.DONE:
+            raise VgpuFailed(step.error or f"{path} failed")
+    return card_now(journal.root, pf)
+
+
 def rollback(
     journal: Journal, tx: Transaction, tool: Tool | None, kernel: devices.Kernel | None, say: Say
 ) -> str:
@@ -278,8 +305,9 @@ def rollback(
 def inverse_tools(
     journal: Journal, back: Transaction, targets: list[Transaction], tool: Tool | None, say: Say
 ) -> list[str]:
-    """``sriov-manage -d`` for each ``-e`` that ran, newest first (run here, where the
-    apply ran it, rather than listed by the generic undo)."""
+    """``sriov-manage -d`` for each ``-e`` that ran and ``nvidia-smi vgpu -shm 0`` for each
+    ``-shm 1``, newest first (run here, where the apply ran them, rather than listed by the
+    generic undo)."""
     failed = []
     for tx in reversed(targets):
         for step in reversed(tx.steps):
@@ -288,17 +316,18 @@ def inverse_tools(
             if tool is None or step.undo_argv is None:
                 continue  # the generic undo lists it
             say(f"run {' '.join(step.undo_argv)}")
-            done = run_tool(journal, back, tool, step.undo_argv[1:], step.argv[1:])
+            path = step.argv[0][1:]
+            done = run_tool(journal, back, tool, step.undo_argv[1:], step.argv[1:], path)
             if done.state is StepState.DONE:
                 step.state = StepState.UNDONE
             else:
-                failed.append(done.error or "sriov-manage -d failed")
+                failed.append(done.error or f"{' '.join(step.undo_argv)} failed")
             journal.save()
     return failed
 
 
 def is_tool(step: Step) -> bool:
-    return step.kind is StepKind.RUN and step.argv[:1] == ["/" + SRIOV_MANAGE]
+    return step.kind is StepKind.RUN and step.argv[:1] in (["/" + SRIOV_MANAGE], ["/" + NVIDIA_SMI])
 
 
 def is_vgpu(tx: Transaction) -> bool:

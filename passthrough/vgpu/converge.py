@@ -69,8 +69,14 @@ def plan_host(root: HostRoot, layout: Any, where: str) -> list[CardLayout]:
     cards = read_vgpu(root, discover(root))
     out: list[CardLayout] = []
     try:
-        for address, type_name, count in wanted:
+        for address, wants, mixed in wanted:
             card = find_card(cards, address)
+            if mixed or len(wants) > 1:
+                raise LayoutRefused(
+                    f"{card.address}: heterogeneous layouts are applied by `passthrough vgpu "
+                    "apply --layout`, not by the host role yet: one type per card here"
+                )
+            ((type_name, count),) = wants
             if any(c.card.address == card.address for c in out):
                 raise LayoutRefused(f"{card.address} is named twice")
             want = short_name(type_name)

@@ -16,10 +16,11 @@ from passthrough.errors import echo
 from passthrough.host.root import HostRoot
 from passthrough.model import Host, PciAddress, PciFunction
 from passthrough.pciclass import CLASS_DISPLAY
-from passthrough.vgpu.model import Mdev, Mode, Vf, VgpuCard, VgpuType
+from passthrough.vgpu.model import Mdev, Mode, Vf, VgpuCard, VgpuType, framebuffer_gb
 
 NVIDIA = 0x10DE
 SRIOV_MANAGE = "usr/lib/nvidia/sriov-manage"
+NVIDIA_SMI = "usr/bin/nvidia-smi"
 CATALOG = "nvidia/creatable_vgpu_types"
 CURRENT = "nvidia/current_vgpu_type"
 MDEV_TYPES = "mdev_supported_types"
@@ -188,7 +189,16 @@ def _card(
         vfs=parts[2],
         total_vfs=pf.sriov_totalvfs,
         sriov_manage=SRIOV_MANAGE if root.isfile(SRIOV_MANAGE) else None,
+        nvidia_smi=NVIDIA_SMI if root.isfile(NVIDIA_SMI) else None,
+        heterogeneous=_mixed(parts[2]),
     )
+
+
+def _mixed(vfs: tuple[Vf, ...]) -> bool | None:
+    """Heterogeneous mode is not in sysfs; VFs holding types of two framebuffer sizes show
+    it is on (True). Otherwise unknown (None): one size is either mode."""
+    sizes = {framebuffer_gb(vf.type_name) for vf in vfs if vf.type_id and vf.type_name}
+    return True if len(sizes - {None}) > 1 else None
 
 
 def _why_none(root: HostRoot, pf: PciFunction, vfs: list[PciFunction]) -> str:

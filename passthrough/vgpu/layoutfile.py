@@ -5,10 +5,13 @@
     cards:
       "0000:41:00.0": {L40S-12Q: 4}
       "0000:c1:00.0": {L40S-24Q: 2}
+      "0000:81:00.0": {L40S-24Q: 1, L40S-12Q: 2, heterogeneous: true}
 
-A card takes one type (a card holds one framebuffer size until heterogeneous mode, which
-passthrough does not set). Addresses are quoted: unquoted, YAML 1.1 reads ``0000:41:00.0``
-as a base-60 number.
+A card takes one type, unless its entry says ``heterogeneous: true``: a card holds one
+framebuffer size until heterogeneous mode is set, and apply sets it only when asked (the
+mode changes how the card places every vGPU, so a layout is not switched into it by a
+second type written by mistake). Addresses are quoted: unquoted, YAML 1.1 reads
+``0000:41:00.0`` as a base-60 number.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from typing import Any
 from passthrough.inputs import Unreadable, read_text
 from passthrough.vgpu.plan import LayoutRefused
 
+Entry = tuple[str, list[tuple[str, int]], bool]  # card, (type name, count)..., heterogeneous
 
-def load_layout(path: str) -> list[tuple[str, str, int]]:
-    """(card, type name, count) for each card of the file; LayoutRefused naming the problem."""
+
+def load_layout(path: str) -> list[Entry]:
+    """(card, [(type name, count), ...], heterogeneous) for each card of the file;
+    LayoutRefused naming the problem."""
     import yaml
 
     where = f"--layout {path}"
@@ -38,25 +44,35 @@ def load_layout(path: str) -> list[tuple[str, str, int]]:
     return parse_layout(cards, where)
 
 
-def parse_layout(cards: Any, where: str) -> list[tuple[str, str, int]]:
-    """(card, type name, count) for each card of a mapping of card address to {TYPE: COUNT}
-    (a layout file's ``cards:``, the host role's ``passthrough_host_vgpu_layout``);
-    LayoutRefused naming ``where`` and the problem."""
+def parse_layout(cards: Any, where: str) -> list[Entry]:
+    """(card, [(type name, count), ...], heterogeneous) for each card of a mapping of card
+    address to {TYPE: COUNT} (a layout file's ``cards:``, the host role's
+    ``passthrough_host_vgpu_layout``); LayoutRefused naming ``where`` and the problem."""
     if not isinstance(cards, dict) or not cards:
         raise LayoutRefused(f"{where}: expected a mapping of each card to {{TYPE: COUNT}}")
-    out = []
-    for card, types in cards.items():
+    out: list[Entry] = []
+    for card, given in cards.items():
         if not isinstance(card, str) or _number(card):
             raise LayoutRefused(f'{where}: card {card!r}: quote the address ("0000:41:00.0")')
-        if not isinstance(types, dict) or len(types) != 1:
+        types = dict(given) if isinstance(given, dict) else {}
+        mixed = types.pop("heterogeneous", False)
+        if not isinstance(mixed, bool):
+            raise LayoutRefused(f"{where}: {card}: heterogeneous: true or false, not {mixed!r}")
+        if not types:
+            raise LayoutRefused(f"{where}: {card}: expected {{TYPE: COUNT}} ({{L40S-12Q: 4}})")
+        if len(types) > 1 and not mixed:
             raise LayoutRefused(
-                f"{where}: {card}: one type per card ({{L40S-12Q: 4}}); heterogeneous layouts "
-                "are not set by passthrough"
+                f"{where}: {card}: one type per card ({{L40S-12Q: 4}}), or several with "
+                "'heterogeneous: true' (a card holds one framebuffer size until that mode is set)"
             )
-        ((name, count),) = types.items()
-        if not isinstance(name, str) or isinstance(count, bool) or not isinstance(count, int):
-            raise LayoutRefused(f"{where}: {card}: expected TYPE: COUNT, got {name!r}: {count!r}")
-        out.append((card, name, count))
+        wants = []
+        for name, count in types.items():
+            if not isinstance(name, str) or isinstance(count, bool) or not isinstance(count, int):
+                raise LayoutRefused(
+                    f"{where}: {card}: expected TYPE: COUNT, got {name!r}: {count!r}"
+                )
+            wants.append((name, count))
+        out.append((card, wants, mixed))
     return out
 
 

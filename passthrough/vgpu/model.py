@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Any
 
@@ -40,6 +41,16 @@ class VgpuType:
 def short_name(name: str) -> str:
     """``NVIDIA L40S-12Q`` → ``L40S-12Q``: how people name a type."""
     return name.removeprefix("NVIDIA ").strip()
+
+
+_SIZE = re.compile(r"-(\d+)[A-Z]+$")
+
+
+def framebuffer_gb(name: str) -> int | None:
+    """The framebuffer a type's name gives, in GB: ``L40S-12Q`` → 12, ``DC-1-24Q`` → 24;
+    None where the name does not end in one."""
+    m = _SIZE.search(name.strip())
+    return int(m.group(1)) if m else None
 
 
 @frozen(slots=True)
@@ -93,6 +104,7 @@ class VgpuCard:
     total_vfs: int | None = None
     heterogeneous: bool | None = None  # None: not readable from sysfs
     sriov_manage: str | None = None  # the host's sriov-manage, inside the root
+    nvidia_smi: str | None = None  # the host's nvidia-smi (sets heterogeneous mode), not in JSON
 
     def types(self) -> tuple[VgpuType, ...]:
         """Every type any VF still offers or holds, by id (names from the siblings)."""

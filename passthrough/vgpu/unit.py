@@ -62,13 +62,28 @@ def read_layout(root: HostRoot) -> dict[str, Any]:
 Write = Callable[[str, str], str | None]  # (path, value) -> error
 
 
+def _held(root: HostRoot, vgpus: list[Any]) -> list[bool]:
+    """For each recorded vendor-VFIO vGPU: does its VF hold its type now?"""
+    from passthrough.vgpu.discover import CURRENT
+
+    return [
+        (root.read(f"sys/bus/pci/devices/{v.get('vf')}/{CURRENT}") or "").strip()
+        == str(v.get("type_id"))
+        for v in vgpus
+        if isinstance(v, dict) and not v.get("uuid")
+    ]
+
+
 def restore(
     root: HostRoot,
     enable: Callable[[str], str | None],
     write: Write,
     say: Callable[[str], None],
+    heterogeneous: Callable[[str], str | None] = lambda _pf: "nvidia-smi is not run here",
 ) -> list[str]:
-    """What the boot unit does: VFs enabled where the record says so and none exist, each
+    """What the boot unit does, card by card and in this order: VFs enabled where the record
+    says so and none exist; heterogeneous mode set where the record says so and none of the
+    card's recorded types is in place yet (it is set before the first type write); each
     recorded type written where the VF does not hold it, each mdev created where it is gone.
     Returns what failed (each one said too); a thing already in place is left alone."""
     from passthrough.vgpu.discover import CURRENT, MDEV_TYPES, parent_dir
@@ -77,13 +92,17 @@ def restore(
     for pf, entry in sorted(read_layout(root).items()):
         vgpus = entry.get("vgpus", [])
         first = next((v.get("vf") for v in vgpus if isinstance(v, dict)), None)
+        error = None
         if entry.get("enable_vfs") and first and not root.exists(f"sys/bus/pci/devices/{first}"):
             say(f"{pf}: enabling its VFs")
             error = enable(pf)
-            if error:
-                failed.append(f"{pf}: {error}")
-                say(failed[-1])
-                continue
+        if error is None and entry.get("heterogeneous") and not any(_held(root, vgpus)):
+            say(f"{pf}: setting heterogeneous mode")
+            error = heterogeneous(pf)
+        if error:
+            failed.append(f"{pf}: {error}")
+            say(failed[-1])
+            continue
         for v in vgpus:
             vf, tid, name, uuid = v.get("vf"), v.get("type_id"), v.get("type_name"), v.get("uuid")
             if uuid:
