@@ -53,6 +53,8 @@ MODULE_TIERS: dict[str, tuple[str, ...]] = {
     # ../shared/realworld beside the checkout (CI has it; a clone elsewhere does not)
     "test_realworld_boot.py": ("realworld",),
     "test_vgpu_realworld.py": ("realworld",),  # ../shared/realworld/vgpu captures
+    "test_vgpu_after_boot.py": ("realworld",),
+    "test_vgpu_heterogeneous.py": ("realworld",),
     # libvirt's own test domains, fetched by setup.sh test into the test cache
     "test_libvirt_corpus.py": ("realworld",),
     # the other boot stacks on a real boot over SSH (apply inside the booted host): tens of

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 ACTIONS = (
     ("define", "define a domain from an XML file"),
     ("start", "start a defined domain"),
-    ("stop", "shut a domain down (--force: destroy)"),
+    ("stop", "shut a domain down (--force: destroy; a vGPU guest: SIGTERM only, never SIGKILL)"),
     ("undefine", "undefine a stopped domain, with its NVRAM"),
     ("status", "state and live hostdevs"),
 )
@@ -33,13 +33,19 @@ EXAMPLES = {
         "passthrough vm define gpu1.xml --start",
     ),
     "start": ("passthrough vm start gpu1",),
-    "stop": ("passthrough vm stop gpu1", "passthrough vm stop gpu1 --force  # destroy"),
+    "stop": (
+        "passthrough vm stop gpu1",
+        "passthrough vm stop gpu1 --force  # destroy",
+        "passthrough vm stop desk1 --grace 120  # a vGPU guest: 120 s to shut down, then SIGTERM",
+    ),
     "undefine": ("passthrough vm undefine gpu1",),
     "status": ("passthrough vm status gpu1 --json",),
 }
 
 
 def add_parser(sub: Subparsers) -> None:
+    from passthrough.vm.vgpustop import GRACE
+
     p = command(sub, "vm", run, epilog=examples(*EXAMPLES["vm"]))
     actions = p.add_subparsers(dest="vm_command", metavar="ACTION", parser_class=Parser)
     seed = actions.add_parser(
@@ -83,9 +89,29 @@ def add_parser(sub: Subparsers) -> None:
             )
         if action == "stop":
             a.add_argument(
-                "--force", action="store_true", help="destroy instead of a clean shutdown"
+                "--force",
+                action="store_true",
+                help="destroy instead of a clean shutdown (a vGPU guest: SIGTERM, no SIGKILL)",
+            )
+            a.add_argument(
+                "--grace",
+                type=_seconds,
+                default=GRACE,
+                metavar="SECONDS",
+                help="a guest holding a vGPU: how long its clean shutdown may take before "
+                f"QEMU gets SIGTERM (libvirt's graceful destroy, never SIGKILL; default {GRACE})",
             )
         common(a, root=None)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds from 0 to 3600")
+    return value
 
 
 def _seed(args: argparse.Namespace) -> int:
@@ -132,8 +158,10 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
         lv.start(uri, args.target)
         result = lv.status(uri, args.target)
     elif action == "stop":
-        lv.stop(uri, args.target, force=args.force)
+        said = lv.stop(uri, args.target, force=args.force, grace=args.grace)
         result = lv.status(uri, args.target)
+        if said:
+            result["stopped"] = said
     elif action == "undefine":
         lv.undefine(uri, args.target)
         result = {"name": args.target, "uri": uri, "state": "undefined"}
@@ -144,6 +172,8 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     if args.json:
         dump(result, "vm")
     else:
+        if "stopped" in result:
+            print(result["stopped"])
         print(f"{result['name']} on {uri}: {result['state']}")
         for h in result.get("hostdevs", []):
             print(f"  hostdev {h['host']} → guest {h['guest'] or '?'}")

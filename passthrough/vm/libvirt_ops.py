@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from passthrough.errors import EXIT_BACKEND, EXIT_USAGE, PassthroughError, echo, echo_path, quote
 from passthrough.vm.disk import ExistingDisk
 from passthrough.vm.disk import prepare as disk_prepare
+from passthrough.vm.vgpustop import GRACE, local_driver, qemu_pid, stop_gently, vgpu_hostdevs
 
 # how `vm define` says what to do with a disk already there (the VM module says its own)
 CLI_CHOOSE = "--reuse-disk keeps it as it is, --overwrite-disk replaces it"
@@ -203,17 +204,26 @@ def start(uri: str, name: str) -> None:
         conn.close()
 
 
-def stop(uri: str, name: str, force: bool = False) -> None:
+def stop(uri: str, name: str, force: bool = False, grace: float = GRACE) -> str | None:
+    """A clean shutdown (``force``: destroy); a guest holding a vGPU is never destroyed
+    with SIGKILL (:mod:`passthrough.vm.vgpustop`): the one line saying what happened to it."""
     libvirt = binding()
     conn = connect(uri)
     try:
         dom = _lookup(conn, name)
         if not dom.isActive():
-            return
+            return None
+        remote = bool(urlsplit(uri).netloc)
+        held = vgpu_hostdevs(str(dom.XMLDesc(0)), (lambda _a: None) if remote else local_driver)
+        if held:
+            system = uri.rstrip("/") == "qemu:///system"
+            pid = qemu_pid(name) if system else None
+            return stop_gently(dom, libvirt, grace, force, held, pid)
         try:
             dom.destroy() if force else dom.shutdown()
         except libvirt.libvirtError as exc:
             raise LibvirtError(f"{name} did not stop: {exc.get_error_message()}") from None
+        return None
     finally:
         conn.close()
 
