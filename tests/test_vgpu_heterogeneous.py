@@ -244,3 +244,20 @@ def test_undo_through_the_api_keeps_the_order(tmp_path: Path) -> None:
     assert [current(root, vf) for vf in VFS] == ["1154", "1150", "1150", "1150"]
     count, _ = undo_layouts(r, tool=tool_runner(r, True), kernel=kernel)
     assert count == 1 and tree(root) == before
+
+
+def test_the_host_role_refuses_a_heterogeneous_entry_in_one_line(tmp_path: Path) -> None:
+    """The host role applies one type per card: a heterogeneous entry is refused there, with
+    nothing changed, and named as what `vgpu apply --layout` takes."""
+    from passthrough.vgpu.converge import plan_host
+
+    root = l40s_root(tmp_path)
+    before = tree(root)
+    wanted = {L40S_PF: {"L40S-24Q": 1, "L40S-12Q": 1, "heterogeneous": True}}
+    with pytest.raises(LayoutRefused) as refused:
+        plan_host(HostRoot(str(root)), wanted, "passthrough_host_vgpu_layout")
+    assert str(refused.value) == (
+        f"passthrough_host_vgpu_layout: {L40S_PF}: heterogeneous layouts are applied by "
+        "`passthrough vgpu apply --layout`, not by the host role yet: one type per card here"
+    )
+    assert tree(root) == before
