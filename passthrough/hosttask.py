@@ -118,7 +118,8 @@ def run(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
     refuse_unsized(root, asked["hugepages_1g"], force=False, hint=FLEET_FORCE)
     # the whole layout planned (and refused, naming the problem) before anything is written
     cards = _vgpu_plan(root, layout, plan)
-    vgpu_change = any(c.plan is not None for c in cards)
+    # a card to make, or one whose recorded layout the boot unit did not re-apply
+    vgpu_change = any(c.plan is not None or c.state == "restore" for c in cards)
     if (plan is not None and not plan.empty) or vgpu_change:
         # the checks guard a change; with nothing to change, none is due
         refused = _preflight(host, params["preflight"])
@@ -161,6 +162,9 @@ def run(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
             root, cards, tool=tool, unit_command=unit_command()
         )
         result["vgpu"] = [c.to_json() for c in cards]
+        restored = [str(c.card.address) for c in cards if c.state == "restored"]
+        if restored:
+            result["vgpu_restored"] = restored
     return result
 
 

@@ -235,3 +235,50 @@ def test_the_host_task_refuses_a_card_holding_another_layout(tmp_path: Path) -> 
         with pytest.raises(LayoutRefused, match=r"0000:26:00\.0 holds 2 T1-8Q, not "):
             run(_role_params(root, {L40S_PF: other}), check_mode=False)
     assert tree(root) == applied
+
+
+def test_after_a_reboot_the_host_task_re_applies_the_record_not_a_second_layout(
+    tmp_path: Path,
+) -> None:
+    """The boot unit did not run after a reboot (every VF back at type 0): the role's next
+    run re-applies the recorded layout as the unit would — the same VFs, no new transaction,
+    the record as it was — and reports it; a different layout wanted then is refused in one
+    line with nothing changed."""
+    from passthrough.hosttask import run
+    from passthrough.vgpu.plan import LayoutRefused
+    from passthrough.vgpu.unit import LAYOUT
+
+    root = l40s_root(tmp_path, catalog=CATALOG)
+    params = _role_params(root, {L40S_PF: {"T1-8Q": 2}})
+    first = run(params, check_mode=False)["vgpu"][0]
+    record = (root / LAYOUT).read_bytes()
+    for f in (4, 5):  # the reboot: the driver starts every VF without a type
+        (root / f"sys/bus/pci/devices/0000:26:00.{f}/nvidia/current_vgpu_type").write_text("0\n")
+    rebooted = tree(root)
+    with pytest.raises(LayoutRefused, match=r"recorded layout \(2 T1-8Q\) is not in place"):
+        run(_role_params(root, {L40S_PF: {"T1-4Q": 1}}), check_mode=False)
+    assert tree(root) == rebooted
+    checked = run(params, check_mode=True)
+    assert checked["changed"] and checked["vgpu"][0]["state"] == "restore"
+    assert tree(root) == rebooted
+    again = run(params, check_mode=False)
+    assert again["changed"] and again["vgpu_restored"] == [L40S_PF]
+    assert again["vgpu_transactions"] == []  # no new transaction
+    (card,) = again["vgpu"]
+    assert (card["state"], card["vfs"]) == ("restored", first["vfs"])
+    types = [
+        (root / f"sys/bus/pci/devices/0000:26:00.{f}/nvidia/current_vgpu_type").read_text()
+        for f in (4, 5, 6)
+    ]
+    assert types == ["11\n", "11\n", "0\n"]
+    assert (root / LAYOUT).read_bytes() == record  # no second layout on record
+    from passthrough.provision.outcome import vgpu_lines
+
+    assert vgpu_lines("h", checked["vgpu"], check=True)[0].endswith(
+        "on record, not in place: would be re-applied"
+    )
+    assert vgpu_lines("h", again["vgpu"], check=False) == [
+        "vgpu h: 0000:26:00.0 2 x T1-8Q on 0000:26:00.4, 0000:26:00.5: re-applied from its "
+        "record (the boot unit had not)"
+    ]
+    assert run(params, check_mode=False)["vgpu"][0]["state"] == "unchanged"

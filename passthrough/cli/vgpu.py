@@ -230,36 +230,17 @@ def _undo(args: argparse.Namespace, root: Any) -> int:
 
 
 def _restore(args: argparse.Namespace, root: Any) -> int:
-    from passthrough.journal.devices import poke
-    from passthrough.vgpu.apply import SHM, tool_runner
-    from passthrough.vgpu.discover import NVIDIA_SMI, SRIOV_MANAGE
-    from passthrough.vgpu.unit import restore
-
-    tool = tool_runner(root, args.run_root_tools or root.is_live)
-
-    def ran(path: str, *argv: str) -> str | None:
-        if tool is None:
-            return f"{path.rsplit('/', 1)[-1]} is not run on this root (--run-root-tools)"
-        r = tool([root.real(path), *argv])
-        return (
-            None
-            if r.returncode == 0
-            else (r.stderr or r.stdout).strip()[-200:] or f"exit {r.returncode}"
-        )
+    from passthrough.vgpu.apply import VgpuFailed, tool_runner
+    from passthrough.vgpu.converge import restore_from_record
 
     def say(line: str) -> None:
         print(line, flush=True)  # to the journal of systemd, line by line
 
+    tool = tool_runner(root, args.run_root_tools or root.is_live)
     try:
-        failed = restore(
-            root,
-            lambda pf: ran(SRIOV_MANAGE, "-e", pf),
-            lambda rel, value: poke(root, rel, value),
-            say,
-            heterogeneous=lambda pf: ran(NVIDIA_SMI, *SHM, "1", "-i", pf),
-        )
-    except ValueError as exc:
-        raise PassthroughError(str(exc)) from None
+        failed = restore_from_record(root, tool, say)
+    except VgpuFailed as exc:  # a broken record: one line, nothing done
+        raise PassthroughError(exc.message) from None
     return EXIT_HOST_STEP if failed else EXIT_OK
 
 

@@ -48,7 +48,9 @@ class Outcome:
         if action.rsplit(".", 1)[-1] == HOST_TASK and "changed" in res:
             self.seen = True
             written = (
-                "transaction" in res or "restored" in res or bool(res.get("vgpu_transactions"))
+                "transaction" in res
+                or "restored" in res
+                or bool(res.get("vgpu_transactions") or res.get("vgpu_restored"))
             )
             self.applied = self.applied or (written and bool(res.get("changed")))
             self.planned = self.planned or (not written and bool(res.get("changed")))
@@ -120,6 +122,10 @@ def vgpu_lines(name: str, cards: list[dict[str, Any]], check: bool) -> list[str]
             state = "would be created" if check else "planned, not written"
         elif state == "applied":
             state = f"created (transaction {c.get('transaction')})"
+        elif state == "restore":
+            state = "on record, not in place: would be re-applied" if check else state
+        elif state == "restored":
+            state = "re-applied from its record (the boot unit had not)"
         else:
             state = "in place, unchanged"
         lines.append(

@@ -4,7 +4,10 @@ about: each card compared with what it holds now, planned where it holds no vGPU
 applied through the journal as ``passthrough vgpu apply`` applies it. A card that already
 holds the layout is left alone (reported unchanged, so a second run changes nothing); a card
 holding another layout is refused: it is taken back first (``state: absent`` or ``passthrough
-vgpu undo``). Every card is planned before any is touched, so a bad entry changes nothing."""
+vgpu undo``). A card that holds nothing but whose recorded layout is the one wanted (after a
+reboot the boot unit did not re-apply) gets that record re-applied as the unit would (``vgpu
+restore``), never a second layout on top of the record. Every card is planned before any is
+touched, so a bad entry changes nothing."""
 
 from __future__ import annotations
 
@@ -13,11 +16,12 @@ from typing import Any
 
 from passthrough.host.discover import discover
 from passthrough.host.root import HostRoot
-from passthrough.vgpu.apply import Say, Tool, VgpuFailed, apply_layout
-from passthrough.vgpu.discover import read_vgpu
+from passthrough.vgpu.apply import SHM, Say, Tool, VgpuFailed, apply_layout
+from passthrough.vgpu.discover import NVIDIA_SMI, SRIOV_MANAGE, read_vgpu
 from passthrough.vgpu.layoutfile import parse_layout
 from passthrough.vgpu.model import VgpuCard, short_name
 from passthrough.vgpu.plan import LayoutRefused, VgpuPlan, find_card, plan_layout
+from passthrough.vgpu.unit import read_layout, restore
 
 
 @dataclass
@@ -29,7 +33,7 @@ class CardLayout:
     count: int
     plan: VgpuPlan | None = None
     vfs: list[str] = field(default_factory=list)  # where its vGPUs are (or will be)
-    state: str = "unchanged"  # unchanged | planned | applied
+    state: str = "unchanged"  # unchanged | planned | applied | restore | restored
     transaction: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -62,6 +66,33 @@ def held(card: VgpuCard) -> dict[str, list[str]]:
     return out
 
 
+def recorded(entry: Any) -> dict[str, list[str]]:
+    """A card's recorded layout (``read_layout``'s entry): type name → the VF of each."""
+    out: dict[str, list[str]] = {}
+    for v in entry.get("vgpus", []) if isinstance(entry, dict) else []:
+        if isinstance(v, dict):
+            name = short_name(str(v.get("type_name") or f"id {v.get('type_id')}"))
+            out.setdefault(name, []).append(str(v.get("vf")))
+    return out
+
+
+def _not_in_place(card: VgpuCard, entry: Any, want: str, count: int) -> CardLayout:
+    """A card holding nothing whose layout is on record: the record re-applied where it is
+    the one wanted; refused where it is another (taken back first)."""
+    rec = recorded(entry)
+    if len(rec) == 1:
+        ((name, vfs),) = rec.items()
+        if name.casefold() == want.casefold() and len(vfs) == count:
+            return CardLayout(card, name, count, None, vfs, "restore")
+    holds = ", ".join(f"{len(v)} {k}" for k, v in sorted(rec.items())) or "no vGPU"
+    raise LayoutRefused(
+        f"{card.address}: its recorded layout ({holds}) is not in place (the boot unit did not "
+        f"re-apply it: `passthrough vgpu verify` says what is missing) and is not {count} "
+        f"{want}: take that layout back first (passthrough_host_state: absent, or passthrough "
+        "vgpu undo)"
+    )
+
+
 def plan_host(root: HostRoot, layout: Any, where: str) -> list[CardLayout]:
     """Each card of ``layout`` (card address → {TYPE: COUNT}) against what it holds; a
     LayoutRefused naming ``where`` and the problem where one cannot take it."""
@@ -69,6 +100,10 @@ def plan_host(root: HostRoot, layout: Any, where: str) -> list[CardLayout]:
     cards = read_vgpu(root, discover(root))
     out: list[CardLayout] = []
     try:
+        try:
+            records = read_layout(root)
+        except ValueError as exc:
+            raise LayoutRefused(str(exc)) from None
         for address, wants, mixed in wanted:
             card = find_card(cards, address)
             if mixed or len(wants) > 1:
@@ -81,6 +116,9 @@ def plan_host(root: HostRoot, layout: Any, where: str) -> list[CardLayout]:
                 raise LayoutRefused(f"{card.address} is named twice")
             want = short_name(type_name)
             now = held(card)
+            if not now and str(card.address) in records:
+                out.append(_not_in_place(card, records[str(card.address)], want, count))
+                continue
             if not now:
                 plan = plan_layout(card, type_name, count)
                 vfs = [str(p.vf) for p in plan.placements]
@@ -111,6 +149,13 @@ def apply_host(
     """The planned cards applied, each its own transaction (the ids, in order); a card that
     fails names the cards applied before it (``passthrough vgpu undo`` takes them back)."""
     done: list[str] = []
+    if any(e.state == "restore" for e in layouts):
+        failed = restore_from_record(root, tool, say)
+        if failed:
+            raise VgpuFailed(f"re-applying the recorded vGPU layout: {'; '.join(failed)}")
+        for entry in layouts:
+            if entry.state == "restore":
+                entry.state = "restored"
     for entry in layouts:
         if entry.plan is None:
             continue
@@ -125,3 +170,29 @@ def apply_host(
         entry.state, entry.transaction = "applied", applied.tx.id
         done.append(applied.tx.id)
     return done
+
+
+def restore_from_record(root: HostRoot, tool: Tool | None, say: Say) -> list[str]:
+    """The recorded layout re-applied with the host's own tools, as the boot unit does
+    (``passthrough vgpu restore``): what failed, each said too."""
+
+    def ran(path: str, *argv: str) -> str | None:
+        if tool is None:
+            return f"{path.rsplit('/', 1)[-1]} is not run on this root (--run-root-tools)"
+        r = tool([root.real(path), *argv])
+        if r.returncode == 0:
+            return None
+        return (r.stderr or r.stdout).strip()[-200:] or f"exit {r.returncode}"
+
+    from passthrough.journal.devices import poke
+
+    try:
+        return restore(
+            root,
+            lambda pf: ran(SRIOV_MANAGE, "-e", pf),
+            lambda rel, value: poke(root, rel, value),
+            say,
+            heterogeneous=lambda pf: ran(NVIDIA_SMI, *SHM, "1", "-i", pf),
+        )
+    except ValueError as exc:
+        raise VgpuFailed(str(exc)) from None
