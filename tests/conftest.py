@@ -8,7 +8,10 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -88,11 +91,51 @@ def pytest_configure(config: pytest.Config) -> None:
     """The quick tier runs on every core (`-n auto` in pyproject's addopts); any other tier
     selection runs in one process. The slower tiers share one libvirtd, one lab VM, one
     tmpfs mount point and real Ansible runs that are not safe to run side by side; a
-    contributor who wants workers there passes `-n` after `-p xdist` by hand and owns it."""
-    if config.pluginmanager.hasplugin("xdist") and config.getoption("markexpr") != "quick":
+    contributor who wants workers there passes `-n` after `-p xdist` by hand and owns it.
+    The quick tier gets its temporary trees on a tmpfs and a bytecode cache (below)."""
+    if config.getoption("markexpr") == "quick":
+        quick_tier_setup(os.environ, basetemp_given=config.option.basetemp is not None)
+    elif config.pluginmanager.hasplugin("xdist"):
         config.option.numprocesses = 0
         config.option.dist = "no"
         config.option.tx = []
+
+
+# The quick tier's two measured costs beyond the tests' own work (docs/testing.md, "Time"):
+# the files its tests write (host trees copied into `tmp_path`: on this machine's ext4 each
+# create costs 70-330 us of system time, on a tmpfs about 10 times less), and the bytecode an
+# interpreter compiles when PYTHONDONTWRITEBYTECODE forbids caching it (each pytest worker
+# and each real `python -m passthrough` a test starts: about 0.25 s of CPU a start).
+QUICK_TEMPROOT = "/dev/shm"
+
+
+def is_tmpfs(path: str, mounts: str = "/proc/self/mounts") -> bool:
+    """Whether ``path`` is a tmpfs mount point this process may write into."""
+    try:
+        with open(mounts, encoding="utf-8") as f:
+            found = any(line.split()[1:3] == [path, "tmpfs"] for line in f)
+    except OSError:
+        return False
+    return found and os.access(path, os.W_OK | os.X_OK)
+
+
+def quick_tier_setup(
+    environ: MutableMapping[str, str], basetemp_given: bool, mounts: str = "/proc/self/mounts"
+) -> None:
+    """For the quick tier, in the process that starts the workers (they and every process a
+    test starts inherit ``environ``): ``tmp_path`` trees on a tmpfs unless a temporary
+    directory was chosen (``--basetemp``, ``TMPDIR``, ``PYTEST_DEBUG_TEMPROOT``), and bytecode
+    kept in the checkout's ``.pytest_cache/pycache`` (``PYTHONPYCACHEPREFIX``), never beside
+    the sources, even where ``PYTHONDONTWRITEBYTECODE`` is set."""
+    if "PYTEST_XDIST_WORKER" in environ:
+        return  # a worker: its controller chose, and its base directory is given to it
+    chosen = {"TMPDIR", "PYTEST_DEBUG_TEMPROOT"} & set(environ)
+    if not basetemp_given and not chosen and is_tmpfs(QUICK_TEMPROOT, mounts):
+        environ["PYTEST_DEBUG_TEMPROOT"] = QUICK_TEMPROOT
+    environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    prefix = environ.setdefault("PYTHONPYCACHEPREFIX", str(REPO / ".pytest_cache" / "pycache"))
+    sys.dont_write_bytecode = False  # this process's test modules (`-n 0`), too
+    sys.pycache_prefix = prefix
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -171,6 +214,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture(scope="session")
 def regenerate(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--regenerate-golden"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def quick_tier_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Where the quick tier's trees are on the tmpfs (quick_tier_setup), the temporary files
+    of the commands under test go there too: ``TMPDIR`` (an archive a command unpacks, a
+    file it stages) is a directory of the run's own, removed with it."""
+    if os.environ.get("PYTEST_DEBUG_TEMPROOT") != QUICK_TEMPROOT or "TMPDIR" in os.environ:
+        yield
+        return
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("TMPDIR"))
+    tempfile.tempdir = None  # read again from TMPDIR
+    try:
+        yield
+    finally:
+        del os.environ["TMPDIR"]
+        tempfile.tempdir = None
 
 
 @pytest.fixture(scope="session")

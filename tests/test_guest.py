@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -718,7 +719,14 @@ def test_links_out_of_a_capture_are_followed_inside_it(
     """guest check and snapshot resolve a capture's links the way a chroot would: files
     planted outside (a CDI spec, /dev, cpuinfo) are never read, listed or archived."""
     root, _commands = variant
-    outside = tmp_path / "outside"
+    # outside: under /tmp, not tmp_path: the quick tier's tmp_path is on /dev/shm, where the
+    # absolute links planted here would, re-rooted, run through the `dev` link planted in the
+    # capture and loop, as they would in a real chroot
+    with tempfile.TemporaryDirectory(prefix="passthrough-outside-", dir="/tmp") as where:
+        _links_out_stay_out(root, Path(where), tmp_path)
+
+
+def _links_out_stay_out(root: Path, outside: Path, tmp_path: Path) -> None:
     (outside / "dev").mkdir(parents=True)
     (outside / "dev" / "nvidiaSECRET").write_text("")
     (outside / "spec.yaml").write_text("kind: nvidia.com/gpu\nlibcuda.so.999.1 SECRET\n")
