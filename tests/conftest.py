@@ -107,16 +107,22 @@ def pytest_configure(config: pytest.Config) -> None:
 # interpreter compiles when PYTHONDONTWRITEBYTECODE forbids caching it (each pytest worker
 # and each real `python -m passthrough` a test starts: about 0.25 s of CPU a start).
 QUICK_TEMPROOT = "/dev/shm"
+QUICK_TEMPROOT_FREE = 2 << 30  # bytes free on it, at least (a run holds up to ~600 MB there)
 
 
-def is_tmpfs(path: str, mounts: str = "/proc/self/mounts") -> bool:
-    """Whether ``path`` is a tmpfs mount point this process may write into."""
+def is_tmpfs(path: str, mounts: str = "/proc/self/mounts", need: int = QUICK_TEMPROOT_FREE) -> bool:
+    """Whether ``path`` is a tmpfs mount point this process may write into, with ``need``
+    bytes free."""
     try:
         with open(mounts, encoding="utf-8") as f:
             found = any(line.split()[1:3] == [path, "tmpfs"] for line in f)
     except OSError:
         return False
-    return found and os.access(path, os.W_OK | os.X_OK)
+    if not (found and os.access(path, os.W_OK | os.X_OK)):
+        return False
+    # room for a run's trees: a container's default /dev/shm (64 MiB) has not
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize >= need
 
 
 def quick_tier_setup(

@@ -32,6 +32,8 @@ def test_a_tmpfs_is_told_from_a_disk_and_from_no_mount(tmp_path: Path) -> None:
     assert not is_tmpfs(here, disk)
     assert not is_tmpfs(here + "/below", tmpfs)  # a directory on it is no mount point
     assert not is_tmpfs(here, str(tmp_path / "no-such-table"))
+    free = os.statvfs(here).f_bavail * os.statvfs(here).f_frsize
+    assert not is_tmpfs(here, tmpfs, need=free + (1 << 30))  # a container's small /dev/shm
 
 
 @pytest.fixture
