@@ -99,7 +99,8 @@ def add_parser(sub: Subparsers) -> None:
                 default=GRACE,
                 metavar="SECONDS",
                 help="a guest holding a vGPU: how long its clean shutdown may take before "
-                f"QEMU gets SIGTERM (libvirt's graceful destroy, never SIGKILL; default {GRACE})",
+                "QEMU gets SIGTERM alone (sent by passthrough on this machine's qemu:///system, "
+                f"else libvirt's graceful destroy; a plain destroy never; default {GRACE})",
             )
         common(a, root=None)
 
