@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -80,6 +81,12 @@ def test_the_rendered_vgpu_forms_are_told_from_a_whole_card(
     assert vgpu_hostdevs(unmanaged, lambda a: on_vfio.get(a, "vfio-pci")) == []
     # a remote host (no driver to read): managed='no' without a vfio driver element counts
     assert vgpu_hostdevs(vf_xml, lambda _a: None) == [f"VF {VFS[0]}"]
+    # the source address read as libvirt reads it: bus='046' is octal, the VF's bus 0x26
+    octal = re.sub(r"bus='0x26'", "bus='046'", vf_xml)
+    assert octal != vf_xml
+    assert vgpu_hostdevs(octal, root_driver(HostRoot(str(l40s)))) == [
+        f"VF {VFS[0]} (nvidia driver)"
+    ]
 
 
 # -- the command, on libvirt's own test driver ------------------------------------------------

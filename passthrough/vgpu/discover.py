@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
-from passthrough.errors import echo
+from passthrough.errors import InvalidPciAddress, echo
 from passthrough.host.root import HostRoot
 from passthrough.model import Host, PciAddress, PciFunction
 from passthrough.pciclass import CLASS_DISPLAY
@@ -107,13 +107,8 @@ def running_guests(root: HostRoot) -> dict[str, str]:
                 used[a.get("uuid", "")] = guest
             elif a is not None and a.get("bus"):
                 try:
-                    addr = PciAddress(
-                        int(a.get("domain", "0"), 0),
-                        int(a.get("bus", "0"), 0),
-                        int(a.get("slot", "0"), 0),
-                        int(a.get("function", "0"), 0),
-                    )
-                except ValueError:
+                    addr = PciAddress.from_libvirt(a.attrib)
+                except InvalidPciAddress:
                     continue
                 used[str(addr)] = guest
     return used

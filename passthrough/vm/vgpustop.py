@@ -32,8 +32,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from passthrough.errors import EXIT_BACKEND, PassthroughError
+from passthrough.errors import EXIT_BACKEND, InvalidPciAddress, PassthroughError
 from passthrough.host.root import HostRoot
+from passthrough.pciaddr import PciAddress
 
 GRACE = 60  # seconds a vGPU guest is given to shut down before SIGTERM
 TERM_WAIT = 30  # seconds QEMU is given to exit after SIGTERM (then it is left running, named)
@@ -41,12 +42,10 @@ Driver = Callable[[str], str | None]  # PCI address -> its host driver (None: no
 
 
 def _pci(address: ET.Element) -> str | None:
+    """A hostdev's source address as libvirt reads it; None where libvirt would refuse it."""
     try:
-        return (
-            f"{int(address.get('domain', '0'), 0):04x}:{int(address.get('bus', '0'), 0):02x}:"
-            f"{int(address.get('slot', '0'), 0):02x}.{int(address.get('function', '0'), 0):x}"
-        )
-    except ValueError:
+        return str(PciAddress.from_libvirt(address.attrib))
+    except InvalidPciAddress:
         return None
 
 
