@@ -91,13 +91,13 @@ def read_bytes(path: str, what: str, limit: int = MAX_INPUT) -> bytes:
     return data
 
 
-@functools.cache
 def shown_key(key: object) -> str:
     """A key named in a message: its repr, cut to 60 characters."""
     shown = repr(key)
     return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
+@functools.cache
 def depth_bounded() -> type:
     """A ``yaml.SafeLoader`` that refuses a document nested deeper than :data:`MAX_DEPTH`
     (:class:`Unreadable` naming the line) before composing the level past it. Its

@@ -443,3 +443,11 @@ def test_a_spec_that_is_a_fifo_is_refused(
     os.mkfifo(spec)
     r, took = bounded(tmp_path, "render", "--spec", str(spec))
     refused(r, took, "spec.yaml", "not a regular file")
+
+
+def test_the_bounded_yaml_loader_class_is_built_once() -> None:
+    """Every YAML input (spec files, layouts, inventories) subclasses one bounded loader:
+    built on the first read, not again on each (a class and its resolver tables a read)."""
+    from passthrough.inputs import depth_bounded
+
+    assert depth_bounded() is depth_bounded()
