@@ -222,8 +222,8 @@ LAYERS: dict[str, int] = {
     "boot": 5,  # one module per boot family: its edit, its regeneration, its read-back
     "plan": 6,  # selection, vfio binding, the plan of a host
     **dict.fromkeys(("journal", "output", "vm", "provision"), 7),
-    "live": 8,
-    "vgpu": 8,  # vGPU layouts: discovery, plan, apply through the journal, the boot unit  # moves on the live host: bind, release, holders, verify
+    "vgpu": 8,  # vGPU layouts: discovery, plan, apply through the journal, the boot unit
+    "live": 9,  # moves on the live host: bind, release, holders, verify (a vGPU layout's too)
     "kube": 9,  # the cluster path: built from vm's spec, checked with analysis' policy
     "hosttask": 9,  # the host role's task on a host: discovery, plan, apply, output
     "cli": 10,

@@ -99,6 +99,14 @@ def test_after_a_reboot_verify_finds_the_vfs_missing_and_the_boot_unit_brings_th
     assert line["summary"] == (
         f"0 of 2 recorded vGPU(s) as recorded; VF missing: {VFS[0]}, {VFS[1]}"
     )
+    # and so does the fleet's verify after its reboot (the passthrough_check module calls
+    # the library's verify, not the command)
+    from passthrough.host.discover import discover
+    from passthrough.host.root import HostRoot
+    from passthrough.live.verify import verify
+
+    fleet = [r for r in verify(HostRoot(str(root)), discover(str(root))) if r.id == "vgpu"]
+    assert [(r.level.value, r.summary) for r in fleet] == [("FAIL", line["summary"])]
     # the boot unit's own command, run against the root: verify passes again
     exec_start = next(
         x for x in (root / UNIT).read_text().splitlines() if x.startswith("ExecStart=")

@@ -6,14 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 from contextlib import ExitStack
-from typing import TYPE_CHECKING
 
 from passthrough.cli.common import Subparsers, command, common, dump, examples, open_root
 from passthrough.errors import EXIT_CHECK_FAILED, EXIT_OK
-
-if TYPE_CHECKING:
-    from passthrough.host.root import HostRoot
-    from passthrough.model import CheckResult
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -44,24 +39,10 @@ def run(args: argparse.Namespace, stack: ExitStack) -> int:
     from passthrough.output.text import Painter, render_checks, wants_color
 
     root = HostRoot(open_root(args.root, stack))
-    vgpu = _vgpu(root)
-    results = verify(root, discover(root), vgpu=bool(vgpu))
-    results.extend(vgpu)
+    results = verify(root, discover(root))
     report = verify_json(results)
     if args.json:
         dump({"root": root.path, **report}, "verify")
     else:
         print(render_checks(results, Painter(wants_color(sys.stdout, args.color))))
     return EXIT_OK if report["ok"] else EXIT_CHECK_FAILED
-
-
-def _vgpu(root: HostRoot) -> list[CheckResult]:
-    """One line on the recorded vGPU layout, where there is one."""
-    from passthrough.model import CheckResult, Level
-    from passthrough.vgpu.verify import verify_check, verify_layout
-
-    try:
-        found = verify_layout(root)
-    except ValueError as exc:
-        return [CheckResult("vgpu", Level.FAIL, str(exc), "`passthrough vgpu undo` removes it")]
-    return [] if found is None else [verify_check(found)]

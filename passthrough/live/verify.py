@@ -17,6 +17,7 @@ from passthrough.journal.status import status
 from passthrough.kargs import key_of
 from passthrough.model import CheckResult, Host, Level
 from passthrough.plan import vfio
+from passthrough.vgpu.verify import layout_checks
 
 # the kernel arguments that say how the IOMMU and vfio-pci are set up
 IOMMU_KEYS = ("intel_iommu", "amd_iommu", "iommu", "vfio-pci.ids", "vfio_iommu_type1")
@@ -24,10 +25,17 @@ IOMMU_KEYS = ("intel_iommu", "amd_iommu", "iommu", "vfio-pci.ids", "vfio_iommu_t
 VFIO_KEYS = ("vfio-pci.ids",)
 
 
-def verify(root: HostRoot, host: Host, vgpu: bool = False) -> list[CheckResult]:
+def verify(root: HostRoot, host: Host) -> list[CheckResult]:
     """The host against the newest complete apply's plan; on a host passthrough never
-    prepared (by hand, another tool), against what a passthrough host needs. ``vgpu``: a
-    vGPU layout is recorded (the host hands out vGPUs, not whole cards)."""
+    prepared (by hand, another tool), against what a passthrough host needs; and, where a
+    vGPU layout is recorded, one line on it (the command and the fleet's verify alike)."""
+    vgpu = layout_checks(root)
+    return [*_cards(root, host, bool(vgpu)), *vgpu]
+
+
+def _cards(root: HostRoot, host: Host, vgpu: bool) -> list[CheckResult]:
+    """verify's lines on the cards and the boot (``vgpu``: a vGPU layout is recorded, the
+    host hands out vGPUs, not whole cards)."""
     record = last_applied(root)  # the plan of the newest complete apply
     if record is None:
         undone = last_undone(root)

@@ -148,3 +148,13 @@ def verify_check(found: list[Found]) -> CheckResult:
         f"{summary(found)}; {', '.join(states)}: " + ", ".join(f.vf for f in bad),
         "`passthrough vgpu verify` names each; `passthrough vgpu restore` re-applies the layout",
     )
+
+
+def layout_checks(root: HostRoot) -> list[CheckResult]:
+    """``passthrough verify``'s line on the recorded vGPU layout; none where none is
+    recorded, a FAIL naming the problem where the record cannot be read."""
+    try:
+        found = verify_layout(root)
+    except ValueError as exc:
+        return [CheckResult("vgpu", Level.FAIL, str(exc), "`passthrough vgpu undo` removes it")]
+    return [] if found is None else [verify_check(found)]
